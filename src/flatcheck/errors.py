@@ -1,0 +1,42 @@
+"""Error tree. Each class carries the process exit code the CLI maps it to.
+
+Exit codes mean one thing each: 0 ok, 1 gate failed, 2 bad input, 101 internal error.
+Only `InputError` and its children are the user's fault; anything else that escapes
+is a bug in flatcheck and is reported as 101.
+"""
+
+from __future__ import annotations
+
+
+class FlatcheckError(Exception):
+    """Base class. Message is a single line shown to the user as-is."""
+
+    exit_code: int = 101
+
+
+class InputError(FlatcheckError):
+    """Bad input from the user: a file, a field, a flag. Exit code 2."""
+
+    exit_code = 2
+
+
+class SpecError(InputError):
+    """A model spec (YAML) is malformed: names the file, the field and what is allowed."""
+
+
+class CheckpointError(InputError):
+    """A checkpoint cannot be read safely or does not fit the model."""
+
+
+class DataError(InputError):
+    """A data set is missing, malformed, or not deterministic."""
+
+
+class ConfigError(InputError):
+    """A command-line option or run configuration is invalid."""
+
+
+class InternalError(FlatcheckError):
+    """An invariant of flatcheck itself was violated. Exit code 101."""
+
+    exit_code = 101
