@@ -1,0 +1,32 @@
+# flatcheck — set-up, demo, tests, benchmarks. `make demo` and `make test` work on a fresh machine.
+# Torch is pinned here for this machine (the wheels lie on its disk); pyproject.toml keeps ranges.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: install demo test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet $(TORCH_PIN)
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/flatcheck probe demo/digits_cnn.safetensors --spec model_specs/demo_digits.yaml \
+		--data digits --probes trace,gini -o trace.estimator=hutchpp -o trace.probes_max=99 --layers
+	$(VENV)/bin/flatcheck trace demo/digits_cnn.safetensors --spec model_specs/demo_digits.yaml \
+		--data digits --estimator exact --no-layers
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) benchmarks/bench_trace.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -1,0 +1,164 @@
+"""run(config) -> Report: the library entry point the CLI, notebooks, gate and scan share.
+
+Nothing here prints; progress goes to an optional callback.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import __version__
+from .backends import Backend, ParamLayout, Problem, create_backend
+from .backends.base import model_mode
+from .config import DEFAULT_SAMPLES, RunConfig
+from .data.batches import SampleSet
+from .data.registry import create_dataset
+from .errors import ConfigError, DataError, InputError
+from .models.checkpoint import LoadedCheckpoint, apply_state_dict, load_checkpoint
+from .models.sources import build_model, resolve_preprocess
+from .models.spec import ModelSpec, load_spec
+from .probes.registry import ProbeContext, create_probe
+from .report.result import Report
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass
+class Session:
+    """A loaded model, its data and a backend: what probes run against."""
+
+    config: RunConfig
+    spec: ModelSpec
+    checkpoint: LoadedCheckpoint
+    model: nn.Module
+    samples: SampleSet
+    backend: Backend
+    device: torch.device
+    num_classes: int
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name}: CUDA is not available on this machine (torch {torch.__version__})")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) present")
+    return device
+
+
+def open_session(config: RunConfig) -> Session:
+    """Load spec, model, checkpoint and data, and check that they fit together."""
+    spec = load_spec(config.spec)
+    model = build_model(spec)
+    checkpoint = load_checkpoint(config.checkpoint, spec.checkpoint)
+    apply_state_dict(model, checkpoint.state_dict, source=str(config.checkpoint))
+    preprocess = resolve_preprocess(spec, model)
+    dataset = create_dataset(
+        config.data,
+        root=config.data_root,
+        split=config.split,
+        preprocess=preprocess,
+        num_classes=spec.num_classes,
+        seed=config.seed,
+    )
+    n = config.samples if config.samples is not None else min(DEFAULT_SAMPLES, len(dataset))
+    device = resolve_device(config.device)
+    if device.type == "cuda":
+        # TF32 rounds products to 10 mantissa bits; curvature estimates are not worth that.
+        torch.backends.cuda.matmul.allow_tf32 = config.allow_tf32
+        torch.backends.cudnn.allow_tf32 = config.allow_tf32
+    model.to(device=device, dtype=config.torch_dtype)
+    samples = SampleSet(dataset, samples=n, batch_size=config.batch_size, device=device, dtype=config.torch_dtype)
+    num_classes = _check_fit(model, samples, spec, config)
+    layout = ParamLayout.from_model(model, config.params)
+    problem = Problem(model=model, loss=spec.loss, samples=samples, layout=layout, bn_mode=config.bn_mode)
+    backend = create_backend(config.backend, problem)
+    return Session(config, spec, checkpoint, model, samples, backend, device, num_classes)
+
+
+def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig) -> int:
+    """One forward on the first batch: shapes, class count and label range, with clear errors."""
+    batch = next(iter(samples))
+    try:
+        with model_mode(model, config.bn_mode), torch.no_grad():
+            out = model(batch.x)
+    except (RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(
+            f"{config.spec}: model {spec.arch} cannot take data '{config.data}' samples of shape "
+            f"{tuple(batch.x.shape[1:])} (check input_size in the spec): {first}"
+        ) from None
+    if out.ndim != 2:
+        raise InputError(f"{config.spec}: model {spec.arch} returns shape {tuple(out.shape)}; flatcheck needs logits (batch, classes)")
+    c = out.shape[1]
+    if spec.num_classes is not None and c != spec.num_classes:
+        raise InputError(f"{config.spec}: num_classes is {spec.num_classes} but the model returns {c} logits")
+    top = int(batch.y.max())
+    if top >= c or int(batch.y.min()) < 0:
+        raise DataError(f"data '{config.data}' has label {top} but the model has {c} outputs (labels must be 0..{c - 1})")
+    if not torch.isfinite(out).all():
+        raise InputError(f"{config.checkpoint}: the model's outputs on the first batch are not finite")
+    return c
+
+
+def run(config: RunConfig, progress: ProgressFn | None = None, session: Session | None = None) -> Report:
+    """Run every requested probe on one model and return the Report."""
+    started = _dt.datetime.now(_dt.timezone.utc)
+    t0 = time.perf_counter()
+    session = session or open_session(config)
+    ctx = ProbeContext(backend=session.backend, seed=config.seed, progress=progress)
+    results = {}
+    for request in config.probes:
+        probe = create_probe(request.name)
+        missing = probe.requires - session.backend.capabilities
+        if missing:
+            raise ConfigError(
+                f"probe {request.name} needs {', '.join(sorted(missing))}, which backend {config.backend} lacks"
+            )
+        results[request.name] = probe.run(ctx, request.options)
+    return Report(meta=_meta(session, started, time.perf_counter() - t0), results=results)
+
+
+def _meta(s: Session, started: _dt.datetime, seconds: float) -> dict:
+    c = s.config
+    return {
+        "flatcheck_version": __version__,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "created": started.isoformat(timespec="seconds"),
+        "seconds": round(seconds, 6),
+        "device": str(s.device) + (f" ({torch.cuda.get_device_name(s.device)})" if s.device.type == "cuda" else ""),
+        "dtype": c.dtype,
+        "backend": c.backend,
+        "seed": c.seed,
+        "bn_mode": c.bn_mode,
+        "model": {
+            "spec": str(c.spec),
+            "spec_sha256": s.spec.sha256,
+            "source": s.spec.source,
+            "arch": s.spec.arch,
+            "loss": s.spec.loss.name,
+            "label_smoothing": s.spec.loss.alpha if s.spec.loss.name == "label_smoothing" else None,
+            "num_classes": s.num_classes,
+            "parameters": sum(p.numel() for p in s.model.parameters()),
+            "probed_parameters": s.backend.problem.layout.dim,
+            "params_filter": list(c.params) or None,
+        },
+        "checkpoint": {
+            "path": str(s.checkpoint.path),
+            "sha256": s.checkpoint.sha256,
+            "format": s.checkpoint.format,
+        },
+        "data": s.samples.describe(),
+        **c.extra_meta,
+    }

@@ -1,0 +1,121 @@
+"""The problem a backend differentiates, the backend protocol, and the backend registry."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import ConfigError
+from ..models.spec import LossSpec
+from .layout import ParamLayout
+
+BN_MODES = ("eval", "train")
+
+
+@dataclass
+class Problem:
+    """Everything a curvature product depends on: L(θ) = (1/N) Σ_n ℓ(f(x_n; θ), y_n).
+
+    `samples` yields batches with weight |batch|/N (flatcheck.data.batches.SampleSet);
+    `layout` names the parameters θ the products are taken with respect to.
+    """
+
+    model: nn.Module
+    loss: LossSpec
+    samples: "SampleSetLike"
+    layout: ParamLayout
+    bn_mode: str = "eval"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layout.params(self.model)[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.layout.params(self.model)[0].device
+
+
+class SampleSetLike(Protocol):
+    n: int
+    num_batches: int
+
+    def __iter__(self) -> Iterator: ...
+
+
+class Backend(Protocol):
+    """Products of curvature matrices of the whole-sample-set loss with blocks of vectors.
+
+    Every product takes V of shape (k, P) (k vectors over the flat parameters of
+    `problem.layout`) and returns (k, P). Probes reach autograd only through this.
+    """
+
+    name: str
+    capabilities: frozenset[str]
+    problem: Problem
+
+    def hvp(self, V: Tensor) -> Tensor: ...
+
+    def ggn_vp(self, V: Tensor) -> Tensor: ...
+
+    def ggn_trace(self) -> Tensor:
+        """Exact Tr(G) split per parameter: a tensor of shape (len(layout.names),)."""
+        ...
+
+    def outputs(self) -> Iterator[tuple[Tensor, Tensor, float]]:
+        """(logits, labels, batch weight) for every batch, without a graph."""
+        ...
+
+
+@contextlib.contextmanager
+def model_mode(model: nn.Module, bn_mode: str):
+    """Dropout and stochastic depth off; BatchNorm on running stats ("eval") or batch stats ("train").
+
+    In "train" mode running statistics must stay untouched, so batch-norm layers run with
+    track_running_stats switched off: torch then normalises with batch statistics and has
+    no running buffers to update (momentum tricks would still bump num_batches_tracked).
+    """
+    was_training = {m: m.training for m in model.modules()}
+    touched: list[nn.Module] = []
+    model.eval()
+    if bn_mode == "train":
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                touched.append(m)
+                m.train()
+                m.track_running_stats = False
+    try:
+        yield model
+    finally:
+        for m in touched:
+            m.track_running_stats = True
+        for m, flag in was_training.items():
+            m.training = flag
+
+
+_BACKENDS: dict[str, Callable[[Problem], Backend]] = {}
+
+
+def register_backend(name: str):
+    def deco(factory):
+        _BACKENDS[name] = factory
+        return factory
+
+    return deco
+
+
+def list_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def create_backend(name: str, problem: Problem) -> Backend:
+    from . import autograd  # noqa: F401  (registers the reference backend)
+
+    if name not in _BACKENDS:
+        raise ConfigError(f"--backend {name!r} is unknown; available: {', '.join(list_backends())}")
+    if problem.bn_mode not in BN_MODES:
+        raise ConfigError(f"--bn-mode must be one of {', '.join(BN_MODES)}, got {problem.bn_mode!r}")
+    return _BACKENDS[name](problem)

@@ -1,0 +1,202 @@
+"""The command line. Commands are thin: parse → RunConfig → api.run → render → exit code.
+
+Results go to stdout; progress, warnings and errors to stderr. Exit codes: 0 ok,
+1 gate failed, 2 bad input, 101 internal error (130 on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import traceback
+import warnings
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from . import __version__
+from .errors import FlatcheckError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Loss-landscape geometry of trained checkpoints: Hessian trace, flatness and sensitivity probes.",
+)
+
+# -- options every probe command shares ---------------------------------------------------
+_COMMON: list[tuple[str, Any, Any]] = [
+    ("spec", Annotated[Path, typer.Option("--spec", help="model spec YAML (see model_specs/)")], ...),
+    ("data", Annotated[str, typer.Option("--data", help="data set: digits, synthetic, cifar10, cifar100, mnist, "
+                                         "fashion-mnist, svhn, npz:PATH, imagefolder:PATH")], "digits"),
+    ("data_root", Annotated[Optional[Path], typer.Option("--data-root", help="folder holding torchvision data sets "
+                                                         "[default: $FLATCHECK_DATA_ROOT]")], None),
+    ("split", Annotated[str, typer.Option("--split", help="train or test")], "train"),
+    ("samples", Annotated[Optional[int], typer.Option("--samples", help="use the first N samples, in fixed order "
+                                                      "[default: 1000, or the whole split if smaller]")], None),
+    ("batch_size", Annotated[int, typer.Option("--batch-size", help="samples per forward pass")], 128),
+    ("device", Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N")], "auto"),
+    ("dtype", Annotated[str, typer.Option("--dtype", help="float32 or float64")], "float32"),
+    ("bn_mode", Annotated[str, typer.Option("--bn-mode", help="BatchNorm statistics: eval (running) or train "
+                                            "(batch; running stats left untouched)")], "eval"),
+    ("seed", Annotated[int, typer.Option("--seed", help="seed of every random draw")], 0),
+    ("params", Annotated[Optional[str], typer.Option("--params", help="comma-separated globs of parameter names "
+                                                     "to probe, e.g. 'head.*' [default: all trainable]")], None),
+    ("backend", Annotated[str, typer.Option("--backend", help="product backend")], "autograd"),
+    ("allow_tf32", Annotated[bool, typer.Option("--allow-tf32", help="allow TF32 matmuls on CUDA (off by default)")],
+     False),
+    ("json_out", Annotated[Optional[str], typer.Option("--json", help="write the JSON report to PATH ('-' = stdout)")],
+     None),
+    ("quiet", Annotated[bool, typer.Option("--quiet", "-q", help="no progress or warnings on stderr")], False),
+    ("debug", Annotated[bool, typer.Option("--debug", help="show tracebacks")], False),
+]
+
+
+def probe_command(name: str, help: str) -> Callable:
+    """Register a command whose signature gets the shared options appended.
+
+    The decorated function receives its own options and returns (probe names, options by
+    probe, render-layers flag); everything else — config, run, output, exit codes — is here.
+    """
+
+    def deco(fn: Callable) -> Callable:
+        own = list(inspect.signature(fn).parameters.values())
+        shared = [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in _COMMON
+        ]
+        own_names = {p.name for p in own}
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs):
+            common = {k: kwargs.pop(k) for k in list(kwargs) if k not in own_names}
+            checkpoint = kwargs.pop("checkpoint")
+            _execute(checkpoint, common, lambda: fn(checkpoint=checkpoint, **kwargs))
+
+        wrapper.__signature__ = inspect.Signature(own + shared)
+        wrapper.__annotations__ = {**fn.__annotations__, **{n: a for n, a, _ in _COMMON}}
+        app.command(name, help=help)(wrapper)
+        return fn
+
+    return deco
+
+
+Checkpoint = Annotated[Path, typer.Argument(help="checkpoint: .safetensors, or .pt/.pth/.bin (read with weights_only)",
+                                            show_default=False)]
+
+
+@probe_command("trace", help="Tr(H) or Tr(G) of the loss over the sample set, per layer too.")
+def trace_cmd(
+    checkpoint: Checkpoint,
+    matrix: Annotated[Optional[str], typer.Option("--matrix", help="hessian or ggn [default: hessian; ggn for exact]")] = None,
+    estimator: Annotated[str, typer.Option("--estimator", help="hutchinson, hutchpp or exact (GGN only)")] = "hutchinson",
+    probes_max: Annotated[int, typer.Option("--probes-max", "--max-probes", help="most matrix-vector products")] = 100,
+    rtol: Annotated[Optional[float], typer.Option("--rtol", help="stop Hutchinson once stderr/|trace| < RTOL")] = None,
+    layers: Annotated[bool, typer.Option("--layers/--no-layers", help="show the per-layer table")] = True,
+):
+    opts = {"matrix": matrix, "estimator": estimator, "probes_max": probes_max, "rtol": rtol}
+    return ["trace"], {"trace": opts}, layers
+
+
+@probe_command("probe", help="Run several probes in one pass, e.g. --probes trace,gini.")
+def probe_cmd(
+    checkpoint: Checkpoint,
+    probes: Annotated[str, typer.Option("--probes", help="comma-separated probe names (see list-probes)")] = "trace,gini",
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="PROBE.KEY=VALUE, repeatable, "
+                                                          "e.g. -o trace.estimator=hutchpp")] = None,
+    layers: Annotated[bool, typer.Option("--layers/--no-layers", help="show per-layer tables")] = False,
+):
+    from .config import parse_option_assignments
+
+    return probes, parse_option_assignments(option or []), layers
+
+
+@app.command("list-probes", help="List the probes flatcheck offers.")
+def list_probes_cmd() -> None:
+    from .probes.registry import get_probe_class, list_probes
+
+    table = Table("probe", "what it measures")
+    for name in list_probes():
+        table.add_row(name, get_probe_class(name).summary)
+    Console().print(table)
+
+
+@app.command("version", help="Print the flatcheck version.")
+def version_cmd() -> None:
+    import torch
+
+    print(f"flatcheck {__version__} (torch {torch.__version__})")
+
+
+def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple]) -> None:
+    err = Console(stderr=True)
+    debug, quiet = common.pop("debug"), common.pop("quiet")
+    json_out = common.pop("json_out")
+    code = 0
+    try:
+        with warnings.catch_warnings():
+            if quiet:
+                warnings.simplefilter("ignore")
+            names, options, layers = build()
+            report = _run(checkpoint, common, names, options, quiet, err)
+        _emit(report, json_out, layers)
+    except FlatcheckError as exc:
+        code = exc.exit_code
+        if debug:
+            traceback.print_exc()
+        _error_line(f"error: {exc}")
+    except KeyboardInterrupt:
+        code = 130
+        _error_line("interrupted")
+    except Exception as exc:  # a bug in flatcheck, not the user's fault
+        code = 101
+        if debug:
+            traceback.print_exc()
+        _error_line(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)")
+    if code:
+        raise typer.Exit(code)
+
+
+def _run(checkpoint, common, names, options, quiet, err):
+    from . import api
+    from .config import RunConfig, probe_requests
+
+    params = tuple(p.strip() for p in (common.pop("params") or "").split(",") if p.strip())
+    config = RunConfig(checkpoint=checkpoint, probes=probe_requests(names, options), params=params, **common)
+    if quiet:
+        return api.run(config)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TimeRemainingColumn(), console=err, transient=True,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(desc: str, done: int, total: int) -> None:
+            if desc not in tasks:
+                tasks[desc] = bar.add_task(desc, total=total)
+            bar.update(tasks[desc], completed=done, total=total)
+
+        return api.run(config, progress)
+
+
+def _emit(report, json_out: str | None, layers: bool) -> None:
+    from .report.io import dump_json
+    from .report.render import render
+
+    if json_out is not None:
+        dump_json(report.to_dict(), json_out)
+    if json_out != "-":
+        render(report, Console(), layers=layers)
+
+
+def _error_line(message: str) -> None:
+    sys.stderr.write(" ".join(message.split()) + "\n")
+    sys.stderr.flush()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,92 @@
+"""RunConfig: everything a run needs, typed and validated once, here, at the edge."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .backends.base import BN_MODES
+from .errors import ConfigError
+from .probes.registry import list_probes, parse_options
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DEFAULT_SAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    name: str
+    options: Any  # the probe's own frozen Options dataclass
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    checkpoint: Path
+    spec: Path
+    probes: tuple[ProbeRequest, ...]
+    data: str = "digits"
+    data_root: Path | None = None
+    split: str = "train"
+    samples: int | None = None  # None: the first DEFAULT_SAMPLES, or the whole split if smaller
+    batch_size: int = 128
+    device: str = "auto"
+    dtype: str = "float32"
+    bn_mode: str = "eval"
+    seed: int = 0
+    params: tuple[str, ...] = ()
+    backend: str = "autograd"
+    allow_tf32: bool = False
+    extra_meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.split not in ("train", "test"):
+            raise ConfigError(f"--split must be train or test, got {self.split!r}")
+        if self.samples is not None and self.samples < 1:
+            raise ConfigError(f"--samples must be a positive integer, got {self.samples}")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be a positive integer, got {self.batch_size}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.bn_mode not in BN_MODES:
+            raise ConfigError(f"--bn-mode must be one of {', '.join(BN_MODES)}, got {self.bn_mode!r}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", self.device):
+            raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed must be non-negative, got {self.seed}")
+        if not self.probes:
+            raise ConfigError("no probes requested; see `flatcheck list-probes`")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def probe_requests(names: str | list[str], options: dict[str, dict[str, Any]] | None = None) -> tuple[ProbeRequest, ...]:
+    """Parse "trace,gini" plus {"trace": {"estimator": "exact"}} into validated requests."""
+    options = dict(options or {})
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",")]
+    names = [n for n in names if n]
+    if not names:
+        raise ConfigError(f"--probes is empty; available: {', '.join(list_probes())}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--probes lists a probe twice: {','.join(names)}")
+    for extra in set(options) - set(names):
+        raise ConfigError(f"-o {extra}.…: probe {extra!r} is not among --probes {','.join(names)}")
+    return tuple(ProbeRequest(n, parse_options(n, options.get(n, {}))) for n in names)
+
+
+def parse_option_assignments(items: list[str]) -> dict[str, dict[str, str]]:
+    """["trace.estimator=exact", ...] → {"trace": {"estimator": "exact"}}."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        probe, dot, name = key.partition(".")
+        if not sep or not dot or not probe or not name:
+            raise ConfigError(f"-o/--option expects PROBE.KEY=VALUE, got {item!r}")
+        out.setdefault(probe.strip(), {})[name.strip()] = value.strip()
+    return out

@@ -1,0 +1,400 @@
+"""Every built-in data source: one registered factory each.
+
+Nothing is ever downloaded: torchvision sources are opened with download=False and a
+missing file is a DataError that names the expected path and how to fetch it once
+elsewhere. Sources keep their samples compact (uint8 where the files are uint8) and
+scale to [0, 1] per item, the way torchvision's to_tensor does (x.float() / 255).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from flatcheck.data.registry import DataSource, register_dataset
+from flatcheck.errors import DataError, InternalError
+
+_ROOT_HELP = "then pass --data-root or set FLATCHECK_DATA_ROOT"
+
+
+class ArrayDataset(Dataset):
+    """Samples held in one tensor; integer pixels are divided by `divisor` per item."""
+
+    def __init__(self, x: Tensor, y: Tensor, divisor: float | None = None) -> None:
+        if len(x) != len(y):
+            raise InternalError(f"ArrayDataset: {len(x)} samples but {len(y)} labels")
+        self.x, self.y, self.divisor = x, y.to(torch.int64), divisor
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        x = self.x[index].to(torch.float32)
+        if self.divisor is not None:
+            x = x.div(self.divisor)
+        return x, int(self.y[index])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _need_root(name: str, root: Path | None, expected: str, how: str) -> Path:
+    if root is None:
+        raise DataError(f"data '{name}' needs a data root containing {expected}: {how}, {_ROOT_HELP}")
+    return root
+
+
+# ---------------------------------------------------------------- CIFAR-10 / CIFAR-100
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickles CIFAR batch files, refusing every global but numpy's array rebuilders.
+
+    The CIFAR "python version" files are pickles, and a plain pickle.load of a file
+    under a user-supplied root would run whatever code it names.
+    """
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),  # how Python 3 pickles bytes at protocol 2
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load global {module}.{name}")
+        if module == "_codecs":
+            import codecs
+
+            return codecs.encode
+        if name == "_reconstruct":
+            core = getattr(np, "_core", None) or np.core  # numpy 2 renamed core
+            return core.multiarray._reconstruct
+        return getattr(np, name)
+
+
+def _read_cifar_file(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with open(path, "rb") as fh:
+            # latin1 is what decodes the Python 2 str buffers of the official files
+            entry = _CifarUnpickler(fh, encoding="latin1").load()
+    except Exception as exc:  # any parse failure means the same thing to the user
+        raise DataError(f"{path}: not a CIFAR python batch file ({_first_line(exc)})") from None
+    if not isinstance(entry, dict):
+        raise DataError(f"{path}: expected a pickled dict, got {type(entry).__name__}")
+    # files written from Python 3 may carry bytes keys (b"data"), the official ones str
+    entry = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
+    for key in ("data", label_key):
+        if key not in entry:
+            raise DataError(f"{path}: missing key '{key}' (found {sorted(map(str, entry))})")
+    data = entry["data"]
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+        got = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+        raise DataError(f"{path}: 'data' must be a uint8 array of shape (n, 3072), got {got}")
+    labels = np.asarray(entry[label_key], dtype=np.int64).reshape(-1)
+    if len(labels) != len(data):
+        raise DataError(f"{path}: {len(data)} images but {len(labels)} '{label_key}'")
+    return data, labels
+
+
+_CIFAR = {
+    # name: (title, folder, train files, test files, label key, classes, torchvision class)
+    "cifar10": ("CIFAR-10", "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
+                "labels", 10, "CIFAR10"),
+    "cifar100": ("CIFAR-100", "cifar-100-python", ["train"], ["test"], "fine_labels", 100, "CIFAR100"),
+}
+
+
+def _cifar(name: str, root: Path | None, split: str) -> DataSource:
+    """Read CIFAR from torchvision's on-disk layout with flatcheck's own small reader.
+
+    torchvision.datasets.CIFAR10 is not used because (1) it md5-checks every batch file,
+    so any copy that is not byte-identical to the official release (a subset, a re-pickled
+    file) is refused as "corrupted"; (2) it runs an unrestricted pickle.load on files under
+    a user-given root; (3) it only understands str keys, not the b"data" keys a Python 3
+    writer produces. Files are instead checked to exist and to parse into the expected
+    structure, which catches truncation and corruption as well as the md5 would.
+    The layout, file order, label key and pixel order are exactly torchvision's.
+    """
+    title, folder, train_files, test_files, label_key, classes, tv_class = _CIFAR[name]
+    how = f"download it once with torchvision.datasets.{tv_class}(root, download=True) on a machine with network"
+    base = _need_root(name, root, f"{folder}/", how) / folder
+    parts = []
+    for fname in train_files if split == "train" else test_files:
+        path = base / fname
+        if not path.is_file():
+            raise DataError(f"data '{name}': expected {path} (not found); {how}, {_ROOT_HELP}")
+        parts.append(_read_cifar_file(path, label_key))
+    data = np.concatenate([p[0] for p in parts])
+    labels = np.concatenate([p[1] for p in parts])
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise DataError(f"data '{name}': labels under {base} must lie in 0..{classes - 1}")
+    # rows are 1024 R, then G, then B values: a plain reshape gives (C, H, W)
+    x = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
+    return DataSource(ArrayDataset(x, torch.from_numpy(labels), 255.0), classes,
+                      f"{title} {split} split from {base}")
+
+
+@register_dataset("cifar10")
+def cifar10(*, root: Path | None, split: str, **_: Any) -> DataSource:
+    return _cifar("cifar10", root, split)
+
+
+@register_dataset("cifar100")
+def cifar100(*, root: Path | None, split: str, **_: Any) -> DataSource:
+    return _cifar("cifar100", root, split)
+
+
+# ---------------------------------------------------------------- MNIST / Fashion-MNIST
+
+
+def _mnist(name: str, title: str, tv_name: str, root: Path | None, split: str) -> DataSource:
+    """torchvision's own MNIST reader; it checks only that the raw idx files exist (no md5).
+
+    torchvision wants all four uncompressed idx files in <root>/<Class>/raw, whichever
+    split is read (or its legacy processed/*.pt files), so they are all checked up front
+    to name what is missing.
+    """
+    import torchvision.datasets as tvd
+
+    cls = getattr(tvd, tv_name)
+    how = f"download it once with torchvision.datasets.{tv_name}(root, download=True) on a machine with network"
+    root = _need_root(name, root, f"{tv_name}/raw/", how)
+    raw = root / tv_name / "raw"
+    legacy = root / tv_name / "processed"
+    files = [os.path.splitext(os.path.basename(url))[0] for url, _ in cls.resources]
+    missing = [f for f in files if not (raw / f).is_file()]
+    if missing and not all((legacy / f).is_file() for f in ("training.pt", "test.pt")):
+        gz = " (found .gz files: decompress them)" if (raw / (missing[0] + ".gz")).is_file() else ""
+        raise DataError(f"data '{name}': expected {', '.join(str(raw / f) for f in missing)} (not found){gz}; "
+                        f"{how}, {_ROOT_HELP}")
+    try:
+        ds = cls(str(root), train=(split == "train"), download=False)
+    except Exception as exc:  # torchvision raises assorted types for truncated idx files
+        raise DataError(f"data '{name}': cannot read the idx files in {raw} ({_first_line(exc)})") from None
+    x, y = ds.data, ds.targets.to(torch.int64)
+    if x.dim() != 3 or len(x) != len(y):
+        raise DataError(f"data '{name}': {raw} holds {tuple(x.shape)} images for {len(y)} labels")
+    return DataSource(ArrayDataset(x.unsqueeze(1), y, 255.0), 10, f"{title} {split} split from {raw}")
+
+
+@register_dataset("mnist")
+def mnist(*, root: Path | None, split: str, **_: Any) -> DataSource:
+    return _mnist("mnist", "MNIST", "MNIST", root, split)
+
+
+@register_dataset("fashion-mnist")
+def fashion_mnist(*, root: Path | None, split: str, **_: Any) -> DataSource:
+    return _mnist("fashion-mnist", "Fashion-MNIST", "FashionMNIST", root, split)
+
+
+# ---------------------------------------------------------------- SVHN
+
+
+@register_dataset("svhn")
+def svhn(*, root: Path | None, split: str, **_: Any) -> DataSource:
+    """torchvision's SVHN reader (scipy loadmat, label 10 -> 0) with the md5 check reduced
+    to existence, for the same reason as CIFAR: a non-official copy is not corrupt, and
+    loadmat fails loudly on a damaged file."""
+    import torchvision.datasets as tvd
+
+    class _SVHN(tvd.SVHN):
+        def _check_integrity(self) -> bool:
+            return os.path.isfile(os.path.join(self.root, self.filename))
+
+    fname = tvd.SVHN.split_list[split][1]
+    how = f"download it once with torchvision.datasets.SVHN(root, split='{split}', download=True) on a machine with network"
+    root = _need_root("svhn", root, fname, how)
+    if not (root / fname).is_file():
+        raise DataError(f"data 'svhn': expected {root / fname} (not found); {how}, {_ROOT_HELP}")
+    try:
+        ds = _SVHN(str(root), split=split, download=False)
+    except Exception as exc:
+        raise DataError(f"data 'svhn': cannot read {root / fname} ({_first_line(exc)})") from None
+    x = torch.from_numpy(np.ascontiguousarray(ds.data))
+    if x.dim() != 4 or x.shape[1] != 3 or x.dtype != torch.uint8:
+        raise DataError(f"data 'svhn': {root / fname} holds {x.dtype} {tuple(x.shape)}; expected uint8 32x32x3xN")
+    desc = f"SVHN {split} split from {root / fname}"
+    return DataSource(ArrayDataset(x, torch.from_numpy(ds.labels), 255.0), 10, desc)
+
+
+# ---------------------------------------------------------------- image folders
+
+
+@register_dataset("imagefolder", takes_path=True)
+def imagefolder(*, path: str, split: str, **_: Any) -> DataSource:
+    """PATH/<class>/<image>, read with torchvision's ImageFolder as RGB.
+
+    If PATH has a train/ subfolder it is split-aware: train -> PATH/train, test ->
+    PATH/test, or PATH/val when there is no test/. Class indices always come from the
+    sorted class folders of train/, so a test folder lacking a class keeps the same
+    labels. Otherwise PATH is used for both splits and the description says so.
+    """
+    from torchvision.datasets import ImageFolder
+    from torchvision.datasets.folder import find_classes
+    from torchvision.transforms.functional import to_tensor
+
+    base = Path(path).expanduser()
+    if not base.is_dir():
+        raise DataError(f"imagefolder:{path}: folder {base} not found")
+    note = ""
+    if (base / "train").is_dir():
+        if split == "train":
+            folder = base / "train"
+        else:
+            folder = next((base / s for s in ("test", "val") if (base / s).is_dir()), None)
+            if folder is None:
+                raise DataError(f"imagefolder:{path}: split 'test' needs {base / 'test'} or {base / 'val'}")
+        label_dir = base / "train"
+    else:
+        folder, label_dir = base, base
+        note = " (no train/ subfolder: the same images for every split)"
+    try:
+        classes, class_to_idx = find_classes(label_dir)
+        ds = ImageFolder(str(folder), transform=to_tensor)
+    except (FileNotFoundError, OSError) as exc:
+        raise DataError(f"imagefolder:{path}: {_first_line(exc)}") from None
+    unknown = sorted(set(ds.classes) - set(classes))
+    if unknown:
+        raise DataError(f"imagefolder:{path}: {folder} has classes {unknown} that {label_dir} lacks")
+    remap = [class_to_idx[c] for c in ds.classes]
+    ds.samples = [(p, remap[t]) for p, t in ds.samples]
+    ds.imgs, ds.targets = ds.samples, [t for _, t in ds.samples]
+    desc = f"{len(ds)} images in {len(classes)} classes from {folder}{note}"
+    return DataSource(ds, len(classes), desc)
+
+
+# ---------------------------------------------------------------- npz files
+
+
+def _npz_images(arr: np.ndarray, where: str) -> tuple[Tensor, float | None]:
+    """(N,D) vectors, (N,H,W) grey, (N,C,H,W); (N,H,W,C) with C in 1/3/4 is permuted.
+
+    A trailing 1/3/4 axis is taken as channels only when axis 1 is not also a plausible
+    channel count, so (N,3,32,32) and (N,32,32,3) both mean RGB 32x32.
+    """
+    if arr.dtype == np.uint8:
+        divisor = 255.0
+    elif np.issubdtype(arr.dtype, np.floating):
+        arr, divisor = arr.astype(np.float32, copy=False), None
+    else:
+        raise DataError(f"{where}: must be uint8 (0..255) or float (0..1), got {arr.dtype}")
+    if arr.ndim == 3:
+        arr = arr[:, None]
+    elif arr.ndim == 4 and arr.shape[-1] in (1, 3, 4) and arr.shape[1] not in (1, 3, 4):
+        arr = arr.transpose(0, 3, 1, 2)
+    elif arr.ndim not in (2, 4):
+        raise DataError(f"{where}: expected shape (N,D), (N,H,W), (N,C,H,W) or (N,H,W,C), got {arr.shape}")
+    return torch.from_numpy(np.ascontiguousarray(arr)), divisor
+
+
+def _npz_labels(arr: np.ndarray, n: int, where: str) -> np.ndarray:
+    if not np.issubdtype(arr.dtype, np.integer) or arr.ndim != 1:
+        raise DataError(f"{where}: expected integer class labels of shape (N,), got {arr.dtype} {arr.shape}")
+    if len(arr) != n:
+        raise DataError(f"{where}: {len(arr)} labels for {n} samples")
+    if len(arr) and arr.min() < 0:
+        raise DataError(f"{where}: labels must be >= 0, found {arr.min()}")
+    return arr.astype(np.int64)
+
+
+@register_dataset("npz", takes_path=True)
+def npz(*, path: str, split: str, **_: Any) -> DataSource:
+    """Arrays `x`, `y` (the train split); optional `x_test`, `y_test` for the test split.
+
+    Without test arrays, x/y serve both splits and the description says so. Pickled
+    (object) arrays are refused. num_classes is max label + 1 over all label arrays, so
+    both splits agree.
+    """
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DataError(f"npz:{path}: file {file} not found")
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            names = set(z.files)
+            has_test = bool({"x_test", "y_test"} & names)
+            xk, yk = ("x_test", "y_test") if split == "test" and has_test else ("x", "y")
+            for key in (xk, yk):
+                if key not in names:
+                    raise DataError(f"npz:{path}: array '{key}' missing (found {', '.join(sorted(names)) or 'none'})")
+            x_arr, y_arr = z[xk], z[yk]
+            all_labels = [z[k] for k in ("y", "y_test") if k in names and k != yk]
+    except DataError:
+        raise
+    except Exception as exc:  # zip, format and pickle refusals all mean "unreadable"
+        raise DataError(f"npz:{path}: cannot read {file} as .npz ({_first_line(exc)})") from None
+    x, divisor = _npz_images(x_arr, f"npz:{path} array '{xk}'")
+    y = _npz_labels(y_arr, len(x), f"npz:{path} array '{yk}'")
+    tops = [int(a.max()) for a in [y, *all_labels] if a.size and np.issubdtype(a.dtype, np.integer)]
+    note = "" if has_test or split == "train" else " (no x_test/y_test: the train arrays)"
+    desc = f"{len(x)} samples '{xk}'/'{yk}' from {file}{note}"
+    return DataSource(ArrayDataset(x, torch.from_numpy(y), divisor), max(tops) + 1 if tops else None, desc)
+
+
+# ---------------------------------------------------------------- digits (embedded)
+
+DIGITS_TRAIN = 1437  # first 1437 train, last 360 test: fixed so results stay comparable
+
+
+@register_dataset("digits")
+def digits(*, split: str, **_: Any) -> DataSource:
+    """The 1797 UCI ML hand-written digits (8x8, values 0..16, as scikit-learn ships them),
+    embedded in the package; tools/make_digits_asset.py regenerates the file."""
+    blob = resources.files("flatcheck.data").joinpath("assets/digits.npz").read_bytes()
+    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        x, y = z["x"], z["y"]
+    part = slice(0, DIGITS_TRAIN) if split == "train" else slice(DIGITS_TRAIN, None)
+    xt = torch.from_numpy(x[part].copy()).unsqueeze(1)
+    what = f"first {DIGITS_TRAIN}" if split == "train" else f"last {len(x) - DIGITS_TRAIN}"
+    return DataSource(ArrayDataset(xt, torch.from_numpy(y[part].copy()), 16.0), 10,
+                      f"digits {split} split: the {what} of the 1797 UCI ML hand-written digits (8x8, embedded)")
+
+
+# ---------------------------------------------------------------- synthetic
+
+SYNTHETIC_SIZES = {"train": 2048, "test": 512}
+
+
+class SyntheticDataset(Dataset):
+    """Gaussian pixels N(0.5, 0.25^2) clipped to [0, 1], so preprocessing treats them like
+    any image; each sample is drawn from its own seed, so nothing is held in memory and
+    sample i is the same whatever order it is read in."""
+
+    def __init__(self, n: int, shape: tuple[int, ...], num_classes: int, seed: int, split: str) -> None:
+        self.n, self.shape = n, shape
+        self._key = [seed % 2**64, 0 if split == "train" else 1]
+        self.labels = np.random.default_rng(self._key + [2**32]).integers(0, num_classes, size=n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        z = np.random.default_rng(self._key + [index]).standard_normal(self.shape, dtype=np.float32)
+        return torch.from_numpy(np.clip(0.5 + 0.25 * z, 0.0, 1.0)), int(self.labels[index])
+
+
+@register_dataset("synthetic")
+def synthetic(*, split: str, num_classes: int | None, input_size: tuple[int, ...] | None, seed: int,
+              **_: Any) -> DataSource:
+    shape = tuple(input_size) if input_size is not None else (3, 32, 32)
+    k = 10 if num_classes is None else num_classes
+    if k < 1 or not shape or any(d < 1 for d in shape):
+        raise DataError(f"data 'synthetic' needs num_classes >= 1 and a positive input_size, got {k} and {list(shape)}")
+    n = SYNTHETIC_SIZES[split]
+    desc = f"synthetic {split} split: {n} Gaussian samples of shape {tuple(shape)}, {k} classes, seed {seed}"
+    return DataSource(SyntheticDataset(n, shape, k, seed, split), k, desc)

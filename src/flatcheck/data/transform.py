@@ -1,0 +1,102 @@
+"""Turn one raw sample (float in [0, 1], (C,H,W) or (D,)) into what the model expects.
+
+Deliberately strict: a silent channel repeat, crop or reshape would let flatcheck measure
+the geometry of a model on inputs it was never trained on, and the numbers would still
+look plausible. Only resizing is done implicitly, because checkpoints are routinely
+evaluated at their own resolution on data stored at another.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from flatcheck.data.preprocess import Preprocess
+from flatcheck.errors import DataError
+
+INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
+# antialias only exists for these modes in F.interpolate
+_ANTIALIAS_MODES = ("bilinear", "bicubic")
+
+
+def _shape(t: Tensor | tuple[int, ...]) -> str:
+    dims = tuple(t.shape) if isinstance(t, Tensor) else tuple(t)
+    return "(" + ",".join(str(d) for d in dims) + ")"
+
+
+def _spec(size: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in size) + "]"
+
+
+def apply_preprocess(x: Tensor, pre: Preprocess, *, source: str) -> Tensor:
+    """Resize/flatten/normalise one sample to `pre`; DataError (one line) when it cannot fit.
+
+    Normalisation is applied whenever mean/std are set, also with input_size None: a spec
+    that names mean/std but no size still means the model was trained on normalised data.
+    It happens before flattening so that a per-channel mean works for a flat (MLP) target.
+    """
+    x = x.to(torch.float32)
+    size = tuple(pre.input_size) if pre.input_size is not None else None
+    if size is not None and len(size) == 3:
+        x = _fit_image(x, size, pre.interpolation, source)
+    elif size is not None and len(size) != 1:
+        raise DataError(f"data '{source}': spec input_size {_spec(size)} must be [C,H,W] or [D]")
+    x = _normalise(x, pre, source)
+    if size is not None and len(size) == 1:
+        if x.numel() != size[0]:
+            raise DataError(
+                f"data '{source}' gives samples of shape {_shape(x)} = {x.numel()} values; "
+                f"spec input_size is {_spec(size)}"
+            )
+        x = x.reshape(-1)
+    return x.contiguous()
+
+
+def _fit_image(x: Tensor, size: tuple[int, ...], mode: str, source: str) -> Tensor:
+    c, h, w = size
+    if x.dim() != 3:
+        raise DataError(
+            f"data '{source}' gives samples of shape {_shape(x)}; spec input_size {_spec(size)} needs (C,H,W) images"
+        )
+    if x.shape[0] != c:
+        raise DataError(
+            f"data '{source}' gives {x.shape[0]}-channel images {_shape(x)}; "
+            f"spec input_size {_spec(size)} needs {c} channels"
+        )
+    if tuple(x.shape[1:]) == (h, w):
+        return x
+    if mode not in INTERPOLATIONS:
+        raise DataError(
+            f"data '{source}': interpolation '{mode}' is not supported; expected one of {', '.join(INTERPOLATIONS)}"
+        )
+    shrinking = h < x.shape[1] or w < x.shape[2]
+    kwargs: dict = {}
+    if mode in _ANTIALIAS_MODES:
+        # without antialiasing, downscaling aliases high frequencies into the image,
+        # which PIL-based training pipelines never showed the model
+        kwargs = {"align_corners": False, "antialias": shrinking}
+    return F.interpolate(x.unsqueeze(0), size=(h, w), mode=mode, **kwargs).squeeze(0)
+
+
+def _normalise(x: Tensor, pre: Preprocess, source: str) -> Tensor:
+    if pre.mean is None and pre.std is None:
+        return x
+    mean = torch.tensor(pre.mean if pre.mean is not None else (0.0,), dtype=torch.float32)
+    std = torch.tensor(pre.std if pre.std is not None else (1.0,), dtype=torch.float32)
+    if (std == 0).any():
+        raise DataError(f"data '{source}': spec std {list(pre.std or ())} contains 0")
+    for name, v in (("mean", mean), ("std", std)):
+        if v.numel() == 1:
+            continue
+        if x.dim() == 3 and v.numel() == x.shape[0]:
+            continue
+        if x.dim() == 1 and v.numel() == x.shape[0]:
+            continue
+        raise DataError(
+            f"data '{source}' gives samples of shape {_shape(x)}; spec {name} has {v.numel()} values "
+            f"(expected 1 or one per channel)"
+        )
+    if x.dim() == 3:
+        mean, std = mean.view(-1, 1, 1), std.view(-1, 1, 1)
+    return (x - mean) / std

@@ -1,0 +1,133 @@
+"""Stochastic trace estimators: Hutchinson (with a standard-error stopping rule) and Hutch++.
+
+Both take any operator with `matmat((k, P)) -> (k, P)`, `dim`, `dtype`, `device`, and an
+optional `split` that sums a (k, P) block within parameter groups, which yields a
+per-group (per-layer) breakdown whose parts add up to the total exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor
+
+from .random import rademacher
+
+Split = Callable[[Tensor], dict[str, Tensor]]
+Progress = Callable[[int, int], None]
+
+
+class Operator(Protocol):
+    dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def matmat(self, V: Tensor) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class TraceEstimate:
+    value: float
+    stderr: float | None  # None only when fewer than two probe values exist
+    matvecs: int
+    probes: int  # random probe vectors drawn (Hutch++: those in its residual part)
+    stop_reason: str
+    groups: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+
+
+def _mean_stderr(values: Tensor) -> tuple[float, float | None]:
+    m = values.shape[0]
+    mean = values.mean().item()
+    if m < 2:
+        return mean, None
+    return mean, values.std(unbiased=True).item() / math.sqrt(m)
+
+
+def hutchinson(
+    op: Operator,
+    *,
+    generator: torch.Generator,
+    max_probes: int,
+    rtol: float | None = None,
+    min_probes: int = 10,
+    block_size: int = 8,
+    split: Split | None = None,
+    progress: Progress | None = None,
+) -> TraceEstimate:
+    """Tr(A) ≈ (1/m) Σ v_kᵀ A v_k with Rademacher v_k.
+
+    Stops after `max_probes`, or earlier once at least `min_probes` values give
+    stderr/|mean| < rtol; the standard error is the sample standard deviation of the
+    per-probe values over √m, so the rule is a statistical one, not a change threshold.
+    """
+    values: list[Tensor] = []
+    parts: dict[str, list[Tensor]] = {}
+    done, reason = 0, "max_probes"
+    while done < max_probes:
+        k = min(block_size, max_probes - done)
+        V = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
+        prod = V * op.matmat(V)
+        values.append(prod.sum(1, dtype=torch.float64).cpu())
+        if split is not None:
+            for name, v in split(prod).items():
+                parts.setdefault(name, []).append(v.to(torch.float64).cpu())
+        done += k
+        if progress is not None:
+            progress(done, max_probes)
+        if rtol is not None and done >= min_probes:
+            mean, se = _mean_stderr(torch.cat(values))
+            if se is not None and mean != 0 and se / abs(mean) < rtol:
+                reason = "rtol"
+                break
+    value, stderr = _mean_stderr(torch.cat(values))
+    groups = {name: _mean_stderr(torch.cat(v)) for name, v in parts.items()}
+    return TraceEstimate(value, stderr, done, done, reason, groups)
+
+
+def hutchpp(
+    op: Operator,
+    *,
+    generator: torch.Generator,
+    matvecs: int,
+    split: Split | None = None,
+    progress: Progress | None = None,
+) -> TraceEstimate:
+    """Hutch++ (Meyer, Musco, Musco, Woodruff 2021) with `matvecs` products, in thirds.
+
+    Tr(A) = Tr(QᵀAQ) + Tr(P⊥AP⊥) with Q an orthonormal basis of A·S; the first term is
+    exact, the second is Hutchinson on projected probes. The standard error is that of
+    the Hutchinson part given Q. Per-group parts also carry the cross term 2·diag(QQᵀAP⊥),
+    estimated from the same probes at no extra cost, so each group's part is unbiased for
+    that group's diagonal block and the parts sum to the total.
+    """
+    k = matvecs // 3
+    if k < 2:
+        raise ValueError("Hutch++ needs at least 6 matrix-vector products")
+    S = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
+    AS = op.matmat(S)
+    Q, _ = torch.linalg.qr(AS.T)  # (P, k)
+    Q = Q.T.contiguous()  # rows are basis vectors
+    AQ = op.matmat(Q)
+    if progress is not None:
+        progress(2 * k, 3 * k)
+    G = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
+    G = G - (G @ Q.T) @ Q
+    AG = op.matmat(G)
+    if progress is not None:
+        progress(3 * k, 3 * k)
+
+    head = Q * AQ
+    resid = G * AG
+    cross = 2 * G * ((AG @ Q.T) @ Q)  # g ⊙ (QQᵀA g), whose total over all entries is 0
+    exact_part = head.sum(dtype=torch.float64).item()
+    r_mean, r_se = _mean_stderr(resid.sum(1, dtype=torch.float64).cpu())
+    groups: dict[str, tuple[float, float | None]] = {}
+    if split is not None:
+        head_g, resid_g, cross_g = split(head), split(resid), split(cross)
+        for name in head_g:
+            m, se = _mean_stderr((resid_g[name] + cross_g[name]).to(torch.float64).cpu())
+            groups[name] = (head_g[name].sum().item() + m, se)
+    return TraceEstimate(exact_part + r_mean, r_se, 3 * k, 2 * k, "matvecs", groups)

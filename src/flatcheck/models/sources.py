@@ -1,0 +1,245 @@
+"""Where model architectures come from: a small registry of builders.
+
+A builder turns a validated `ModelSpec` into a randomly initialised module;
+the weights always come from the user's checkpoint, never from a download.
+Each source may also supply preprocessing defaults (timm's data config,
+torchvision's weight transforms) that the spec can override field by field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from flatcheck.data.preprocess import Preprocess
+from flatcheck.errors import SpecError
+from flatcheck.models.spec import ModelSpec
+
+Builder = Callable[[ModelSpec], nn.Module]
+Defaults = Callable[[ModelSpec, nn.Module], Preprocess]
+
+
+@dataclass(frozen=True)
+class _Source:
+    build: Builder
+    defaults: Defaults | None
+
+
+_REGISTRY: dict[str, _Source] = {}
+
+
+def register_source(name: str, *, defaults: Defaults | None = None) -> Callable[[Builder], Builder]:
+    """Decorator registering `fn(spec) -> nn.Module` as source `name`.
+
+    `defaults(spec, model) -> Preprocess` optionally gives the input contract the
+    source knows about; fields set in the spec win over it.
+    """
+
+    def decorate(fn: Builder) -> Builder:
+        _REGISTRY[name] = _Source(fn, defaults)
+        return fn
+
+    return decorate
+
+
+def list_sources() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """Randomly initialised model for `spec`: float32, on CPU, in eval mode."""
+    source = _REGISTRY.get(spec.source)
+    if source is None:
+        raise SpecError(f"{spec.where}: field 'source' must be one of {', '.join(list_sources())}, got {spec.source!r}")
+    model = source.build(spec)
+    if not isinstance(model, nn.Module):
+        raise SpecError(f"{spec.where}: field 'arch' {spec.arch!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model.to(device="cpu", dtype=torch.float32).eval()
+
+
+def resolve_preprocess(spec: ModelSpec, model: nn.Module) -> Preprocess:
+    """Input contract: the spec's own fields, then the source's defaults."""
+    source = _REGISTRY.get(spec.source)
+    base = source.defaults(spec, model) if source and source.defaults else Preprocess()
+    input_size = spec.input_size or base.input_size
+    mean, std = (spec.mean, spec.std) if spec.mean is not None else (base.mean, base.std)
+    if mean is not None and input_size is not None and len(input_size) == 3 and len(mean) != input_size[0]:
+        raise SpecError(
+            f"{spec.where}: default mean/std of {spec.arch!r} have {len(mean)} channels but input_size "
+            f"{list(input_size)} has {input_size[0]}; set fields 'mean' and 'std'"
+        )
+    return Preprocess(input_size=input_size, mean=mean, std=std, interpolation=base.interpolation)
+
+
+def find_head(model: nn.Module, spec: ModelSpec) -> str:
+    """Dotted name of the final linear layer (nn.Linear or a 1x1 nn.Conv2d)."""
+    modules = dict(model.named_modules())
+    if spec.head is not None:
+        module = modules.get(spec.head)
+        if module is None:
+            candidates = [n for n, m in modules.items() if _is_head(m)][-5:]
+            raise SpecError(
+                f"{spec.where}: field 'head' names no module of {spec.arch!r}: {spec.head!r}; "
+                f"linear layers near the end: {', '.join(candidates) or 'none'}"
+            )
+        if not _is_head(module):
+            raise SpecError(
+                f"{spec.where}: field 'head' must name an nn.Linear or 1x1 nn.Conv2d, "
+                f"but {spec.head!r} is {type(module).__name__}"
+            )
+        name = spec.head
+    else:
+        name = _detect_head(model, spec, modules)
+    _check_width(spec, name, modules[name])
+    return name
+
+
+def _is_head(module: nn.Module) -> bool:
+    if isinstance(module, nn.Linear):
+        return True
+    return isinstance(module, nn.Conv2d) and tuple(module.kernel_size) == (1, 1)
+
+
+def _detect_head(model: nn.Module, spec: ModelSpec, modules: dict[str, nn.Module]) -> str:
+    if spec.source == "timm" and hasattr(model, "get_classifier"):
+        classifier = model.get_classifier()
+        for name, module in modules.items():
+            if module is classifier and _is_head(module):
+                return name
+    linears = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
+    # torchvision classifiers are Linear except SqueezeNet's 1x1 conv, so a conv
+    # is only a fallback there; for python models either kind counts in order.
+    if spec.source == "torchvision" and linears:
+        return linears[-1]
+    heads = [n for n, m in modules.items() if _is_head(m)]
+    if not heads:
+        raise SpecError(
+            f"{spec.where}: cannot find the final linear layer of {spec.arch!r}; set field 'head' to its module name"
+        )
+    return heads[-1]
+
+
+def _check_width(spec: ModelSpec, name: str, module: nn.Module) -> None:
+    # A head that does not emit num_classes outputs means the wrong layer was
+    # picked (or the callable ignored num_classes); curvature would be wrong.
+    width = module.out_features if isinstance(module, nn.Linear) else module.out_channels
+    if spec.num_classes is not None and width != spec.num_classes:
+        raise SpecError(
+            f"{spec.where}: head {name!r} of {spec.arch!r} has {width} outputs but num_classes is "
+            f"{spec.num_classes}; set field 'head' or fix 'num_classes'"
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _construct(spec: ModelSpec, fn: Callable[..., nn.Module], **fixed) -> nn.Module:
+    if spec.num_classes is not None:
+        fixed["num_classes"] = spec.num_classes
+    try:
+        return fn(**fixed, **spec.kwargs)
+    except TypeError as exc:
+        raise SpecError(f"{spec.where}: fields 'kwargs'/'num_classes' rejected by {spec.arch!r} ({_one_line(exc)})") from None
+
+
+def _unknown_arch(spec: ModelSpec, known: list[str]) -> SpecError:
+    close = difflib.get_close_matches(spec.arch, known, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return SpecError(f"{spec.where}: field 'arch': unknown {spec.source} model {spec.arch!r}{hint}")
+
+
+# --- timm -------------------------------------------------------------------
+
+
+def _timm_defaults(spec: ModelSpec, model: nn.Module) -> Preprocess:
+    from timm.data import resolve_data_config
+
+    cfg = resolve_data_config({}, model=model)
+    return Preprocess(
+        input_size=tuple(cfg["input_size"]),
+        mean=tuple(float(x) for x in cfg["mean"]),
+        std=tuple(float(x) for x in cfg["std"]),
+        interpolation=str(cfg.get("interpolation", "bilinear")),
+    )
+
+
+@register_source("timm", defaults=_timm_defaults)
+def _build_timm(spec: ModelSpec) -> nn.Module:
+    import timm
+
+    if not timm.is_model(spec.arch):
+        raise _unknown_arch(spec, timm.list_models())
+    return _construct(spec, timm.create_model, model_name=spec.arch, pretrained=False)
+
+
+# --- torchvision ------------------------------------------------------------
+
+
+def _torchvision_defaults(spec: ModelSpec, model: nn.Module) -> Preprocess:
+    from torchvision.models import get_model_weights
+
+    try:
+        # Only the enum's metadata is read; no weights are fetched.
+        transforms = get_model_weights(spec.arch).DEFAULT.transforms()
+    except Exception:  # no weights enum for this arch: nothing to default to
+        return Preprocess()
+    mean, std = getattr(transforms, "mean", None), getattr(transforms, "std", None)
+    crop = getattr(transforms, "crop_size", None)
+    interpolation = getattr(transforms, "interpolation", None)
+    return Preprocess(
+        input_size=(3, crop[0], crop[-1]) if crop else None,
+        mean=tuple(float(x) for x in mean) if mean else None,
+        std=tuple(float(x) for x in std) if std else None,
+        interpolation=getattr(interpolation, "value", "bilinear"),
+    )
+
+
+@register_source("torchvision", defaults=_torchvision_defaults)
+def _build_torchvision(spec: ModelSpec) -> nn.Module:
+    import torchvision
+
+    known = torchvision.models.list_models()
+    if spec.arch not in known:
+        raise _unknown_arch(spec, known)
+    return _construct(spec, torchvision.models.get_model, name=spec.arch, weights=None)
+
+
+# --- python -----------------------------------------------------------------
+
+
+@register_source("python")
+def _build_python(spec: ModelSpec) -> nn.Module:
+    return _construct(spec, _import_callable(spec))
+
+
+def _import_callable(spec: ModelSpec) -> Callable[..., nn.Module]:
+    module_name, _, attr_path = spec.arch.partition(":")
+    if not module_name or not attr_path:
+        raise SpecError(f"{spec.where}: field 'arch' must be 'module.path:callable', got {spec.arch!r}")
+    # A model file kept next to its spec must import without installing it.
+    extra = str(spec.path.resolve().parent) if spec.path is not None else None
+    added = extra is not None and extra not in sys.path
+    if added:
+        sys.path.insert(0, extra)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # user code: any failure is a spec problem
+        raise SpecError(f"{spec.where}: field 'arch': cannot import {module_name!r} ({_one_line(exc)})") from None
+    finally:
+        if added:
+            sys.path.remove(extra)
+    target = module
+    for part in attr_path.split("."):
+        if not hasattr(target, part):
+            raise SpecError(f"{spec.where}: field 'arch': module {module_name!r} has no attribute {attr_path!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise SpecError(f"{spec.where}: field 'arch': {spec.arch!r} is not callable")
+    return target

@@ -1,0 +1,286 @@
+"""Model spec: the YAML file that tells flatcheck how to rebuild a network.
+
+All validation of a spec happens here, once, so that the builders in `sources`
+and the backend can trust every field. Each failure is a one-line `SpecError`
+naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from flatcheck.errors import SpecError
+
+LOSSES = ("cross_entropy", "mse", "sigmoid_mse", "label_smoothing")
+SOURCES = ("timm", "torchvision", "python")
+DEFAULT_LABEL_SMOOTHING = 0.1
+
+_TOP_FIELDS = (
+    "source", "arch", "kwargs", "num_classes", "input_size",
+    "mean", "std", "loss", "head", "checkpoint",
+)
+_LOSS_FIELDS = ("name", "alpha")
+_CHECKPOINT_FIELDS = ("key", "strip_prefix")
+# Constructor arguments that would either clash with a top-level field or make
+# a builder fetch pretrained weights; flatcheck always loads the user's checkpoint.
+_RESERVED_KWARGS = ("num_classes", "pretrained", "weights")
+
+
+def _normalise_loss_name(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """Training loss. Hyphenated names ("sigmoid-mse") are accepted.
+
+    alpha is the label-smoothing amount; left at 0.0 with name "label_smoothing"
+    it becomes 0.1, since smoothing by zero would just be cross-entropy.
+    """
+
+    name: str = "cross_entropy"
+    alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        name = _normalise_loss_name(self.name) if isinstance(self.name, str) else self.name
+        if name not in LOSSES:
+            raise SpecError(f"loss: unknown loss {self.name!r}; allowed: {', '.join(LOSSES)}")
+        if not 0.0 <= float(self.alpha) < 1.0:
+            raise SpecError(f"loss: 'alpha' must be in [0, 1), got {self.alpha!r}")
+        alpha = float(self.alpha)
+        if name == "label_smoothing" and alpha == 0.0:
+            alpha = DEFAULT_LABEL_SMOOTHING
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "alpha", alpha)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Where the weights sit inside a checkpoint file.
+
+    key: dotted path to a nested state dict ("state_dict", "ema.module").
+    strip_prefix: removed from the start of every key that has it.
+    """
+
+    key: str | None = None
+    strip_prefix: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str
+    arch: str
+    kwargs: dict = field(default_factory=dict)
+    num_classes: int | None = None
+    input_size: tuple[int, ...] | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    loss: LossSpec = field(default_factory=LossSpec)
+    head: str | None = None
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    path: Path | None = None
+    sha256: str | None = None
+
+    @property
+    def where(self) -> str:
+        """How error messages refer to this spec."""
+        return str(self.path) if self.path is not None else "model spec"
+
+
+def load_spec(path: str | Path) -> ModelSpec:
+    """Read and validate a YAML model spec."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: model spec not found") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read model spec ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        detail = " ".join(str(exc).split())
+        raise SpecError(f"{path}: not valid YAML ({detail})") from None
+    return spec_from_dict(data, path=path, sha256=hashlib.sha256(raw).hexdigest())
+
+
+def spec_from_dict(
+    data: Any, *, path: Path | None = None, sha256: str | None = None
+) -> ModelSpec:
+    """Validate a parsed spec. `path` only labels error messages and the result."""
+    where = str(path) if path is not None else "model spec"
+    v = _Validator(where)
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where}: top level must be a mapping of fields, got {_kind(data)}")
+    v.no_unknown(data, _TOP_FIELDS, "")
+    for required in ("source", "arch"):
+        if data.get(required) is None:
+            raise SpecError(f"{where}: missing required field '{required}'")
+
+    source = v.string(data["source"], "source")
+    if source not in _known_sources():
+        allowed = ", ".join(_known_sources())
+        raise SpecError(f"{where}: field 'source' must be one of {allowed}, got {source!r}")
+    arch = v.string(data["arch"], "arch")
+    if source == "python" and ":" not in arch:
+        raise SpecError(
+            f"{where}: field 'arch' must be 'module.path:callable' for source python, got {arch!r}"
+        )
+
+    input_size = v.input_size(data.get("input_size"))
+    mean = v.floats(data.get("mean"), "mean", positive=False)
+    std = v.floats(data.get("std"), "std", positive=True)
+    v.check_normalisation(mean, std, input_size)
+
+    return ModelSpec(
+        source=source,
+        arch=arch,
+        kwargs=v.kwargs(data.get("kwargs")),
+        num_classes=v.positive_int(data.get("num_classes"), "num_classes"),
+        input_size=input_size,
+        mean=mean,
+        std=std,
+        loss=v.loss(data.get("loss")),
+        head=v.optional_string(data.get("head"), "head"),
+        checkpoint=v.checkpoint(data.get("checkpoint")),
+        path=path,
+        sha256=sha256,
+    )
+
+
+def _known_sources() -> tuple[str, ...]:
+    # Sources registered at run time (plugins) are valid too; the import is lazy
+    # because `sources` pulls in torch, which reading a YAML file does not need.
+    try:
+        from flatcheck.models.sources import list_sources
+    except ImportError:
+        return SOURCES
+    return tuple(dict.fromkeys((*SOURCES, *list_sources())))
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", dict: "a mapping", str: "a string"}.get(type(value), repr(value))
+
+
+class _Validator:
+    """Type checks that all phrase their failure the same way."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, name: str, expected: str, value: Any) -> SpecError:
+        return SpecError(f"{self.where}: field '{name}' must be {expected}, got {value!r}")
+
+    def no_unknown(self, data: Mapping, allowed: tuple[str, ...], prefix: str) -> None:
+        for key in data:
+            if key not in allowed:
+                raise SpecError(
+                    f"{self.where}: unknown field '{prefix}{key}'; "
+                    f"allowed: {', '.join(sorted(prefix + a for a in allowed))}"
+                )
+
+    def string(self, value: Any, name: str) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(name, "a non-empty string", value)
+        return value.strip()
+
+    def optional_string(self, value: Any, name: str) -> str | None:
+        return None if value is None else self.string(value, name)
+
+    def positive_int(self, value: Any, name: str) -> int | None:
+        if value is None:
+            return None
+        # bool is an int subclass; `num_classes: yes` is a typo, not 1.
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.fail(name, "a positive integer", value)
+        return value
+
+    def input_size(self, value: Any) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        expected = "a list of 1 or 3 positive integers ([C, H, W] or [D])"
+        if not isinstance(value, (list, tuple)) or len(value) not in (1, 3):
+            raise self.fail("input_size", expected, value)
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int) or item <= 0:
+                raise self.fail("input_size", expected, value)
+        return tuple(value)
+
+    def floats(self, value: Any, name: str, *, positive: bool) -> tuple[float, ...] | None:
+        if value is None:
+            return None
+        expected = "a non-empty list of positive numbers" if positive else "a non-empty list of numbers"
+        if not isinstance(value, (list, tuple)) or not value:
+            raise self.fail(name, expected, value)
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                raise self.fail(name, expected, value)
+            if positive and not item > 0:
+                raise self.fail(name, expected, value)
+        return tuple(float(x) for x in value)
+
+    def check_normalisation(self, mean, std, input_size) -> None:
+        # One without the other would silently normalise half-way.
+        if (mean is None) != (std is None):
+            given, other = ("mean", "std") if mean is not None else ("std", "mean")
+            raise SpecError(f"{self.where}: field '{given}' is set but '{other}' is not; give both or neither")
+        if mean is None:
+            return
+        if len(mean) != len(std):
+            raise SpecError(
+                f"{self.where}: fields 'mean' and 'std' must have the same length, got {len(mean)} and {len(std)}"
+            )
+        if input_size is not None and len(input_size) == 3 and len(mean) != input_size[0]:
+            raise SpecError(
+                f"{self.where}: field 'mean' must have {input_size[0]} values (one per channel "
+                f"of input_size {list(input_size)}), got {len(mean)}"
+            )
+
+    def kwargs(self, value: Any) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise self.fail("kwargs", "a mapping of argument names to values", value)
+        for key in _RESERVED_KWARGS:
+            if key in value:
+                hint = "use the top-level field" if key == "num_classes" else "flatcheck never downloads weights"
+                raise SpecError(f"{self.where}: field 'kwargs' must not contain '{key}' ({hint})")
+        return dict(value)
+
+    def loss(self, value: Any) -> LossSpec:
+        if value is None:
+            return LossSpec()
+        if isinstance(value, str):
+            value = {"name": value}
+        if not isinstance(value, Mapping):
+            raise self.fail("loss", "a loss name or a mapping with 'name' and 'alpha'", value)
+        self.no_unknown(value, _LOSS_FIELDS, "loss.")
+        name = _normalise_loss_name(self.string(value.get("name", "cross_entropy"), "loss.name"))
+        if name not in LOSSES:
+            raise SpecError(
+                f"{self.where}: field 'loss.name' must be one of {', '.join(LOSSES)}, got {value.get('name')!r}"
+            )
+        alpha = value.get("alpha")
+        if alpha is None:
+            return LossSpec(name=name)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
+            raise self.fail("loss.alpha", "a number in [0, 1)", alpha)
+        if name != "label_smoothing" and alpha != 0:
+            raise SpecError(f"{self.where}: field 'loss.alpha' only applies to label_smoothing, not {name}")
+        return LossSpec(name=name, alpha=float(alpha))
+
+    def checkpoint(self, value: Any) -> CheckpointSpec:
+        if value is None:
+            return CheckpointSpec()
+        if not isinstance(value, Mapping):
+            raise self.fail("checkpoint", "a mapping with 'key' and/or 'strip_prefix'", value)
+        self.no_unknown(value, _CHECKPOINT_FIELDS, "checkpoint.")
+        return CheckpointSpec(
+            key=self.optional_string(value.get("key"), "checkpoint.key"),
+            strip_prefix=self.optional_string(value.get("strip_prefix"), "checkpoint.strip_prefix"),
+        )

@@ -1,0 +1,123 @@
+"""Probe registry (register_probe / list_probes / create_probe) and what a probe is given.
+
+Adding a probe is one decorated class in one file of this package; it declares typed
+options (a frozen dataclass) that are validated once, at the edge, by `parse_options`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import importlib
+import pkgutil
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Protocol
+
+import torch
+
+from ..backends.base import Backend
+from ..errors import ConfigError
+from ..report.result import ProbeResult
+
+
+@dataclass
+class ProbeContext:
+    backend: Backend
+    seed: int
+    progress: Callable[[str, int, int], None] | None = None  # (description, done, total)
+
+    def generator(self) -> torch.Generator:
+        """A fresh generator per probe, so a probe's numbers do not depend on which ran before it."""
+        return torch.Generator().manual_seed(self.seed)
+
+
+class Probe(Protocol):
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    Options: ClassVar[type]
+    requires: ClassVar[frozenset[str]]
+
+    def run(self, ctx: ProbeContext, options: Any) -> ProbeResult: ...
+
+
+_PROBES: dict[str, type] = {}
+
+
+def register_probe(cls: type) -> type:
+    _PROBES[cls.name] = cls
+    return cls
+
+
+def _load_builtin() -> None:
+    from .. import probes as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name != "registry":
+            importlib.import_module(f"{pkg.__name__}.{info.name}")
+
+
+def list_probes(pattern: str = "*") -> list[str]:
+    _load_builtin()
+    return sorted(n for n in _PROBES if fnmatch.fnmatchcase(n, pattern))
+
+
+def get_probe_class(name: str) -> type:
+    _load_builtin()
+    if name not in _PROBES:
+        raise ConfigError(f"--probes: unknown probe {name!r}; available: {', '.join(list_probes())}")
+    return _PROBES[name]
+
+
+def create_probe(name: str) -> Probe:
+    return get_probe_class(name)()
+
+
+def parse_options(name: str, raw: dict[str, Any]) -> Any:
+    """Build the probe's Options from loosely typed values (strings from -o key=value included)."""
+    cls = get_probe_class(name).Options
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in raw.items():
+        key_n = key.replace("-", "_")
+        if key_n not in fields:
+            raise ConfigError(
+                f"option {name}.{key} is unknown; {name} takes: {', '.join(sorted(fields)) or 'no options'}"
+            )
+        values[key_n] = _coerce(f"{name}.{key}", value, hints[key_n])
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def _coerce(where: str, value: Any, hint: Any) -> Any:
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    if optional:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            return None
+        hint = next(a for a in args if a is not type(None))
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"option {where} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        return value
+    try:
+        if hint is bool:
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                return value.lower() in ("true", "1", "yes")
+            return bool(value)
+        if hint is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if hint is float:
+            return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"option {where} must be {hint.__name__}, got {value!r}") from None
+    return value

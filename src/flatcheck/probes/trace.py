@@ -1,0 +1,110 @@
+"""Probe 1 (SPEC): Tr(H) or Tr(G) of the whole-sample-set loss, with a per-layer breakdown."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from ..errors import ConfigError
+from ..linalg import hutchinson, hutchpp
+from ..operators import CurvatureOperator
+from ..report.result import ProbeResult
+from .registry import ProbeContext, register_probe
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    # None means "hessian", except that the exact estimator exists only for the GGN.
+    matrix: Literal["hessian", "ggn"] | None = None
+    estimator: Literal["hutchinson", "hutchpp", "exact"] = "hutchinson"
+    probes_max: int = 100
+    rtol: float | None = None
+    min_probes: int = 10
+    block_size: int = 8
+
+    def __post_init__(self):
+        if self.estimator == "exact" and self.matrix == "hessian":
+            raise ConfigError("--estimator exact needs --matrix ggn: only the GGN trace has a closed form")
+        if self.probes_max < 2:
+            raise ConfigError(f"--probes-max must be at least 2 (a standard error needs two probes), got {self.probes_max}")
+        if self.estimator == "hutchpp" and self.probes_max < 6:
+            raise ConfigError(f"--probes-max must be at least 6 for hutchpp, got {self.probes_max}")
+        if self.rtol is not None and not self.rtol > 0:
+            raise ConfigError(f"--rtol must be positive, got {self.rtol}")
+        if self.min_probes < 2 or self.block_size < 1:
+            raise ConfigError("trace.min_probes must be ≥ 2 and trace.block_size ≥ 1")
+
+    @property
+    def resolved_matrix(self) -> str:
+        if self.matrix is not None:
+            return self.matrix
+        return "ggn" if self.estimator == "exact" else "hessian"
+
+
+@register_probe
+class TraceProbe:
+    """Hutchinson (Rademacher, adaptive stop on stderr/|mean| < rtol), Hutch++ with the same
+    matvec budget, or the exact GGN trace Tr(G) = (1/N) Σ_n Σ_k λ_nk ‖J_nᵀ u_nk‖² (zero variance).
+
+    Per-layer parts are grouped by the module owning each parameter and sum to the total.
+    The mean eigenvalue is Tr/P over the P parameters the trace is taken over.
+    """
+
+    name: ClassVar[str] = "trace"
+    summary: ClassVar[str] = "Hessian/GGN trace (Hutchinson, Hutch++, exact GGN)"
+    Options: ClassVar[type] = TraceOptions
+    requires: ClassVar[frozenset[str]] = frozenset({"hvp", "ggn_vp", "ggn_trace"})
+
+    def run(self, ctx: ProbeContext, options: TraceOptions) -> ProbeResult:
+        matrix = options.resolved_matrix
+        op = CurvatureOperator(ctx.backend, matrix)
+        layout = op.layout
+        label = "Tr(H)" if matrix == "hessian" else "Tr(G)"
+        start = time.perf_counter()
+
+        def progress(done: int, total: int) -> None:
+            if ctx.progress is not None:
+                ctx.progress(f"trace ({options.estimator})", done, total)
+
+        seed = ctx.seed
+        if options.estimator == "exact":
+            per_param = ctx.backend.ggn_trace()
+            value, stderr, probes, stop = per_param.sum().item(), None, 0, "exact"
+            groups: dict[str, tuple[float, float | None]] = {}
+            for g, v in zip(layout.groups, per_param.tolist()):
+                groups[g] = (groups.get(g, (0.0, None))[0] + v, None)
+            seed = None
+        elif options.estimator == "hutchpp":
+            est = hutchpp(op, generator=ctx.generator(), matvecs=options.probes_max, split=layout.group_sums,
+                          progress=progress)
+            value, stderr, probes, stop, groups = est.value, est.stderr, est.probes, est.stop_reason, est.groups
+        else:
+            est = hutchinson(op, generator=ctx.generator(), max_probes=options.probes_max, rtol=options.rtol,
+                             min_probes=options.min_probes, block_size=options.block_size,
+                             split=layout.group_sums, progress=progress)
+            value, stderr, probes, stop, groups = est.value, est.stderr, est.probes, est.stop_reason, est.groups
+
+        sizes = layout.group_sizes()
+        return ProbeResult(
+            probe=self.name,
+            value=value,
+            stderr=stderr,
+            matvecs=op.matvecs,
+            seconds=time.perf_counter() - start,
+            seed=seed,
+            label=label,
+            details={
+                "matrix": matrix,
+                "estimator": options.estimator,
+                "probes": probes,
+                "stop_reason": stop,
+                "rtol": options.rtol,
+                "parameters": layout.dim,
+                "mean_eigenvalue": value / layout.dim,
+                "mean_eigenvalue_stderr": None if stderr is None else stderr / layout.dim,
+                "layers": {
+                    (g or "<root>"): {"value": v, "stderr": se, "parameters": sizes[g]} for g, (v, se) in groups.items()
+                },
+            },
+        )

@@ -1,0 +1,78 @@
+"""What a run produces: one ProbeResult per probe inside a Report with the run's provenance."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = "1.0"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """The headline number of a probe and how it was obtained.
+
+    stderr is None exactly when the value is exact (no sampling); seed is None when no
+    randomness was used. `details` holds everything else (per-layer parts, counts …)
+    and must be JSON-serialisable.
+    """
+
+    probe: str
+    value: float | None
+    stderr: float | None
+    matvecs: int
+    seconds: float
+    seed: int | None = None
+    label: str = ""  # what `value` is, e.g. "Tr(H)"
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        return self.stderr is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "probe": self.probe,
+            "label": self.label,
+            "value": _finite(self.value),
+            "stderr": _finite(self.stderr),
+            "exact": self.exact,
+            "matvecs": self.matvecs,
+            "seconds": round(self.seconds, 6),
+            "seed": self.seed,
+            "details": _jsonable(self.details),
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    meta: dict[str, Any]
+    results: dict[str, ProbeResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            **_jsonable(self.meta),
+            "results": {name: r.to_dict() for name, r in self.results.items()},
+        }
+
+
+def _finite(x: float | None) -> float | None | str:
+    # JSON has no NaN/Inf; say so explicitly rather than emit invalid JSON.
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else str(x)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float):
+        return _finite(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return _jsonable(obj.item())
+    return obj

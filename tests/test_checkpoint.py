@@ -1,0 +1,273 @@
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from flatcheck.errors import CheckpointError
+from flatcheck.models.checkpoint import apply_state_dict, load_checkpoint
+from flatcheck.models.spec import CheckpointSpec
+from flatcheck.zoo.demo_cnn import DigitsCNN
+
+
+@pytest.fixture
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return DigitsCNN(num_classes=10).eval()
+
+
+@pytest.fixture
+def weights(model) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1)
+    trained = DigitsCNN(num_classes=10)
+    with torch.no_grad():
+        trained.features[1].running_mean.uniform_()
+    return {k: v.clone() for k, v in trained.state_dict().items()}
+
+
+def assert_loaded(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, weights[key]), key
+
+
+def roundtrip(tmp_path, model, weights, obj, name="ckpt.pt", spec=CheckpointSpec()):
+    path = tmp_path / name
+    torch.save(obj, path)
+    loaded = load_checkpoint(path, spec)
+    apply_state_dict(model, loaded.state_dict)
+    assert_loaded(model, weights)
+    return loaded
+
+
+def test_safetensors_roundtrip(tmp_path, model, weights):
+    path = tmp_path / "w.safetensors"
+    save_file(weights, str(path))
+    loaded = load_checkpoint(path)
+    assert loaded.format == "safetensors"
+    assert loaded.path == path
+    assert loaded.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    apply_state_dict(model, loaded.state_dict)
+    assert_loaded(model, weights)
+
+
+def test_torch_plain_roundtrip(tmp_path, model, weights):
+    loaded = roundtrip(tmp_path, model, weights, OrderedDict(weights), name="w.pth")
+    assert loaded.format == "torch"
+    assert loaded.sha256 == hashlib.sha256((tmp_path / "w.pth").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("key", ["state_dict", "model", "model_state_dict", "ema", "state_dict_ema", "model_ema"])
+def test_nested_auto(tmp_path, model, weights, key):
+    obj = {"epoch": 12, "optimizer": {"lr": 0.1, "momentum": [0.9]}, "name": "run-3", key: weights}
+    roundtrip(tmp_path, model, weights, obj, name="nested.bin")
+
+
+def test_model_weights_preferred_over_ema(tmp_path, model, weights):
+    ema = {k: torch.zeros_like(v) for k, v in weights.items()}
+    roundtrip(tmp_path, model, weights, {"ema": ema, "state_dict": weights, "epoch": 3})
+    # ...but the EMA copy can be asked for explicitly.
+    loaded = load_checkpoint(tmp_path / "ckpt.pt", CheckpointSpec(key="ema"))
+    assert all(torch.count_nonzero(v) == 0 for v in loaded.state_dict.values())
+
+
+def test_top_level_tensors_with_leftovers(tmp_path, model, weights):
+    roundtrip(tmp_path, model, weights, {**weights, "epoch": 7, "meta": {"note": "x"}})
+
+
+def test_dotted_key(tmp_path, model, weights):
+    obj = {"ema": {"module": weights, "decay": 0.999}, "epoch": 2}
+    roundtrip(tmp_path, model, weights, obj, spec=CheckpointSpec(key="ema.module"))
+
+
+def test_dotted_key_literal_dot(tmp_path, model, weights):
+    roundtrip(tmp_path, model, weights, {"ema.module": weights}, spec=CheckpointSpec(key="ema.module"))
+
+
+def test_missing_key_lists_top_level(tmp_path, weights):
+    path = tmp_path / "ckpt.pt"
+    torch.save({"state_dict": weights, "epoch": 1}, path)
+    with pytest.raises(CheckpointError, match=r"'ema\.module' not found.*state_dict, epoch"):
+        load_checkpoint(path, CheckpointSpec(key="ema.module"))
+
+
+def test_module_prefix_stripped(tmp_path, model, weights):
+    obj = {"state_dict": {f"module.{k}": v for k, v in weights.items()}}
+    roundtrip(tmp_path, model, weights, obj)
+
+
+def test_compile_and_ddp_prefixes_stripped(tmp_path, model, weights):
+    roundtrip(tmp_path, model, weights, {f"module._orig_mod.{k}": v for k, v in weights.items()})
+
+
+def test_strip_prefix(tmp_path, model, weights):
+    obj = {f"model.net.{k}": v for k, v in weights.items()}
+    roundtrip(tmp_path, model, weights, obj, spec=CheckpointSpec(strip_prefix="model.net."))
+
+
+def test_strip_prefix_matching_nothing(tmp_path, weights):
+    path = tmp_path / "ckpt.pt"
+    torch.save(weights, path)
+    with pytest.raises(CheckpointError, match="strip_prefix 'backbone.' matches no key"):
+        load_checkpoint(path, CheckpointSpec(strip_prefix="backbone."))
+
+
+def test_missing_num_batches_tracked_tolerated(tmp_path, model, weights):
+    trimmed = {k: v for k, v in weights.items() if not k.endswith("num_batches_tracked")}
+    apply_state_dict(model, trimmed)
+    assert_loaded(model, {**weights, "features.1.num_batches_tracked": model.features[1].num_batches_tracked})
+
+
+def test_dtype_cast(model, weights):
+    apply_state_dict(model, {k: v.double() if v.is_floating_point() else v for k, v in weights.items()})
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert_loaded(model, weights)
+
+
+def test_truncated_safetensors(tmp_path, weights):
+    path = tmp_path / "w.safetensors"
+    save_file(weights, str(path))
+    data = path.read_bytes()
+    for cut in (len(data) // 2, 5):
+        path.write_bytes(data[:cut])
+        with pytest.raises(CheckpointError, match=r"not a valid safetensors file: .*w\.safetensors"):
+            load_checkpoint(path)
+
+
+@pytest.mark.parametrize("name", ["w.safetensors", "w.pt"])
+def test_garbage_bytes(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b"garbage bytes, definitely not weights\x00\x01")
+    with pytest.raises(CheckpointError, match=r"not a valid .*w\."):
+        load_checkpoint(path)
+
+
+def test_empty_torch_file(tmp_path):
+    path = tmp_path / "w.pt"
+    path.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="not a valid PyTorch checkpoint"):
+        load_checkpoint(path)
+
+
+def touch_marker(path: str) -> None:  # pragma: no cover - must never run
+    Path(path).write_text("pwned")
+
+
+class Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (touch_marker, (self.marker,))
+
+
+class ShellPayload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class PlainObject:
+    def __init__(self) -> None:
+        self.weights = torch.ones(2)
+
+
+@pytest.mark.parametrize("kind", ["function", "os.system", "raw-pickle", "class"])
+def test_code_pickle_refused_and_not_run(tmp_path, kind):
+    marker = tmp_path / "marker"
+    path = tmp_path / "evil.pt"
+    if kind == "function":
+        torch.save({"state_dict": {"w": torch.ones(1)}, "hook": Payload(marker)}, path)
+    elif kind == "os.system":
+        torch.save({"w": torch.ones(1), "hook": ShellPayload(marker)}, path)
+    elif kind == "raw-pickle":
+        path.write_bytes(pickle.dumps(ShellPayload(marker), protocol=4))
+    else:
+        torch.save({"model": PlainObject()}, path)
+    with pytest.raises(CheckpointError, match=r"refusing to execute pickled code in .*evil\.pt; save a plain state_dict"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_refusal_names_the_global(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": PlainObject()}, path)
+    with pytest.raises(CheckpointError, match=r"it needs \S*PlainObject"):
+        load_checkpoint(path)
+
+
+def test_mismatch_reports_all_groups(model, weights):
+    bad = dict(weights)
+    del bad["features.0.weight"]
+    bad["extra.weight"] = torch.zeros(3)
+    bad["head.weight"] = torch.zeros(5, 32)
+    with pytest.raises(CheckpointError) as info:
+        apply_state_dict(model, bad, source="run.pt")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("run.pt")
+    assert "missing keys 1 (features.0.weight)" in message
+    assert "unexpected keys 1 (extra.weight)" in message
+    assert "head.weight: checkpoint (5, 32) vs model (10, 32)" in message
+
+
+def test_long_lists_truncated(model):
+    with pytest.raises(CheckpointError, match=r"missing keys 12 \(.*, \.\.\. and 7 more\)"):
+        apply_state_dict(model, {})
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_refused(model, weights, value):
+    bad = dict(weights)
+    bad["head.weight"] = bad["head.weight"].clone()
+    bad["head.weight"][0, 0] = value
+    bad["features.1.running_var"] = bad["features.1.running_var"].clone().fill_(value)
+    with pytest.raises(CheckpointError, match=r"non-finite.*2 tensors: features\.1\.running_var, head\.weight"):
+        apply_state_dict(model, bad)
+
+
+def test_float64_overflow_refused(model, weights):
+    bad = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
+    bad["head.bias"][0] = 1e300
+    with pytest.raises(CheckpointError, match="head.bias"):
+        apply_state_dict(model, bad)
+
+
+def test_tied_weights_saved_once():
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(5, 4)
+            self.out = nn.Linear(4, 5, bias=False)
+            self.out.weight = self.embed.weight
+
+    target = Tied()
+    value = torch.randn(5, 4)
+    apply_state_dict(target, {"out.weight": value})
+    assert torch.equal(target.embed.weight, value)
+
+
+def test_unknown_extension(tmp_path):
+    path = tmp_path / "w.h5"
+    path.write_bytes(b"x")
+    with pytest.raises(CheckpointError, match=r"w\.h5.*allowed: \.safetensors, \.pt, \.pth, \.bin"):
+        load_checkpoint(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match="not found.*nope.safetensors"):
+        load_checkpoint(tmp_path / "nope.safetensors")
+
+
+def test_no_tensors(tmp_path):
+    path = tmp_path / "w.pt"
+    torch.save({"epoch": 1, "config": {"lr": 0.1}}, path)
+    with pytest.raises(CheckpointError, match="no tensors found; top-level keys: epoch, config"):
+        load_checkpoint(path)

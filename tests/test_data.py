@@ -1,0 +1,478 @@
+"""Data sources, the registry and preprocessing.
+
+Every on-disk source is exercised on tiny files written here in the real on-disk format
+of its torchvision counterpart, since no data set can be downloaded in tests.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flatcheck.data import Preprocess, apply_preprocess, create_dataset, list_datasets, registry
+from flatcheck.data.registry import DataSource, register_dataset
+from flatcheck.errors import DataError, InputError
+
+ALL = ["cifar10", "cifar100", "digits", "fashion-mnist", "imagefolder", "mnist", "npz", "svhn", "synthetic"]
+
+
+@pytest.fixture(autouse=True)
+def _no_env_root(monkeypatch):
+    monkeypatch.delenv("FLATCHECK_DATA_ROOT", raising=False)
+
+
+def to_uint8(x: torch.Tensor) -> np.ndarray:
+    return (x * 255).round().to(torch.uint8).numpy()
+
+
+# ------------------------------------------------------------------ registry
+
+
+def test_list_datasets_has_all_builtins():
+    assert list_datasets() == ALL
+
+
+def test_list_datasets_pattern():
+    assert list_datasets("*mnist") == ["fashion-mnist", "mnist"]
+    assert list_datasets("CIFAR*") == ["cifar10", "cifar100"]
+    assert list_datasets("nothing*") == []
+
+
+def test_unknown_name_lists_available():
+    with pytest.raises(DataError) as e:
+        create_dataset("imagenet")
+    msg = str(e.value)
+    assert "'imagenet'" in msg and "\n" not in msg
+    for name in ("cifar10", "digits", "synthetic", "npz:PATH", "imagefolder:PATH"):
+        assert name in msg
+    assert e.value.exit_code == 2
+
+
+def test_bare_path_gets_a_hint(tmp_path):
+    with pytest.raises(DataError, match="npz:"):
+        create_dataset(str(tmp_path / "x.npz"))
+
+
+def test_name_spelling_is_forgiving():
+    assert registry.parse_uri("Fashion_MNIST") == ("fashion-mnist", None)
+    assert registry.parse_uri("npz:/a:b.npz") == ("npz", "/a:b.npz")
+
+
+def test_path_required_and_refused():
+    with pytest.raises(DataError, match="npz:PATH"):
+        create_dataset("npz")
+    with pytest.raises(DataError, match="takes no path"):
+        create_dataset("digits:/tmp/x")
+
+
+def test_bad_split():
+    with pytest.raises(DataError, match="split 'val'.*train, test"):
+        create_dataset("digits", split="val")
+
+
+def test_register_custom_source():
+    seen = {}
+
+    @register_dataset("unit-test-ramp")
+    def ramp(*, root, split, path, num_classes, input_size, seed):
+        seen.update(root=root, split=split, seed=seed, input_size=input_size)
+        xs = torch.linspace(0, 1, 12).reshape(3, 4)
+        return DataSource([(x, i % 2) for i, x in enumerate(xs)], 2, "a ramp")
+
+    try:
+        ds = create_dataset("unit-test-ramp", root="/r", split="test", seed=7, preprocess=Preprocess((4,)))
+        assert seen == {"root": Path("/r"), "split": "test", "seed": 7, "input_size": (4,)}
+        assert len(ds) == 3 and ds.sample_shape == (4,) and ds.num_classes == 2
+        assert ds[1][1] == 1 and ds[2][0].dtype == torch.float32
+        assert "unit-test-ramp" in list_datasets("unit-*")
+    finally:
+        registry._REGISTRY.pop("unit-test-ramp")
+
+
+def test_more_classes_than_model_outputs(tmp_path):
+    f = tmp_path / "d.npz"
+    np.savez(f, x=np.zeros((4, 5), np.float32), y=np.array([0, 1, 2, 5]))
+    assert create_dataset(f"npz:{f}", num_classes=6).num_classes == 6
+    with pytest.raises(DataError, match="6 classes but the model has 3 outputs"):
+        create_dataset(f"npz:{f}", num_classes=3)
+
+
+# ------------------------------------------------------------------ digits
+
+
+def _asset():
+    from importlib import resources
+
+    with resources.files("flatcheck.data").joinpath("assets/digits.npz").open("rb") as fh:
+        z = np.load(fh)
+        return z["x"], z["y"]
+
+
+def test_digits_asset_contents():
+    x, y = _asset()
+    assert x.shape == (1797, 8, 8) and x.dtype == np.uint8 and y.dtype == np.int64
+    # pins the file to scikit-learn's digits.csv.gz: totals, first label, class counts
+    assert int(x.astype(np.int64).sum()) == 561718 and x.max() == 16
+    assert y[0] == 0 and y[:10].tolist() == list(range(10))
+    assert np.bincount(y).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+
+
+def test_digits_splits():
+    x, y = _asset()
+    train, test = create_dataset("digits"), create_dataset("digits", split="test")
+    assert (len(train), len(test)) == (1437, 360)
+    assert train.sample_shape == (1, 8, 8) and train.num_classes == 10
+    assert train.name == "digits" and train.split == "train" and "1437" in train.description
+    xs = torch.stack([train[i][0] for i in range(len(train))])
+    assert xs.dtype == torch.float32 and 0 <= xs.min() and xs.max() <= 1
+    assert torch.equal(xs * 16, torch.from_numpy(x[:1437]).float().unsqueeze(1))
+    labels = [train[i][1] for i in range(len(train))] + [test[i][1] for i in range(len(test))]
+    assert labels == y.tolist() and set(labels) == set(range(10))
+    assert sum(np.bincount(labels)) == 1797
+    assert train[0][1] == y[0] and test[0][1] == y[1437]
+    assert torch.equal(test[0][0] * 16, torch.from_numpy(x[1437]).float().unsqueeze(0))
+
+
+# ------------------------------------------------------------------ CIFAR
+
+
+def _write_cifar(root: Path, folder: str, files: dict[str, int], label_key: str, bytes_keys: bool, seed=0):
+    """torchvision's layout; the official files unpickle to str keys, Python 3 writers give bytes."""
+    rng = np.random.default_rng(seed)
+    base = root / folder
+    base.mkdir(parents=True)
+    written = {}
+    for name, n in files.items():
+        entry = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 label_key: rng.integers(0, 10, n).tolist(), "batch_label": name}
+        if bytes_keys:
+            entry = {k.encode(): v for k, v in entry.items()}
+        (base / name).write_bytes(pickle.dumps(entry, protocol=2))
+        written[name] = entry
+    return written
+
+
+def _cifar10(root, bytes_keys=False):
+    files = {f"data_batch_{i}": 2 for i in range(1, 6)} | {"test_batch": 3}
+    written = _write_cifar(root, "cifar-10-batches-py", files, "labels", bytes_keys)
+    (root / "cifar-10-batches-py" / "batches.meta").write_bytes(
+        pickle.dumps({"label_names": [f"c{i}" for i in range(10)]}, protocol=2))
+    return written
+
+
+@pytest.mark.parametrize("bytes_keys", [False, True])
+def test_cifar10_round_trip(tmp_path, bytes_keys):
+    written = _cifar10(tmp_path, bytes_keys)
+    k = (lambda s: s.encode()) if bytes_keys else (lambda s: s)
+    train = create_dataset("cifar10", root=tmp_path)
+    test = create_dataset("cifar10", root=str(tmp_path), split="test")
+    assert (len(train), len(test)) == (10, 3) and train.sample_shape == (3, 32, 32) and train.num_classes == 10
+    data = np.concatenate([written[f"data_batch_{i}"][k("data")] for i in range(1, 6)])
+    labels = sum((written[f"data_batch_{i}"][k("labels")] for i in range(1, 6)), [])
+    for i in range(10):
+        x, y = train[i]
+        assert x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
+        assert np.array_equal(to_uint8(x), data[i].reshape(3, 32, 32)) and y == labels[i]
+    x, y = test[2]
+    assert np.array_equal(to_uint8(x), written["test_batch"][k("data")][2].reshape(3, 32, 32))
+    assert y == written["test_batch"][k("labels")][2]
+    assert "CIFAR-10 test split from" in test.description and "cifar-10-batches-py" in test.description
+
+
+def test_cifar10_pixel_order_matches_torchvision_layout(tmp_path):
+    # one image whose rows are R=1.., G, B planes: channel c must be plane c
+    base = tmp_path / "cifar-10-batches-py"
+    base.mkdir()
+    row = np.concatenate([np.full(1024, v, np.uint8) for v in (10, 20, 30)])
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (base / name).write_bytes(pickle.dumps({"data": row[None], "labels": [4]}, protocol=2))
+    x, y = create_dataset("cifar10", root=tmp_path, split="test")[0]
+    assert to_uint8(x)[:, 0, 0].tolist() == [10, 20, 30] and y == 4
+
+
+def test_cifar100_round_trip(tmp_path):
+    written = _write_cifar(tmp_path, "cifar-100-python", {"train": 4, "test": 2}, "fine_labels", False)
+    for split, name in (("train", "train"), ("test", "test")):
+        ds = create_dataset("cifar100", root=tmp_path, split=split)
+        assert ds.num_classes == 100 and len(ds) == written[name]["data"].shape[0]
+        for i in range(len(ds)):
+            x, y = ds[i]
+            assert np.array_equal(to_uint8(x), written[name]["data"][i].reshape(3, 32, 32))
+            assert y == written[name]["fine_labels"][i]
+
+
+def test_cifar_missing_root_names_expected_path(tmp_path):
+    with pytest.raises(DataError) as e:
+        create_dataset("cifar10")
+    assert "cifar-10-batches-py" in str(e.value) and "FLATCHECK_DATA_ROOT" in str(e.value)
+    with pytest.raises(DataError) as e:
+        create_dataset("cifar10", root=tmp_path)
+    msg = str(e.value)
+    assert str(tmp_path / "cifar-10-batches-py" / "data_batch_1") in msg
+    assert "torchvision.datasets.CIFAR10(root, download=True)" in msg and "\n" not in msg
+
+
+def test_data_root_env_is_honoured(tmp_path, monkeypatch):
+    _cifar10(tmp_path)
+    monkeypatch.setenv("FLATCHECK_DATA_ROOT", str(tmp_path))
+    assert len(create_dataset("cifar10", split="test")) == 3
+    # an explicit root wins over the environment
+    with pytest.raises(DataError, match=str(tmp_path / "elsewhere")):
+        create_dataset("cifar10", root=tmp_path / "elsewhere")
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_cifar_refuses_pickled_code(tmp_path, capsys):
+    _cifar10(tmp_path)
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(pickle.dumps({"data": _Evil()}, protocol=2))
+    with pytest.raises(DataError, match=r"refusing to load global \S*print"):
+        create_dataset("cifar10", root=tmp_path, split="test")
+    assert "must never run" not in capsys.readouterr().out
+
+
+def test_cifar_malformed_file(tmp_path):
+    _cifar10(tmp_path)
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(b"\x80\x02truncated")
+    with pytest.raises(DataError, match="test_batch: not a CIFAR python batch file"):
+        create_dataset("cifar10", root=tmp_path, split="test")
+    (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(
+        pickle.dumps({"data": np.zeros((2, 100), np.uint8), "labels": [0, 1]}, protocol=2))
+    with pytest.raises(DataError, match=r"shape \(n, 3072\)"):
+        create_dataset("cifar10", root=tmp_path, split="test")
+
+
+# ------------------------------------------------------------------ MNIST / SVHN
+
+
+def _idx(path: Path, arr: np.ndarray) -> None:
+    # SN3 / idx: 0x00 0x00 <type 0x08 = uint8> <ndim>, big-endian dims, then the bytes
+    header = bytes([0, 0, 8, arr.ndim]) + b"".join(struct.pack(">I", d) for d in arr.shape)
+    path.write_bytes(header + arr.astype(np.uint8).tobytes())
+
+
+def _write_mnist(root: Path, cls: str, n_train=5, n_test=3) -> dict:
+    rng = np.random.default_rng(1)
+    raw = root / cls / "raw"
+    raw.mkdir(parents=True)
+    out = {}
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        x, y = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n, dtype=np.uint8)
+        _idx(raw / f"{prefix}-images-idx3-ubyte", x)
+        _idx(raw / f"{prefix}-labels-idx1-ubyte", y)
+        out[prefix] = (x, y)
+    return out
+
+
+@pytest.mark.parametrize("name,cls", [("mnist", "MNIST"), ("fashion-mnist", "FashionMNIST")])
+def test_mnist_round_trip(tmp_path, name, cls):
+    written = _write_mnist(tmp_path, cls)
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        ds = create_dataset(name, root=tmp_path, split=split)
+        x, y = written[prefix]
+        assert len(ds) == len(x) and ds.sample_shape == (1, 28, 28) and ds.num_classes == 10
+        for i in range(len(ds)):
+            xi, yi = ds[i]
+            assert np.array_equal(to_uint8(xi)[0], x[i]) and yi == y[i]
+
+
+def test_mnist_missing_file_is_named(tmp_path):
+    _write_mnist(tmp_path, "MNIST")
+    (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataError) as e:
+        create_dataset("mnist", root=tmp_path)
+    assert str(tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte") in str(e.value)
+    assert "torchvision.datasets.MNIST(root, download=True)" in str(e.value)
+
+
+def test_svhn_round_trip(tmp_path):
+    from scipy.io import savemat
+
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 256, (32, 32, 3, 4), dtype=np.uint8)  # SVHN's H, W, C, N layout
+    y = np.array([[10], [1], [2], [10]], dtype=np.uint8)  # 10 stands for the digit 0
+    savemat(tmp_path / "test_32x32.mat", {"X": x, "y": y})
+    ds = create_dataset("svhn", root=tmp_path, split="test")
+    assert len(ds) == 4 and ds.sample_shape == (3, 32, 32)
+    assert [ds[i][1] for i in range(4)] == [0, 1, 2, 0]
+    assert np.array_equal(to_uint8(ds[3][0]), x[..., 3].transpose(2, 0, 1))
+    with pytest.raises(DataError, match="train_32x32.mat"):
+        create_dataset("svhn", root=tmp_path, split="train")
+
+
+# ------------------------------------------------------------------ npz / imagefolder
+
+
+def test_npz_layouts_round_trip(tmp_path):
+    rng = np.random.default_rng(3)
+    nchw = rng.integers(0, 256, (4, 3, 5, 6), dtype=np.uint8)
+    y = np.array([0, 1, 2, 1])
+    for name, x in {"nchw": nchw, "nhwc": nchw.transpose(0, 2, 3, 1)}.items():
+        np.savez(tmp_path / f"{name}.npz", x=x, y=y)
+        ds = create_dataset(f"npz:{tmp_path / name}.npz")
+        assert ds.sample_shape == (3, 5, 6) and ds.num_classes == 3
+        assert all(np.array_equal(to_uint8(ds[i][0]), nchw[i]) and ds[i][1] == y[i] for i in range(4))
+    grey = rng.integers(0, 256, (4, 7, 7), dtype=np.uint8)
+    np.savez(tmp_path / "grey.npz", x=grey, y=y)
+    assert create_dataset(f"npz:{tmp_path}/grey.npz").sample_shape == (1, 7, 7)
+
+
+def test_npz_float_vectors_and_test_split(tmp_path):
+    x = np.linspace(-1, 2, 12, dtype=np.float64).reshape(4, 3)  # floats are kept as they are
+    xt = np.ones((2, 3), np.float32)
+    f = tmp_path / "v.npz"
+    np.savez(f, x=x, y=np.arange(4), x_test=xt, y_test=np.array([7, 0]))
+    train, test = create_dataset(f"npz:{f}"), create_dataset(f"npz:{f}", split="test")
+    assert train.sample_shape == (3,) and torch.equal(train[3][0], torch.tensor(x[3], dtype=torch.float32))
+    assert len(test) == 2 and test[0][1] == 7
+    assert train.num_classes == test.num_classes == 8
+
+
+def test_npz_without_test_arrays_serves_both_splits(tmp_path):
+    f = tmp_path / "v.npz"
+    np.savez(f, x=np.zeros((3, 2), np.float32), y=np.zeros(3, np.int64))
+    test = create_dataset(f"npz:{f}", split="test")
+    assert len(test) == 3 and "no x_test/y_test" in test.description
+
+
+def test_npz_errors(tmp_path):
+    f = tmp_path / "v.npz"
+    np.savez(f, x=np.zeros((3, 2), np.float32))
+    with pytest.raises(DataError, match=r"npz:.*v\.npz: array 'y' missing \(found x\)"):
+        create_dataset(f"npz:{f}")
+    np.savez(f, x=np.zeros((3, 2), np.float32), y=np.zeros(3, np.int64), y_test=np.zeros(1, np.int64))
+    with pytest.raises(DataError, match="array 'x_test' missing"):
+        create_dataset(f"npz:{f}", split="test")
+    np.savez(f, x=np.zeros((3, 2), np.int32), y=np.zeros(3, np.int64))
+    with pytest.raises(DataError, match="uint8 .* or float"):
+        create_dataset(f"npz:{f}")
+    np.savez(f, x=np.zeros((3, 2), np.float32), y=np.zeros(4, np.int64))
+    with pytest.raises(DataError, match="4 labels for 3 samples"):
+        create_dataset(f"npz:{f}")
+    np.savez(f, x=np.array([{"a": 1}] * 3, dtype=object), y=np.zeros(3, np.int64))
+    with pytest.raises(DataError, match="cannot read"):
+        create_dataset(f"npz:{f}")
+    with pytest.raises(DataError, match="not found"):
+        create_dataset(f"npz:{tmp_path}/absent.npz")
+
+
+def _png(path: Path, arr: np.ndarray) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path)
+
+
+def test_imagefolder_splits_and_round_trip(tmp_path):
+    rng = np.random.default_rng(4)
+    imgs = {p: rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)
+            for p in ("train/cat/a.png", "train/dog/b.png", "train/dog/c.png", "val/dog/d.png")}
+    for p, a in imgs.items():
+        _png(tmp_path / p, a)
+    train = create_dataset(f"imagefolder:{tmp_path}")
+    test = create_dataset(f"imagefolder:{tmp_path}", split="test")  # falls back to val/
+    assert train.num_classes == test.num_classes == 2 and train.sample_shape == (3, 6, 5)
+    assert [train[i][1] for i in range(3)] == [0, 1, 1]
+    assert np.array_equal(to_uint8(train[2][0]), imgs["train/dog/c.png"].transpose(2, 0, 1))
+    assert len(test) == 1 and test[0][1] == 1  # 'dog' keeps train's index without a 'cat' folder
+    assert np.array_equal(to_uint8(test[0][0]), imgs["val/dog/d.png"].transpose(2, 0, 1))
+
+
+def test_imagefolder_flat_layout_and_errors(tmp_path):
+    grey = np.full((4, 4), 200, np.uint8)
+    _png(tmp_path / "flat" / "only" / "g.png", grey)
+    ds = create_dataset(f"imagefolder:{tmp_path / 'flat'}", split="test")
+    assert "same images for every split" in ds.description
+    assert ds.sample_shape == (3, 4, 4) and (to_uint8(ds[0][0]) == 200).all()  # grey read as RGB
+    with pytest.raises(DataError, match="not found"):
+        create_dataset(f"imagefolder:{tmp_path / 'nope'}")
+    _png(tmp_path / "s" / "train" / "a" / "x.png", grey)
+    with pytest.raises(DataError, match="split 'test' needs"):
+        create_dataset(f"imagefolder:{tmp_path / 's'}", split="test")
+    _png(tmp_path / "s" / "test" / "b" / "y.png", grey)
+    with pytest.raises(DataError, match=r"classes \['b'\]"):
+        create_dataset(f"imagefolder:{tmp_path / 's'}", split="test")
+
+
+# ------------------------------------------------------------------ synthetic
+
+
+def test_synthetic_is_seeded():
+    pre = Preprocess(input_size=(3, 6, 6))
+    a, b = create_dataset("synthetic", preprocess=pre, seed=1), create_dataset("synthetic", preprocess=pre, seed=1)
+    c = create_dataset("synthetic", preprocess=pre, seed=2)
+    assert len(a) == 2048 and len(create_dataset("synthetic", split="test")) == 512
+    assert a.sample_shape == (3, 6, 6) and a.num_classes == 10
+    assert torch.equal(a[5][0], b[5][0]) and a[5][1] == b[5][1]
+    assert not torch.equal(a[5][0], c[5][0])
+    flat = create_dataset("synthetic", preprocess=Preprocess(input_size=(20,)), num_classes=3)
+    labels = {flat[i][1] for i in range(200)}
+    assert flat.sample_shape == (20,) and labels == {0, 1, 2}
+    assert create_dataset("synthetic").sample_shape == (3, 32, 32)
+
+
+# ------------------------------------------------------------------ preprocessing
+
+
+def test_preprocess_none_is_identity():
+    x = torch.rand(3, 4, 4)
+    assert torch.equal(apply_preprocess(x, Preprocess(), source="t"), x)
+
+
+def test_preprocess_resize_up_matches_interpolate():
+    ds = create_dataset("digits", preprocess=Preprocess(input_size=(1, 16, 16)))
+    assert ds.sample_shape == (1, 16, 16)
+    raw = create_dataset("digits")[3][0]
+    want = F.interpolate(raw[None], size=(16, 16), mode="bilinear", align_corners=False)[0]
+    assert torch.allclose(ds[3][0], want)
+    const = torch.full((3, 5, 5), 0.25)
+    up = apply_preprocess(const, Preprocess(input_size=(3, 9, 7), interpolation="bicubic"), source="t")
+    assert up.shape == (3, 9, 7) and torch.allclose(up, torch.full_like(up, 0.25))
+
+
+def test_preprocess_downscale_is_antialiased():
+    x = torch.rand(3, 32, 32)
+    got = apply_preprocess(x, Preprocess(input_size=(3, 8, 8)), source="t")
+    want = F.interpolate(x[None], size=(8, 8), mode="bilinear", antialias=True, align_corners=False)[0]
+    assert torch.allclose(got, want)
+
+
+def test_preprocess_normalisation_numbers():
+    x = torch.stack([torch.full((2, 2), v) for v in (0.0, 0.5, 1.0)])
+    pre = Preprocess(input_size=(3, 2, 2), mean=(0.5, 0.5, 0.25), std=(0.5, 0.25, 0.5))
+    y = apply_preprocess(x, pre, source="t")
+    assert y[:, 0, 0].tolist() == [-1.0, 0.0, 1.5]
+    scalar = apply_preprocess(x, Preprocess(mean=(0.5,), std=(0.5,)), source="t")
+    assert scalar[:, 1, 1].tolist() == [-1.0, 0.0, 1.0]
+
+
+def test_preprocess_flatten_with_channel_mean():
+    x = torch.stack([torch.zeros(2, 2), torch.ones(2, 2)])
+    y = apply_preprocess(x, Preprocess(input_size=(8,), mean=(0.0, 1.0), std=(1.0, 2.0)), source="t")
+    assert y.shape == (8,) and y.tolist() == [0.0] * 8
+    ds = create_dataset("digits", preprocess=Preprocess(input_size=(64,)))
+    assert ds.sample_shape == (64,) and torch.equal(ds[0][0], create_dataset("digits")[0][0].reshape(-1))
+
+
+def test_preprocess_wrong_sizes():
+    with pytest.raises(DataError) as e:
+        create_dataset("digits", preprocess=Preprocess(input_size=(100,)))
+    assert str(e.value) == "data 'digits' gives samples of shape (1,8,8) = 64 values; spec input_size is [100]"
+    with pytest.raises(DataError, match="1-channel images .* needs 3 channels"):
+        create_dataset("digits", preprocess=Preprocess(input_size=(3, 8, 8)))
+    with pytest.raises(DataError, match=r"shape \(10\); .* needs \(C,H,W\)"):
+        apply_preprocess(torch.zeros(10), Preprocess(input_size=(1, 2, 5)), source="t")
+    with pytest.raises(DataError, match="mean has 2 values"):
+        apply_preprocess(torch.zeros(3, 2, 2), Preprocess(mean=(0.1, 0.2), std=(1.0,)), source="t")
+    with pytest.raises(DataError, match="interpolation 'lanczos'"):
+        apply_preprocess(torch.zeros(1, 2, 2), Preprocess(input_size=(1, 4, 4), interpolation="lanczos"), source="t")
+    assert issubclass(DataError, InputError)
