@@ -142,46 +142,67 @@ def test_digits_splits():
 # ------------------------------------------------------------------ CIFAR
 
 
-def _write_cifar(root: Path, folder: str, files: dict[str, int], label_key: str, bytes_keys: bool, seed=0):
-    """torchvision's layout; the official files unpickle to str keys, Python 3 writers give bytes."""
+def _py2_pickle(data: np.ndarray, labels: list[int], label_key: str) -> bytes:
+    """A dict pickled the way Python 2 / numpy 1.x wrote the official CIFAR files:
+    str (SHORT_BINSTRING) keys, numpy.core.multiarray._reconstruct, raw bytes as a str."""
+
+    def s(b: bytes) -> bytes:
+        return (b"U" + bytes([len(b)]) + b) if len(b) < 256 else (b"T" + struct.pack("<I", len(b)) + b)
+
+    def i(v: int) -> bytes:
+        return b"K" + bytes([v]) if 0 <= v < 256 else b"J" + struct.pack("<i", v)
+
+    dtype = (b"cnumpy\ndtype\n" + s(b"u1") + i(0) + i(1) + b"\x87R"
+             + b"(" + i(3) + s(b"|") + b"NNN" + i(-1) + i(-1) + i(0) + b"tb")
+    shape = b"".join(i(d) for d in data.shape) + b"\x86"
+    array = (b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n" + i(0) + b"\x85" + s(b"b") + b"\x87R"
+             + b"(" + i(1) + shape + dtype + b"\x89" + s(data.tobytes()) + b"tb")
+    labs = b"](" + b"".join(i(v) for v in labels) + b"e"
+    return b"\x80\x02}(" + s(b"data") + array + s(label_key.encode()) + labs + b"u."
+
+
+def _write_cifar(root: Path, folder: str, files: dict[str, int], label_key: str, fmt: str = "py2", seed=0):
+    """torchvision's layout. fmt: py2 = as the official files; py3-str / py3-bytes = pickled from
+    Python 3 with str or bytes keys (the latter is what the CIFAR page's unpickle() shows)."""
     rng = np.random.default_rng(seed)
     base = root / folder
     base.mkdir(parents=True)
     written = {}
     for name, n in files.items():
-        entry = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                 label_key: rng.integers(0, 10, n).tolist(), "batch_label": name}
-        if bytes_keys:
-            entry = {k.encode(): v for k, v in entry.items()}
-        (base / name).write_bytes(pickle.dumps(entry, protocol=2))
+        entry = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), label_key: rng.integers(0, 10, n).tolist()}
+        if fmt == "py2":
+            blob = _py2_pickle(entry["data"], entry[label_key], label_key)
+        else:
+            keyed = {(k.encode() if fmt == "py3-bytes" else k): v for k, v in entry.items()}
+            blob = pickle.dumps(keyed | {"batch_label": name}, protocol=2)
+        (base / name).write_bytes(blob)
         written[name] = entry
     return written
 
 
-def _cifar10(root, bytes_keys=False):
+def _cifar10(root, fmt="py2"):
     files = {f"data_batch_{i}": 2 for i in range(1, 6)} | {"test_batch": 3}
-    written = _write_cifar(root, "cifar-10-batches-py", files, "labels", bytes_keys)
+    written = _write_cifar(root, "cifar-10-batches-py", files, "labels", fmt)
     (root / "cifar-10-batches-py" / "batches.meta").write_bytes(
         pickle.dumps({"label_names": [f"c{i}" for i in range(10)]}, protocol=2))
     return written
 
 
-@pytest.mark.parametrize("bytes_keys", [False, True])
-def test_cifar10_round_trip(tmp_path, bytes_keys):
-    written = _cifar10(tmp_path, bytes_keys)
-    k = (lambda s: s.encode()) if bytes_keys else (lambda s: s)
+@pytest.mark.parametrize("fmt", ["py2", "py3-str", "py3-bytes"])
+def test_cifar10_round_trip(tmp_path, fmt):
+    written = _cifar10(tmp_path, fmt)
     train = create_dataset("cifar10", root=tmp_path)
     test = create_dataset("cifar10", root=str(tmp_path), split="test")
     assert (len(train), len(test)) == (10, 3) and train.sample_shape == (3, 32, 32) and train.num_classes == 10
-    data = np.concatenate([written[f"data_batch_{i}"][k("data")] for i in range(1, 6)])
-    labels = sum((written[f"data_batch_{i}"][k("labels")] for i in range(1, 6)), [])
+    data = np.concatenate([written[f"data_batch_{i}"]["data"] for i in range(1, 6)])
+    labels = sum((written[f"data_batch_{i}"]["labels"] for i in range(1, 6)), [])
     for i in range(10):
         x, y = train[i]
         assert x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1
         assert np.array_equal(to_uint8(x), data[i].reshape(3, 32, 32)) and y == labels[i]
     x, y = test[2]
-    assert np.array_equal(to_uint8(x), written["test_batch"][k("data")][2].reshape(3, 32, 32))
-    assert y == written["test_batch"][k("labels")][2]
+    assert np.array_equal(to_uint8(x), written["test_batch"]["data"][2].reshape(3, 32, 32))
+    assert y == written["test_batch"]["labels"][2]
     assert "CIFAR-10 test split from" in test.description and "cifar-10-batches-py" in test.description
 
 
@@ -197,7 +218,7 @@ def test_cifar10_pixel_order_matches_torchvision_layout(tmp_path):
 
 
 def test_cifar100_round_trip(tmp_path):
-    written = _write_cifar(tmp_path, "cifar-100-python", {"train": 4, "test": 2}, "fine_labels", False)
+    written = _write_cifar(tmp_path, "cifar-100-python", {"train": 4, "test": 2}, "fine_labels")
     for split, name in (("train", "train"), ("test", "test")):
         ds = create_dataset("cifar100", root=tmp_path, split=split)
         assert ds.num_classes == 100 and len(ds) == written[name]["data"].shape[0]

@@ -65,7 +65,10 @@ def probe_command(name: str, help: str) -> Callable:
     """
 
     def deco(fn: Callable) -> Callable:
-        own = list(inspect.signature(fn).parameters.values())
+        # eval_str: this module uses `from __future__ import annotations`, and Typer does not
+        # evaluate the string annotations of an explicit __signature__ (the Option names and
+        # help inside Annotated[...] would be lost, e.g. `-o` and `--max-probes`).
+        own = list(inspect.signature(fn, eval_str=True).parameters.values())
         shared = [
             inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in _COMMON
         ]
@@ -78,7 +81,7 @@ def probe_command(name: str, help: str) -> Callable:
             _execute(checkpoint, common, lambda: fn(checkpoint=checkpoint, **kwargs))
 
         wrapper.__signature__ = inspect.Signature(own + shared)
-        wrapper.__annotations__ = {**fn.__annotations__, **{n: a for n, a, _ in _COMMON}}
+        wrapper.__annotations__ = {**{p.name: p.annotation for p in own}, **{n: a for n, a, _ in _COMMON}}
         app.command(name, help=help)(wrapper)
         return fn
 
@@ -142,6 +145,7 @@ def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple
             if quiet:
                 warnings.simplefilter("ignore")
             names, options, layers = build()
+            _check_json_target(json_out)
             report = _run(checkpoint, common, names, options, quiet, err)
         _emit(report, json_out, layers)
     except FlatcheckError as exc:
@@ -183,12 +187,29 @@ def _run(checkpoint, common, names, options, quiet, err):
         return api.run(config, progress)
 
 
+def _check_json_target(json_out: str | None) -> None:
+    """Refuse an unwritable --json PATH before the run, not after minutes of work."""
+    from .errors import ConfigError
+
+    if json_out is None or json_out == "-":
+        return
+    path = Path(json_out)
+    if path.is_dir():
+        raise ConfigError(f"--json {json_out}: is a folder; give a file path")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--json {json_out}: folder {path.parent} does not exist")
+
+
 def _emit(report, json_out: str | None, layers: bool) -> None:
+    from .errors import ConfigError
     from .report.io import dump_json
     from .report.render import render
 
     if json_out is not None:
-        dump_json(report.to_dict(), json_out)
+        try:
+            dump_json(report.to_dict(), json_out)
+        except OSError as exc:  # permissions, full disk …: the user's path, not a flatcheck bug
+            raise ConfigError(f"--json {json_out}: cannot write ({exc.strerror or exc})") from None
     if json_out != "-":
         render(report, Console(), layers=layers)
 

@@ -216,7 +216,8 @@ def svhn(*, root: Path | None, split: str, **_: Any) -> DataSource:
             return os.path.isfile(os.path.join(self.root, self.filename))
 
     fname = tvd.SVHN.split_list[split][1]
-    how = f"download it once with torchvision.datasets.SVHN(root, split='{split}', download=True) on a machine with network"
+    how = (f"download it once with torchvision.datasets.SVHN(root, split='{split}', download=True) "
+           "on a machine with network")
     root = _need_root("svhn", root, fname, how)
     if not (root / fname).is_file():
         raise DataError(f"data 'svhn': expected {root / fname} (not found); {how}, {_ROOT_HELP}")
