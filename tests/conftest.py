@@ -87,7 +87,7 @@ def dense(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
         # by ~1.6% (torch 2.14.1, checked against finite differences on a tanh CNN), so
         # train mode uses plain autograd; eval mode the vectorised (fast) transform.
         if problem.bn_mode == "train":
-            H = torch.autograd.functional.hessian(total_loss, theta0)
+            H = torch.autograd.functional.hessian(total_loss, theta0, vectorize=True)
         else:
             H = torch.func.hessian(total_loss)(theta0)
         G = torch.zeros_like(H)

@@ -203,12 +203,6 @@ def test_hutchinson_json(hutch_seed0):
     assert math.isclose(sum(p["value"] for p in layers.values()), r["value"], rel_tol=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (linalg/trace.py + backends/layout.py, not owned here): the total is summed in float64 "
-    "(prod.sum(1, dtype=float64)) but ParamLayout.group_sums sums each layer in the operator dtype "
-    "(float32) before the cast, so in float32 the per-layer parts miss the total by ~1e-8 relative",
-)
 def test_hutchinson_layers_sum_to_total_float32(hutch_seed0):
     r = hutch_seed0["results"]["trace"]
     parts = sum(p["value"] for p in r["details"]["layers"].values())

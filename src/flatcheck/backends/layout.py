@@ -65,10 +65,14 @@ class ParamLayout:
         return torch.cat([p.reshape(k, -1) for p in pieces], dim=1)
 
     def group_sums(self, block: Tensor) -> dict[str, Tensor]:
-        """Sum a (k, P) block within each module group → {group: (k,)}."""
+        """Sum a (k, P) block within each module group → {group: (k,)}, in float64.
+
+        Totals are accumulated in float64 too, so the parts add up to the total
+        whatever the working dtype.
+        """
         out: dict[str, Tensor] = {}
         for piece, group in zip(block.split(self.sizes, dim=1), self.groups):
-            s = piece.sum(dim=1)
+            s = piece.sum(dim=1, dtype=torch.float64)
             out[group] = out[group] + s if group in out else s
         return out
 

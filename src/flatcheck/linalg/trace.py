@@ -120,14 +120,15 @@ def hutchpp(
         progress(3 * k, 3 * k)
 
     head = Q * AQ
-    resid = G * AG
-    cross = 2 * G * ((AG @ Q.T) @ Q)  # g ⊙ (QQᵀA g), whose total over all entries is 0
+    # g ⊙ (QQᵀA g) sums to zero over all entries in exact arithmetic; it is kept in the
+    # per-probe values so that per-group parts add up to the total in any dtype.
+    resid = G * AG + 2 * G * ((AG @ Q.T) @ Q)
     exact_part = head.sum(dtype=torch.float64).item()
     r_mean, r_se = _mean_stderr(resid.sum(1, dtype=torch.float64).cpu())
     groups: dict[str, tuple[float, float | None]] = {}
     if split is not None:
-        head_g, resid_g, cross_g = split(head), split(resid), split(cross)
+        head_g, resid_g = split(head), split(resid)
         for name in head_g:
-            m, se = _mean_stderr((resid_g[name] + cross_g[name]).to(torch.float64).cpu())
+            m, se = _mean_stderr(resid_g[name].to(torch.float64).cpu())
             groups[name] = (head_g[name].sum().item() + m, se)
     return TraceEstimate(exact_part + r_mean, r_se, 3 * k, 2 * k, "matvecs", groups)

@@ -1,0 +1,156 @@
+"""Trace estimators and the trace probe against dense float64 ground truth.
+
+Tolerances come from the estimators' own standard errors (a z-bound of 4, i.e. a
+false-alarm rate below 1e-4 for a normal estimate) and from binomial / chi-square
+reasoning for the calibration checks, never from a loose constant.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from conftest import DenseOperator, dense, make_case
+from flatcheck.config import probe_requests
+from flatcheck.linalg import hutchinson, hutchpp
+from flatcheck.probes.registry import ProbeContext, create_probe
+
+Z = 4.0
+
+
+def _sym(n: int, seed: int, rank: int | None = None) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    B = torch.randn(n, rank or n, generator=g, dtype=torch.float64)
+    return B @ B.T / n if rank else (B + B.T) / 2
+
+
+def _block_traces(M: torch.Tensor, layout) -> dict[str, float]:
+    out: dict[str, float] = {}
+    start = 0
+    for size, group in zip(layout.sizes, layout.groups):
+        out[group] = out.get(group, 0.0) + M.diagonal()[start : start + size].sum().item()
+        start += size
+    return out
+
+
+# -- estimators on dense matrices -----------------------------------------------------------
+
+def test_hutchinson_standard_error_is_calibrated():
+    """Over many seeds, |error|/stderr exceeds the t-quantile as often as it should, and the
+    mean reported variance matches Rademacher theory 2(‖A‖²_F − Σ A_ii²)."""
+    A = _sym(40, 0)
+    true = A.trace().item()
+    m, seeds = 30, 400
+    z, var = [], []
+    for seed in range(seeds):
+        est = hutchinson(DenseOperator(A), generator=torch.Generator().manual_seed(seed), max_probes=m)
+        z.append((est.value - true) / est.stderr)
+        var.append(est.stderr ** 2 * m)
+    q = stats.t.ppf(0.975, m - 1)
+    exceed = sum(abs(x) > q for x in z)
+    # the t-quantile is exact for normal summands; allow the binomial 1e-4 band around 5 %
+    lo, hi = stats.binom.ppf(1e-4, seeds, 0.05), stats.binom.isf(1e-4, seeds, 0.05)
+    assert lo <= exceed <= hi, exceed
+    theory = 2 * (A.pow(2).sum() - A.diagonal().pow(2).sum()).item()
+    var_t = torch.tensor(var)
+    assert abs(var_t.mean().item() - theory) <= Z * var_t.std().item() / math.sqrt(seeds)
+
+
+def test_hutchinson_rtol_stops_on_standard_error():
+    A = _sym(60, 1, rank=60) + 5 * torch.eye(60, dtype=torch.float64)
+    op = DenseOperator(A)
+    est = hutchinson(op, generator=torch.Generator().manual_seed(0), max_probes=10_000, rtol=0.01, block_size=4)
+    assert est.stop_reason == "rtol"
+    assert est.stderr / abs(est.value) < 0.01
+    assert est.probes < 10_000 and est.matvecs == est.probes == op.matvecs
+    assert abs(est.value - A.trace().item()) <= Z * est.stderr
+
+
+def test_hutchinson_stops_at_max_probes_without_rtol():
+    op = DenseOperator(_sym(20, 2))
+    est = hutchinson(op, generator=torch.Generator().manual_seed(0), max_probes=13, block_size=5)
+    assert (est.probes, est.matvecs, op.matvecs, est.stop_reason) == (13, 13, 13, "max_probes")
+
+
+def test_hutchpp_is_exact_for_low_rank():
+    """With more sketch vectors than the rank, Q spans the range and the estimate is exact."""
+    A = _sym(80, 3, rank=5)
+    est = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30)
+    assert est.matvecs == 30
+    assert abs(est.value - A.trace().item()) <= 1e-10 * A.trace().item()
+    assert est.stderr <= 1e-10 * A.trace().item()
+
+
+def test_hutchpp_beats_hutchinson_on_decaying_spectrum():
+    """Same matvec budget, spectrum decaying like 1/i²: Hutch++'s reported error is smaller."""
+    n = 200
+    Q, _ = torch.linalg.qr(torch.randn(n, n, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
+    A = Q @ torch.diag(1.0 / torch.arange(1, n + 1, dtype=torch.float64) ** 2) @ Q.T
+    hp = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=60)
+    hu = hutchinson(DenseOperator(A), generator=torch.Generator().manual_seed(0), max_probes=60)
+    true = A.trace().item()
+    assert abs(hp.value - true) <= Z * hp.stderr
+    assert hp.stderr < hu.stderr / 3
+
+
+# -- the trace probe on tiny networks ---------------------------------------------------------
+
+def _run(case, seed=0, **opts):
+    (req,) = probe_requests(["trace"], {"trace": opts})
+    return create_probe("trace").run(ProbeContext(case.backend(), seed=seed), req.options)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("estimator,matrix", [("hutchinson", "hessian"), ("hutchinson", "ggn"),
+                                              ("hutchpp", "hessian"), ("hutchpp", "ggn")])
+def test_stochastic_trace_within_reported_error(kind, estimator, matrix):
+    case = make_case(kind)
+    H, G = dense(case)
+    M = H if matrix == "hessian" else G
+    r = _run(case, estimator=estimator, matrix=matrix, probes_max=150)
+    assert r.stderr is not None and r.stderr > 0
+    assert abs(r.value - M.trace().item()) <= Z * r.stderr
+    assert r.matvecs == 150 and r.seed == 0
+    layers = r.details["layers"]
+    assert math.isclose(sum(p["value"] for p in layers.values()), r.value, rel_tol=1e-12, abs_tol=1e-14)
+    truth = _block_traces(M, case.problem.layout)
+    for name, part in layers.items():
+        assert abs(part["value"] - truth[name]) <= Z * part["stderr"] + 1e-12, name
+    assert math.isclose(r.details["mean_eigenvalue"], r.value / case.problem.layout.dim)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse", "sigmoid_mse"])
+def test_exact_ggn_trace(kind, loss):
+    case = make_case(kind, loss=loss)
+    _, G = dense(case)
+    r = _run(case, estimator="exact")
+    assert r.label == "Tr(G)" and r.stderr is None and r.matvecs == 0 and r.seed is None
+    assert abs(r.value - G.trace().item()) <= 1e-8 * abs(G.trace().item())
+    truth = _block_traces(G, case.problem.layout)
+    for name, part in r.details["layers"].items():
+        assert abs(part["value"] - truth[name]) <= 1e-8 * abs(G.trace().item()), name
+
+
+def test_exact_ggn_trace_in_train_mode():
+    case = make_case("cnn", bn_mode="train")
+    _, G = dense(case)
+    r = _run(case, estimator="exact")
+    assert abs(r.value - G.trace().item()) <= 1e-8 * abs(G.trace().item())
+
+
+def test_same_seed_same_number_other_seed_other_number():
+    case = make_case("mlp")
+    a, b, c = _run(case, probes_max=20), _run(case, probes_max=20), _run(case, seed=1, probes_max=20)
+    assert a.value == b.value and a.stderr == b.stderr
+    assert a.value != c.value
+
+
+def test_exact_on_hessian_is_refused():
+    from flatcheck.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--matrix ggn"):
+        probe_requests(["trace"], {"trace": {"estimator": "exact", "matrix": "hessian"}})
