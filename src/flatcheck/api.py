@@ -116,7 +116,7 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
     started = _dt.datetime.now(_dt.timezone.utc)
     t0 = time.perf_counter()
     session = session or open_session(config)
-    ctx = ProbeContext(backend=session.backend, seed=config.seed, progress=progress)
+    ctx = ProbeContext(backend=session.backend, seed=config.seed, progress=progress, spec=session.spec)
     results = {}
     for request in config.probes:
         probe = create_probe(request.name)

@@ -92,19 +92,6 @@ Checkpoint = Annotated[Path, typer.Argument(help="checkpoint: .safetensors, or .
                                             show_default=False)]
 
 
-@probe_command("trace", help="Tr(H) or Tr(G) of the loss over the sample set, per layer too.")
-def trace_cmd(
-    checkpoint: Checkpoint,
-    matrix: Annotated[Optional[str], typer.Option("--matrix", help="hessian or ggn [default: hessian; ggn for exact]")] = None,
-    estimator: Annotated[str, typer.Option("--estimator", help="hutchinson, hutchpp or exact (GGN only)")] = "hutchinson",
-    probes_max: Annotated[int, typer.Option("--probes-max", "--max-probes", help="most matrix-vector products")] = 100,
-    rtol: Annotated[Optional[float], typer.Option("--rtol", help="stop Hutchinson once stderr/|trace| < RTOL")] = None,
-    layers: Annotated[bool, typer.Option("--layers/--no-layers", help="show the per-layer table")] = True,
-):
-    opts = {"matrix": matrix, "estimator": estimator, "probes_max": probes_max, "rtol": rtol}
-    return ["trace"], {"trace": opts}, layers
-
-
 @probe_command("probe", help="Run several probes in one pass, e.g. --probes trace,gini.")
 def probe_cmd(
     checkpoint: Checkpoint,
@@ -217,6 +204,20 @@ def _emit(report, json_out: str | None, layers: bool) -> None:
 def _error_line(message: str) -> None:
     sys.stderr.write(" ".join(message.split()) + "\n")
     sys.stderr.flush()
+
+
+def _load_commands() -> None:
+    """Each module of flatcheck.commands registers its own commands on `app`."""
+    import importlib
+    import pkgutil
+
+    from . import commands
+
+    for info in pkgutil.iter_modules(commands.__path__):
+        importlib.import_module(f"{commands.__name__}.{info.name}")
+
+
+_load_commands()
 
 
 def main() -> None:

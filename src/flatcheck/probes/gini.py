@@ -50,5 +50,6 @@ class GiniProbe:
             matvecs=0,
             seconds=time.perf_counter() - start,
             label="mean 1−‖p‖²",
+            notes=f"accuracy {accuracy:.4f}, loss {loss:.4g}, entropy {entropy:.4g}",
             details={"entropy": entropy, "accuracy": accuracy, "loss": loss, "loss_name": loss_spec.name},
         )

@@ -18,6 +18,7 @@ import torch
 
 from ..backends.base import Backend
 from ..errors import ConfigError
+from ..models.spec import ModelSpec
 from ..report.result import ProbeResult
 
 
@@ -26,6 +27,7 @@ class ProbeContext:
     backend: Backend
     seed: int
     progress: Callable[[str, int, int], None] | None = None  # (description, done, total)
+    spec: ModelSpec | None = None  # the model spec, for probes that need e.g. the head's name
 
     def generator(self) -> torch.Generator:
         """A fresh generator per probe, so a probe's numbers do not depend on which ran before it."""

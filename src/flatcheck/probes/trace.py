@@ -86,6 +86,12 @@ class TraceProbe:
             value, stderr, probes, stop, groups = est.value, est.stderr, est.probes, est.stop_reason, est.groups
 
         sizes = layout.group_sizes()
+        if options.estimator == "exact":
+            notes = "exact GGN trace"
+        elif options.estimator == "hutchpp":
+            notes = f"hutchpp, {op.matvecs} matvecs"
+        else:
+            notes = f"hutchinson, {probes} probes (stop: {stop})"
         return ProbeResult(
             probe=self.name,
             value=value,
@@ -94,6 +100,7 @@ class TraceProbe:
             seconds=time.perf_counter() - start,
             seed=seed,
             label=label,
+            notes=f"{notes}; Tr/P = {value / layout.dim:.4g}",
             details={
                 "matrix": matrix,
                 "estimator": options.estimator,

@@ -47,20 +47,8 @@ def summary_table(report: Report) -> Table:
     table.add_column("seconds", justify="right")
     table.add_column("notes")
     for r in report.results.values():
-        table.add_row(r.probe, r.label, fmt_pm(r.value, r.stderr), str(r.matvecs), f"{r.seconds:.2f}", _notes(r))
+        table.add_row(r.probe, r.label, fmt_pm(r.value, r.stderr), str(r.matvecs), f"{r.seconds:.2f}", r.notes)
     return table
-
-
-def _notes(r: ProbeResult) -> str:
-    d = r.details
-    if r.probe == "trace":
-        bits = [f"{d['estimator']}", f"Tr/P = {fmt(d['mean_eigenvalue'])}"]
-        if d["estimator"] != "exact":
-            bits.append(f"{d['probes']} probes ({d['stop_reason']})")
-        return ", ".join(bits)
-    if r.probe == "gini":
-        return f"acc {d['accuracy']:.4f}, loss {fmt(d['loss'])}, entropy {fmt(d['entropy'])}"
-    return ""
 
 
 def layers_table(r: ProbeResult) -> Table | None:

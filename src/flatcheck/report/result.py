@@ -25,6 +25,7 @@ class ProbeResult:
     seconds: float
     seed: int | None = None
     label: str = ""  # what `value` is, e.g. "Tr(H)"
+    notes: str = ""  # one human-readable line for tables
     details: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -35,6 +36,7 @@ class ProbeResult:
         return {
             "probe": self.probe,
             "label": self.label,
+            "notes": self.notes,
             "value": _finite(self.value),
             "stderr": _finite(self.stderr),
             "exact": self.exact,

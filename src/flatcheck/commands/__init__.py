@@ -1,0 +1,1 @@
+"""CLI commands, one module per family; each registers itself with flatcheck.cli.probe_command."""

@@ -1,0 +1,22 @@
+"""`flatcheck trace`: probe 1 with its own flags."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ..cli import Checkpoint, probe_command
+
+
+@probe_command("trace", help="Tr(H) or Tr(G) of the loss over the sample set, per layer too.")
+def trace_cmd(
+    checkpoint: Checkpoint,
+    matrix: Annotated[Optional[str], typer.Option("--matrix", help="hessian or ggn [default: hessian; ggn for exact]")] = None,
+    estimator: Annotated[str, typer.Option("--estimator", help="hutchinson, hutchpp or exact (GGN only)")] = "hutchinson",
+    probes_max: Annotated[int, typer.Option("--probes-max", "--max-probes", help="most matrix-vector products")] = 100,
+    rtol: Annotated[Optional[float], typer.Option("--rtol", help="stop Hutchinson once stderr/|trace| < RTOL")] = None,
+    layers: Annotated[bool, typer.Option("--layers/--no-layers", help="show the per-layer table")] = True,
+):
+    opts = {"matrix": matrix, "estimator": estimator, "probes_max": probes_max, "rtol": rtol}
+    return ["trace"], {"trace": opts}, layers
