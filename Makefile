@@ -27,6 +27,7 @@ test: install
 
 bench: install
 	$(PY) benchmarks/bench_trace.py
+	test ! -f benchmarks/bench_head_trace.py || $(PY) benchmarks/bench_head_trace.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
