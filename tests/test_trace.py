@@ -154,3 +154,28 @@ def test_exact_on_hessian_is_refused():
 
     with pytest.raises(ConfigError, match="--matrix ggn"):
         probe_requests(["trace"], {"trace": {"estimator": "exact", "matrix": "hessian"}})
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "sigmoid_mse"])
+@pytest.mark.parametrize("bn_mode", ["eval", "train"])
+def test_class_sampled_ggn_trace_is_unbiased_within_its_error(loss, bn_mode):
+    """Sampling K classes ∝ |λ| per sample: within Z reported standard errors of the dense Tr(G),
+    and the reported error matches the spread over independent seeds."""
+    case = make_case("cnn", loss=loss, bn_mode=bn_mode)
+    _, G = dense(case)
+    true = G.trace().item()
+    runs = [_run(case, seed=s, estimator="exact", class_samples=2) for s in range(12)]
+    for r in runs:
+        assert r.stderr > 0 and r.seed is not None
+        assert abs(r.value - true) <= Z * r.stderr
+    values = torch.tensor([r.value for r in runs], dtype=torch.float64)
+    mean_se = sum(r.stderr for r in runs) / len(runs)
+    # the mean of 12 unbiased draws is within Z of its own standard error
+    assert abs(values.mean().item() - true) <= Z * mean_se / math.sqrt(len(runs))
+
+
+def test_class_samples_needs_exact():
+    from flatcheck.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--class-samples"):
+        probe_requests(["trace"], {"trace": {"class_samples": 4}})

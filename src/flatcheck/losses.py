@@ -73,3 +73,19 @@ def _sigmoid_mse_curvature(logits: Tensor, y: Tensor) -> Tensor:
     t = F.one_hot(y, logits.shape[-1]).to(logits.dtype)
     ds = s * (1 - s)
     return ds * ds + (s - t) * ds * (1 - 2 * s)
+
+
+def sample_columns(U: Tensor, lam: Tensor, k: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Draw k of the C factor columns per sample with probability q ∝ |λ| (∝ p for cross
+    entropy) and reweight by λ/(k·q), so Σ_k λ' ‖Jᵀu'‖² is unbiased for Σ_c λ ‖Jᵀu‖².
+
+    Draws are made on the CPU from `generator`, so a seed gives the same classes everywhere.
+    """
+    b, c, _ = U.shape
+    q = lam.abs().to(torch.float64).cpu()
+    q = q / q.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    idx = torch.multinomial(q, k, replacement=True, generator=generator)  # (B, k)
+    w = lam.to(torch.float64).cpu().gather(1, idx) / (k * q.gather(1, idx))
+    idx_dev = idx.to(U.device)
+    U_k = U.gather(2, idx_dev.unsqueeze(1).expand(b, c, k))
+    return U_k, w.to(device=lam.device, dtype=lam.dtype)

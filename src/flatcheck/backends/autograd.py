@@ -8,14 +8,14 @@ calls when the sample set is a single batch.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
 from torch.func import functional_call, vjp, vmap
 
-from ..losses import apply_output_hessian, output_hessian_factors, per_sample_loss
-from .base import Problem, model_mode, register_backend
+from ..losses import apply_output_hessian, output_hessian_factors, per_sample_loss, sample_columns
+from .base import GGNTrace, Problem, model_mode, register_backend
 
 # Memory allowed for one chunk of per-sample gradients in the exact GGN trace.
 _PER_SAMPLE_BYTES = 256 * 2**20
@@ -88,55 +88,76 @@ class AutogradBackend:
                 out += layout.flatten(self._pullback(logits, self._params, ajv), k)
         return out
 
-    def ggn_trace(self) -> Tensor:
-        """Tr(G) per parameter tensor, exactly: (1/N) Σ_n Σ_k λ_nk ‖J_nᵀ u_nk‖²."""
+    def ggn_trace(self, class_samples: int | None = None, generator: torch.Generator | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> GGNTrace:
+        """Tr(G) per parameter tensor: (1/N) Σ_n Σ_k λ_nk ‖J_nᵀ u_nk‖².
+
+        Exact with all C columns of the factorisation. With `class_samples` = K, each
+        sample uses K columns drawn with probability ∝ |λ_nk| (∝ p for cross entropy) and
+        importance weights λ/(K·q): unbiased, with a standard error from the spread of the
+        K single-draw estimates within each sample.
+        """
+        layout = self.problem.layout
         total = torch.zeros(len(self._params), dtype=torch.float64, device=self.problem.device)
+        variance, columns = 0.0, 0
         with self._mode():
-            for batch in self.problem.samples:
+            for i, batch in enumerate(self.problem.samples):
                 with torch.no_grad():
                     logits = self.problem.model(batch.x)
                 U, lam = output_hessian_factors(logits, batch.y, self.problem.loss)
+                if class_samples is not None:
+                    U, lam = sample_columns(U, lam, class_samples, generator)
                 if self.problem.bn_mode == "eval":
-                    sq = self._per_sample_sqnorms(batch.x, U, lam)
+                    sq = self._per_sample_sqnorms(batch.x, U)
                 else:
                     # Batch statistics couple the samples: f_n depends on the whole batch,
                     # so per-sample forwards would be wrong. Pull back e_n ⊗ u_nk instead.
-                    sq = self._coupled_sqnorms(batch.x, U, lam)
-                total += sq.to(torch.float64) * (batch.weight / batch.x.shape[0])
-        return total
+                    sq = self._coupled_sqnorms(batch.x, U)
+                sq = sq.to(torch.float64)  # (B, K, n_params)
+                scale = batch.weight / batch.x.shape[0]  # = 1/N
+                total += torch.einsum("bk,bkp->p", lam.to(torch.float64), sq) * scale
+                columns += U.shape[0] * U.shape[-1]
+                if class_samples is not None and class_samples > 1:
+                    draws = lam.to(torch.float64) * class_samples * sq.sum(-1)  # (B, K) single-draw estimates
+                    variance += (draws.var(dim=1, unbiased=True) / class_samples).sum().item() * scale**2
+                if progress is not None:
+                    progress(i + 1, self.problem.samples.num_batches)
+        stderr = None if class_samples is None else (variance**0.5 if class_samples > 1 else float("nan"))
+        return GGNTrace(total, stderr, columns)
 
-    def _per_sample_sqnorms(self, x: Tensor, U: Tensor, lam: Tensor) -> Tensor:
+    def _per_sample_sqnorms(self, x: Tensor, U: Tensor) -> Tensor:
+        """‖J_nᵀ U[n, :, k]‖² per sample, column and parameter tensor: (B, K, n_params)."""
         model, layout = self.problem.model, self.problem.layout
         chosen = dict(zip(layout.names, (p.detach() for p in self._params)))
         frozen = {n: t.detach() for n, t in model.named_parameters() if n not in chosen}
         frozen.update(dict(model.named_buffers()))
 
-        def one(xn: Tensor, Un: Tensor, lamn: Tensor) -> Tensor:
+        def one(xn: Tensor, Un: Tensor) -> Tensor:
             def f(p):
                 return functional_call(model, (p, frozen), (xn.unsqueeze(0),)).squeeze(0)
 
             _, pull = vjp(f, chosen)
             (g,) = vmap(pull)(Un.T)  # dict name -> (K, *shape)
-            return torch.stack([(lamn * g[n].reshape(g[n].shape[0], -1).pow(2).sum(1)).sum() for n in layout.names])
+            return torch.stack([g[n].reshape(g[n].shape[0], -1).pow(2).sum(1) for n in layout.names], dim=1)
 
         per_sample_bytes = U.shape[-1] * layout.dim * x.element_size() * 3
         chunk = max(1, _PER_SAMPLE_BYTES // max(per_sample_bytes, 1))
         try:
-            parts = [vmap(one)(x[i : i + chunk], U[i : i + chunk], lam[i : i + chunk]) for i in range(0, len(x), chunk)]
+            parts = [vmap(one)(x[i : i + chunk], U[i : i + chunk]) for i in range(0, len(x), chunk)]
         except RuntimeError:
-            return self._coupled_sqnorms(x, U, lam)  # no vmap rule for some op: exact but slower
-        return torch.cat(parts).sum(0)
+            return self._coupled_sqnorms(x, U)  # no vmap rule for some op: exact but slower
+        return torch.cat(parts)
 
-    def _coupled_sqnorms(self, x: Tensor, U: Tensor, lam: Tensor) -> Tensor:
+    def _coupled_sqnorms(self, x: Tensor, U: Tensor) -> Tensor:
         logits = self.problem.model(x)
         b, c, kk = U.shape
-        total = torch.zeros(len(self._params), dtype=x.dtype, device=x.device)
+        rows = []
         for n in range(b):
             cot = torch.zeros(kk, b, c, dtype=x.dtype, device=x.device)
             cot[:, n, :] = U[n].T
             grads = self._pullback(logits, self._params, cot)
-            total += torch.stack([(lam[n] * g.reshape(kk, -1).pow(2).sum(1)).sum() for g in grads])
-        return total
+            rows.append(torch.stack([g.reshape(kk, -1).pow(2).sum(1) for g in grads], dim=1))
+        return torch.stack(rows)
 
     def outputs(self) -> Iterator[tuple[Tensor, Tensor, float]]:
         with self._mode(), torch.no_grad():

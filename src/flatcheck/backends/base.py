@@ -39,6 +39,13 @@ class Problem:
         return self.layout.params(self.model)[0].device
 
 
+@dataclass(frozen=True)
+class GGNTrace:
+    per_param: Tensor  # (len(layout.names),) float64; sums to Tr(G)
+    stderr: float | None  # None when every class column was used (exact)
+    columns: int  # per-sample VJPs spent, Σ_n K_n
+
+
 class SampleSetLike(Protocol):
     n: int
     num_batches: int
@@ -61,8 +68,9 @@ class Backend(Protocol):
 
     def ggn_vp(self, V: Tensor) -> Tensor: ...
 
-    def ggn_trace(self) -> Tensor:
-        """Exact Tr(G) split per parameter: a tensor of shape (len(layout.names),)."""
+    def ggn_trace(self, class_samples: int | None = None, generator: torch.Generator | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> GGNTrace:
+        """Tr(G) split per parameter tensor; exact, or class-sampled when class_samples is set."""
         ...
 
     def outputs(self) -> Iterator[tuple[Tensor, Tensor, float]]:

@@ -16,7 +16,10 @@ def trace_cmd(
     estimator: Annotated[str, typer.Option("--estimator", help="hutchinson, hutchpp or exact (GGN only)")] = "hutchinson",
     probes_max: Annotated[int, typer.Option("--probes-max", "--max-probes", help="most matrix-vector products")] = 100,
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="stop Hutchinson once stderr/|trace| < RTOL")] = None,
+    class_samples: Annotated[Optional[int], typer.Option("--class-samples", help="exact GGN trace for many classes: "
+                                                         "sample K classes ∝ p per sample (unbiased, with stderr)")] = None,
     layers: Annotated[bool, typer.Option("--layers/--no-layers", help="show the per-layer table")] = True,
 ):
-    opts = {"matrix": matrix, "estimator": estimator, "probes_max": probes_max, "rtol": rtol}
+    opts = {"matrix": matrix, "estimator": estimator, "probes_max": probes_max, "rtol": rtol,
+            "class_samples": class_samples}
     return ["trace"], {"trace": opts}, layers

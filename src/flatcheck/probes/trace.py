@@ -22,6 +22,7 @@ class TraceOptions:
     rtol: float | None = None
     min_probes: int = 10
     block_size: int = 8
+    class_samples: int | None = None  # exact estimator: sample this many classes per sample (large C)
 
     def __post_init__(self):
         if self.estimator == "exact" and self.matrix == "hessian":
@@ -32,6 +33,8 @@ class TraceOptions:
             raise ConfigError(f"--probes-max must be at least 6 for hutchpp, got {self.probes_max}")
         if self.rtol is not None and not self.rtol > 0:
             raise ConfigError(f"--rtol must be positive, got {self.rtol}")
+        if self.class_samples is not None and (self.estimator != "exact" or self.class_samples < 2):
+            raise ConfigError("--class-samples needs --estimator exact and a value ≥ 2 (two draws give a standard error)")
         if self.min_probes < 2 or self.block_size < 1:
             raise ConfigError("trace.min_probes must be ≥ 2 and trace.block_size ≥ 1")
 
@@ -69,12 +72,14 @@ class TraceProbe:
 
         seed = ctx.seed
         if options.estimator == "exact":
-            per_param = ctx.backend.ggn_trace()
-            value, stderr, probes, stop = per_param.sum().item(), None, 0, "exact"
+            sampled = options.class_samples is not None
+            ggn = ctx.backend.ggn_trace(options.class_samples, ctx.generator() if sampled else None,
+                                        progress=progress)
+            value, stderr, probes, stop = ggn.per_param.sum().item(), ggn.stderr, 0, "exact"
             groups: dict[str, tuple[float, float | None]] = {}
-            for g, v in zip(layout.groups, per_param.tolist()):
+            for g, v in zip(layout.groups, ggn.per_param.tolist()):
                 groups[g] = (groups.get(g, (0.0, None))[0] + v, None)
-            seed = None
+            seed = ctx.seed if sampled else None
         elif options.estimator == "hutchpp":
             est = hutchpp(op, generator=ctx.generator(), matvecs=options.probes_max, split=layout.group_sums,
                           progress=progress)
@@ -86,7 +91,9 @@ class TraceProbe:
             value, stderr, probes, stop, groups = est.value, est.stderr, est.probes, est.stop_reason, est.groups
 
         sizes = layout.group_sizes()
-        if options.estimator == "exact":
+        if options.estimator == "exact" and options.class_samples is not None:
+            notes = f"GGN trace, {options.class_samples} classes sampled ∝ p per sample"
+        elif options.estimator == "exact":
             notes = "exact GGN trace"
         elif options.estimator == "hutchpp":
             notes = f"hutchpp, {op.matvecs} matvecs"
@@ -107,6 +114,7 @@ class TraceProbe:
                 "probes": probes,
                 "stop_reason": stop,
                 "rtol": options.rtol,
+                "class_samples": options.class_samples,
                 "parameters": layout.dim,
                 "mean_eigenvalue": value / layout.dim,
                 "mean_eigenvalue_stderr": None if stderr is None else stderr / layout.dim,
