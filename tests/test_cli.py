@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from flatcheck.probes.registry import list_probes
 from typer.testing import CliRunner
 
 from flatcheck import __version__
@@ -72,9 +74,12 @@ def strip_volatile(obj):
 
 
 def assert_only_tables(stdout: str) -> None:
-    """stdout holds rich tables and their titles, nothing else (no progress, no messages)."""
+    """stdout holds rich tables, their titles and per-probe note lines ("  trace: ..."),
+    nothing else (no progress, no messages)."""
     lines = [line for line in stdout.splitlines() if line.strip()]
     assert lines, "nothing on stdout"
+    probe_names = set(list_probes())
+    lines = [line for line in lines if not (line.startswith("  ") and line.strip().split(":")[0] in probe_names)]
     title_pending = False
     for line in lines:
         if line.lstrip().startswith(BOX):

@@ -19,6 +19,7 @@ from .backends import Backend, ParamLayout, Problem, create_backend
 from .backends.base import model_mode
 from .config import DEFAULT_SAMPLES, RunConfig
 from .data.batches import SampleSet
+from .data.preprocess import Preprocess
 from .data.registry import create_dataset
 from .errors import ConfigError, DataError, InputError
 from .models.checkpoint import LoadedCheckpoint, apply_state_dict, load_checkpoint
@@ -42,6 +43,17 @@ class Session:
     backend: Backend
     device: torch.device
     num_classes: int
+    preprocess: Preprocess
+
+    def split_samples(self, split: str) -> SampleSet:
+        """The configured data's `split`, capped at the same --samples, batched the same way."""
+        if split == self.config.split:
+            return self.samples
+        c = self.config
+        dataset = create_dataset(c.data, root=c.data_root, split=split, preprocess=self.preprocess,
+                                 num_classes=self.spec.num_classes, seed=c.seed)
+        n = min(self.samples.n, len(dataset))
+        return SampleSet(dataset, samples=n, batch_size=c.batch_size, device=self.device, dtype=c.torch_dtype)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -83,7 +95,7 @@ def open_session(config: RunConfig) -> Session:
     layout = ParamLayout.from_model(model, config.params)
     problem = Problem(model=model, loss=spec.loss, samples=samples, layout=layout, bn_mode=config.bn_mode)
     backend = create_backend(config.backend, problem)
-    return Session(config, spec, checkpoint, model, samples, backend, device, num_classes)
+    return Session(config, spec, checkpoint, model, samples, backend, device, num_classes, preprocess)
 
 
 def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig) -> int:
@@ -116,7 +128,8 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
     started = _dt.datetime.now(_dt.timezone.utc)
     t0 = time.perf_counter()
     session = session or open_session(config)
-    ctx = ProbeContext(backend=session.backend, seed=config.seed, progress=progress, spec=session.spec)
+    ctx = ProbeContext(backend=session.backend, seed=config.seed, progress=progress, spec=session.spec,
+                       split_samples=session.split_samples)
     results = {}
     for request in config.probes:
         probe = create_probe(request.name)

@@ -95,7 +95,8 @@ Checkpoint = Annotated[Path, typer.Argument(help="checkpoint: .safetensors, or .
 @probe_command("probe", help="Run several probes in one pass, e.g. --probes trace,gini.")
 def probe_cmd(
     checkpoint: Checkpoint,
-    probes: Annotated[str, typer.Option("--probes", help="comma-separated probe names (see list-probes)")] = "trace,gini",
+    probes: Annotated[str, typer.Option("--probes", help="comma-separated probe names (see list-probes); gap is "
+                                         "skipped when the data has no second split")] = "trace,gini,gap",
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="PROBE.KEY=VALUE, repeatable, "
                                                           "e.g. -o trace.estimator=hutchpp")] = None,
     layers: Annotated[bool, typer.Option("--layers/--no-layers", help="show per-layer tables")] = False,

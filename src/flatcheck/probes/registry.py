@@ -28,6 +28,9 @@ class ProbeContext:
     seed: int
     progress: Callable[[str, int, int], None] | None = None  # (description, done, total)
     spec: ModelSpec | None = None  # the model spec, for probes that need e.g. the head's name
+    # the same data source, another split ("train"/"test"), same sample cap and batching;
+    # raises DataError when that split does not exist
+    split_samples: Callable[[str], Any] | None = None
 
     def generator(self) -> torch.Generator:
         """A fresh generator per probe, so a probe's numbers do not depend on which ran before it."""

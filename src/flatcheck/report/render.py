@@ -45,9 +45,8 @@ def summary_table(report: Report) -> Table:
     table.add_column("value ± stderr", justify="right")
     table.add_column("matvecs", justify="right")
     table.add_column("seconds", justify="right")
-    table.add_column("notes")
     for r in report.results.values():
-        table.add_row(r.probe, r.label, fmt_pm(r.value, r.stderr), str(r.matvecs), f"{r.seconds:.2f}", r.notes)
+        table.add_row(r.probe, r.label, fmt_pm(r.value, r.stderr), str(r.matvecs), f"{r.seconds:.2f}")
     return table
 
 
@@ -69,6 +68,10 @@ def layers_table(r: ProbeResult) -> Table | None:
 
 def render(report: Report, console: Console, *, layers: bool = True) -> None:
     console.print(summary_table(report))
+    for r in report.results.values():
+        if r.notes:
+            # notes are free text from probes: no markup interpretation
+            console.print(f"  {r.probe}: {r.notes}", markup=False, highlight=False)
     if layers:
         for r in report.results.values():
             t = layers_table(r)

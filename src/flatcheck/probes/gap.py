@@ -1,0 +1,83 @@
+"""Generalisation gap (SPEC "Diagnostics"): loss and accuracy on train and test, and their difference."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
+
+import torch
+
+from ..backends.base import create_backend
+from ..errors import ConfigError, DataError
+from ..losses import per_sample_loss
+from ..report.result import ProbeResult
+from .registry import ProbeContext, register_probe
+
+
+@dataclass(frozen=True)
+class GapOptions:
+    # "skip": report no value (with the reason) when a split is missing, so that
+    # `flatcheck probe` can include the gap by default; "error": exit 2.
+    missing: Literal["error", "skip"] = "skip"
+
+
+def evaluate(backend) -> tuple[float, float, int]:
+    """Mean loss and accuracy over the backend's sample set (exact), and its size."""
+    sums = torch.zeros(2, dtype=torch.float64)
+    for logits, y, weight in backend.outputs():
+        loss = per_sample_loss(logits, y, backend.problem.loss).to(torch.float64).mean()
+        acc = (logits.argmax(-1) == y).to(torch.float64).mean()
+        sums += torch.stack([loss, acc]).cpu() * weight
+    return sums[0].item(), sums[1].item(), backend.problem.samples.n
+
+
+@register_probe
+class GapProbe:
+    """value = test loss − train loss, each the exact mean over the first N samples of its split
+    (N = --samples, capped by the split's size). Accuracy gap = train − test accuracy.
+
+    Both splits come from the same --data source and preprocessing; the split given with
+    --split is one of the two, the other is loaded here. Evaluated in the run's --bn-mode.
+    """
+
+    name: ClassVar[str] = "gap"
+    summary: ClassVar[str] = "train vs test loss and accuracy, and their gap"
+    Options: ClassVar[type] = GapOptions
+    requires: ClassVar[frozenset[str]] = frozenset({"outputs"})
+
+    def run(self, ctx: ProbeContext, options: GapOptions) -> ProbeResult:
+        start = time.perf_counter()
+        if ctx.split_samples is None:
+            raise ConfigError("probe gap needs both data splits; run it through flatcheck.run or the CLI")
+        problem = ctx.backend.problem
+        results = {}
+        for split in ("train", "test"):
+            try:
+                samples = ctx.split_samples(split)
+            except DataError as exc:
+                if options.missing == "error":
+                    raise DataError(f"probe gap needs a {split} split: {exc}") from None
+                return ProbeResult(probe=self.name, value=None, stderr=None, matvecs=0,
+                                   seconds=time.perf_counter() - start, label="test − train loss",
+                                   notes=f"skipped: no {split} split", details={"skipped": str(exc)})
+            backend = create_backend(ctx.backend.name, replace(problem, samples=samples))
+            results[split] = evaluate(backend)
+        (tr_loss, tr_acc, tr_n), (te_loss, te_acc, te_n) = results["train"], results["test"]
+        return ProbeResult(
+            probe=self.name,
+            value=te_loss - tr_loss,
+            stderr=None,
+            matvecs=0,
+            seconds=time.perf_counter() - start,
+            label="test − train loss",
+            notes=f"loss {tr_loss:.4g} → {te_loss:.4g}, accuracy {tr_acc:.4f} → {te_acc:.4f} (train → test)",
+            details={
+                "train": {"loss": tr_loss, "accuracy": tr_acc, "samples": tr_n},
+                "test": {"loss": te_loss, "accuracy": te_acc, "samples": te_n},
+                "loss_gap": te_loss - tr_loss,
+                "accuracy_gap": tr_acc - te_acc,
+                "loss_name": problem.loss.name,
+                "bn_mode": problem.bn_mode,
+            },
+        )
