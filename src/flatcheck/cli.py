@@ -132,9 +132,11 @@ def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple
         with warnings.catch_warnings():
             if quiet:
                 warnings.simplefilter("ignore")
-            names, options, layers = build()
+            # (probes, options, layers[, execute]): execute(config, progress) replaces api.run
+            # for commands that do more than one run (e.g. invariance)
+            names, options, layers, *custom = build()
             _check_json_target(json_out)
-            report = _run(checkpoint, common, names, options, quiet, err)
+            report = _run(checkpoint, common, names, options, quiet, err, custom[0] if custom else None)
         _emit(report, json_out, layers)
     except FlatcheckError as exc:
         code = exc.exit_code
@@ -153,14 +155,15 @@ def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple
         raise typer.Exit(code)
 
 
-def _run(checkpoint, common, names, options, quiet, err):
+def _run(checkpoint, common, names, options, quiet, err, execute=None):
     from . import api
     from .config import RunConfig, probe_requests
 
+    execute = execute or api.run
     params = tuple(p.strip() for p in (common.pop("params") or "").split(",") if p.strip())
     config = RunConfig(checkpoint=checkpoint, probes=probe_requests(names, options), params=params, **common)
     if quiet:
-        return api.run(config)
+        return execute(config, None)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TimeRemainingColumn(), console=err, transient=True,
@@ -172,7 +175,7 @@ def _run(checkpoint, common, names, options, quiet, err):
                 tasks[desc] = bar.add_task(desc, total=total)
             bar.update(tasks[desc], completed=done, total=total)
 
-        return api.run(config, progress)
+        return execute(config, progress)
 
 
 def _check_json_target(json_out: str | None) -> None:
@@ -199,7 +202,10 @@ def _emit(report, json_out: str | None, layers: bool) -> None:
         except OSError as exc:  # permissions, full disk …: the user's path, not a flatcheck bug
             raise ConfigError(f"--json {json_out}: cannot write ({exc.strerror or exc})") from None
     if json_out != "-":
-        render(report, Console(), layers=layers)
+        if hasattr(report, "render"):  # results of custom commands render themselves
+            report.render(Console())
+        else:
+            render(report, Console(), layers=layers)
 
 
 def _error_line(message: str) -> None:

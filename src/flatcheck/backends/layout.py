@@ -76,6 +76,10 @@ class ParamLayout:
             out[group] = out[group] + s if group in out else s
         return out
 
+    def param_sums(self, block: Tensor) -> dict[str, Tensor]:
+        """Sum a (k, P) block within each parameter tensor → {name: (k,)}, in float64."""
+        return {n: piece.sum(dim=1, dtype=torch.float64) for n, piece in zip(self.names, block.split(self.sizes, dim=1))}
+
     def group_sizes(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for size, group in zip(self.sizes, self.groups):

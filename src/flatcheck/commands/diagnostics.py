@@ -1,6 +1,10 @@
-"""`flatcheck gap`: train vs test loss and accuracy."""
+"""`flatcheck gap` (train vs test) and `flatcheck invariance` (reparametrisation sensitivity)."""
 
 from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
 
 from ..cli import Checkpoint, probe_command
 
@@ -8,3 +12,21 @@ from ..cli import Checkpoint, probe_command
 @probe_command("gap", help="Loss and accuracy on the train and test splits, and their difference.")
 def gap_cmd(checkpoint: Checkpoint):
     return ["gap"], {"gap": {"missing": "error"}}, False
+
+
+@probe_command("invariance", help="Rescale layers without changing the function; show which probes move.")
+def invariance_cmd(
+    checkpoint: Checkpoint,
+    alpha: Annotated[float, typer.Option("--alpha", help="scale factor of the rescaled layer")] = 10.0,
+    layer: Annotated[Optional[str], typer.Option("--layer", help="Linear/Conv module to scale up "
+                                                 "[default: the first rescalable one]")] = None,
+    probes: Annotated[str, typer.Option("--probes", help="probes to compare")] = "trace,gini",
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="PROBE.KEY=VALUE, repeatable")] = None,
+):
+    from ..config import parse_option_assignments
+    from ..invariance import check_invariance
+
+    def execute(config, progress):
+        return check_invariance(config, alpha, layer, progress)
+
+    return probes, parse_option_assignments(option or []), False, execute

@@ -70,25 +70,30 @@ class TraceProbe:
             if ctx.progress is not None:
                 ctx.progress(f"trace ({options.estimator})", done, total)
 
+        def split(block):
+            # module parts for the table, parameter parts for exact bookkeeping (e.g. invariance)
+            return {**{("module", g): v for g, v in layout.group_sums(block).items()},
+                    **{("param", n): v for n, v in layout.param_sums(block).items()}}
+
         seed = ctx.seed
         if options.estimator == "exact":
             sampled = options.class_samples is not None
             ggn = ctx.backend.ggn_trace(options.class_samples, ctx.generator() if sampled else None,
                                         progress=progress)
             value, stderr, probes, stop = ggn.per_param.sum().item(), ggn.stderr, 0, "exact"
-            groups: dict[str, tuple[float, float | None]] = {}
-            for g, v in zip(layout.groups, ggn.per_param.tolist()):
-                groups[g] = (groups.get(g, (0.0, None))[0] + v, None)
+            parts: dict = {}
+            for name, g, v in zip(layout.names, layout.groups, ggn.per_param.tolist()):
+                parts[("module", g)] = (parts.get(("module", g), (0.0, None))[0] + v, None)
+                parts[("param", name)] = (v, None)
             seed = ctx.seed if sampled else None
         elif options.estimator == "hutchpp":
-            est = hutchpp(op, generator=ctx.generator(), matvecs=options.probes_max, split=layout.group_sums,
-                          progress=progress)
-            value, stderr, probes, stop, groups = est.value, est.stderr, est.probes, est.stop_reason, est.groups
+            est = hutchpp(op, generator=ctx.generator(), matvecs=options.probes_max, split=split, progress=progress)
+            value, stderr, probes, stop, parts = est.value, est.stderr, est.probes, est.stop_reason, est.groups
         else:
             est = hutchinson(op, generator=ctx.generator(), max_probes=options.probes_max, rtol=options.rtol,
                              min_probes=options.min_probes, block_size=options.block_size,
-                             split=layout.group_sums, progress=progress)
-            value, stderr, probes, stop, groups = est.value, est.stderr, est.probes, est.stop_reason, est.groups
+                             split=split, progress=progress)
+            value, stderr, probes, stop, parts = est.value, est.stderr, est.probes, est.stop_reason, est.groups
 
         sizes = layout.group_sizes()
         if options.estimator == "exact" and options.class_samples is not None:
@@ -119,7 +124,11 @@ class TraceProbe:
                 "mean_eigenvalue": value / layout.dim,
                 "mean_eigenvalue_stderr": None if stderr is None else stderr / layout.dim,
                 "layers": {
-                    (g or "<root>"): {"value": v, "stderr": se, "parameters": sizes[g]} for g, (v, se) in groups.items()
+                    (key or "<root>"): {"value": v, "stderr": se, "parameters": sizes[key]}
+                    for (kind, key), (v, se) in parts.items() if kind == "module"
+                },
+                "parameters": {
+                    key: {"value": v, "stderr": se} for (kind, key), (v, se) in parts.items() if kind == "param"
                 },
             },
         )

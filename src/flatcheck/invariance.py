@@ -1,0 +1,141 @@
+"""Invariance check: run probes, apply a function-preserving rescaling, check that the
+predictions did not change, run the probes again, and say which numbers moved."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from .api import ProgressFn, open_session, run
+from .backends import Problem, create_backend
+from .config import RunConfig
+from .report.render import fmt, fmt_pm, header
+from .report.result import ProbeResult, Report
+from .rescale import Rescaling, apply_rescaling, find_rescaling
+
+Z = 4.0  # a stochastic value "moved" when the change exceeds Z combined standard errors
+EXACT_RTOL_ULPS = 1e3  # exact values: relative change beyond 1e3 ulps of the working dtype
+
+
+@dataclass(frozen=True)
+class Comparison:
+    probe: str
+    label: str
+    before: ProbeResult
+    after: ProbeResult
+    predicted: float | None  # what the math says the rescaled value must be, where known
+    moved: bool
+
+    @property
+    def ratio(self) -> float | None:
+        if self.before.value in (None, 0) or self.after.value is None:
+            return None
+        return self.after.value / self.before.value
+
+
+@dataclass(frozen=True)
+class InvarianceReport:
+    rescaling: Rescaling
+    max_logit_change: float  # max |Δ logit| / max |logit|
+    logit_tolerance: float
+    argmax_agreement: float
+    original: Report
+    rescaled: Report
+    comparisons: list[Comparison]
+
+    @property
+    def function_preserved(self) -> bool:
+        return self.max_logit_change <= self.logit_tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.original.to_dict()
+        out.pop("results")
+        out["rescaling"] = {"kind": self.rescaling.kind, "up": self.rescaling.up, "down": self.rescaling.down,
+                            "alpha": self.rescaling.alpha}
+        out["predictions"] = {"max_relative_logit_change": self.max_logit_change,
+                              "tolerance": self.logit_tolerance, "argmax_agreement": self.argmax_agreement,
+                              "function_preserved": self.function_preserved}
+        out["comparison"] = [{"probe": c.probe, "label": c.label, "original": c.before.value,
+                              "original_stderr": c.before.stderr, "rescaled": c.after.value,
+                              "rescaled_stderr": c.after.stderr, "ratio": c.ratio, "predicted": c.predicted,
+                              "moved": c.moved} for c in self.comparisons]
+        out["original"] = self.original.to_dict()["results"]
+        out["rescaled"] = self.rescaled.to_dict()["results"]
+        return out
+
+    def render(self, console: Console) -> None:
+        table = Table(title=header(self.original) + f" · rescaling: {self.rescaling.describe()}", title_justify="left")
+        for col in ("probe", "quantity", "original", "rescaled", "ratio", "predicted", "moved?"):
+            table.add_column(col, justify="left" if col in ("probe", "quantity") else "right")
+        for c in self.comparisons:
+            table.add_row(c.probe, c.label, fmt_pm(c.before.value, c.before.stderr),
+                          fmt_pm(c.after.value, c.after.stderr), fmt(c.ratio), fmt(c.predicted),
+                          "[bold red]moved[/]" if c.moved else "same")
+        console.print(table)
+        verdict = "unchanged" if self.function_preserved else "CHANGED — not a function-preserving rescaling"
+        console.print(f"  predictions: {verdict} (max |Δlogit|/max|logit| = {self.max_logit_change:.2e}, "
+                      f"tolerance {self.logit_tolerance:.1e}; argmax agreement {self.argmax_agreement:.4f})",
+                      markup=False, highlight=False)
+
+
+def _logits(backend) -> torch.Tensor:
+    return torch.cat([logits.detach().to(torch.float64).cpu() for logits, _, _ in backend.outputs()])
+
+
+def _predicted_trace(result: ProbeResult, r: Rescaling) -> float | None:
+    """θ' = Dθ gives H' = D⁻¹HD⁻¹ (and G' likewise): each rescaled parameter's diagonal block
+    scales by 1/α² (scaled up) or α² (scaled down); the others keep theirs."""
+    parts = result.details.get("parameters")
+    if result.probe != "trace" or not parts:
+        return None
+    factors = {f"{r.up}.weight": r.alpha**-2, f"{r.up}.bias": r.alpha**-2}
+    if r.kind == "relu-pair":
+        factors[f"{r.down}.weight"] = r.alpha**2  # its bias is not rescaled
+    return sum(part["value"] * factors.get(name, 1.0) for name, part in parts.items())
+
+
+def _moved(before: ProbeResult, after: ProbeResult, eps: float) -> bool:
+    if before.value is None or after.value is None:
+        return False
+    diff = abs(after.value - before.value)
+    if before.stderr is not None or after.stderr is not None:
+        return diff > Z * math.hypot(before.stderr or 0.0, after.stderr or 0.0)
+    return diff > EXACT_RTOL_ULPS * eps * max(abs(before.value), abs(after.value))
+
+
+def check_invariance(config: RunConfig, alpha: float, layer: str | None = None,
+                     progress: ProgressFn | None = None) -> InvarianceReport:
+    session = open_session(config)
+    rescaling = find_rescaling(session.model, alpha, layer)
+    original = run(config, progress, session=session)
+    before = _logits(session.backend)
+
+    apply_rescaling(session.model, rescaling)
+    problem: Problem = session.backend.problem
+    # a fresh backend: the reference backend caches the first-order graph of a single batch
+    session = replace(session, backend=create_backend(config.backend, replace(problem)))
+    after = _logits(session.backend)
+    rescaled = run(config, progress, session=session)
+
+    eps = torch.finfo(config.torch_dtype).eps
+    change = ((after - before).abs().max() / before.abs().max().clamp_min(1e-300)).item()
+    comparisons = [
+        Comparison(name, original.results[name].label, original.results[name], rescaled.results[name],
+                   _predicted_trace(original.results[name], rescaling),
+                   _moved(original.results[name], rescaled.results[name], eps))
+        for name in original.results
+    ]
+    return InvarianceReport(
+        rescaling=rescaling,
+        max_logit_change=change,
+        logit_tolerance=EXACT_RTOL_ULPS * eps,
+        argmax_agreement=(after.argmax(1) == before.argmax(1)).double().mean().item(),
+        original=original,
+        rescaled=rescaled,
+        comparisons=comparisons,
+    )
