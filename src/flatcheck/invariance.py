@@ -90,7 +90,7 @@ def _logits(backend) -> torch.Tensor:
 def _predicted_trace(result: ProbeResult, r: Rescaling) -> float | None:
     """θ' = Dθ gives H' = D⁻¹HD⁻¹ (and G' likewise): each rescaled parameter's diagonal block
     scales by 1/α² (scaled up) or α² (scaled down); the others keep theirs."""
-    parts = result.details.get("parameters")
+    parts = result.details.get("per_parameter")
     if result.probe != "trace" or not parts:
         return None
     factors = {f"{r.up}.weight": r.alpha**-2, f"{r.up}.bias": r.alpha**-2}

@@ -127,7 +127,7 @@ class TraceProbe:
                     (key or "<root>"): {"value": v, "stderr": se, "parameters": sizes[key]}
                     for (kind, key), (v, se) in parts.items() if kind == "module"
                 },
-                "parameters": {
+                "per_parameter": {
                     key: {"value": v, "stderr": se} for (kind, key), (v, se) in parts.items() if kind == "param"
                 },
             },
