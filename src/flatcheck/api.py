@@ -37,7 +37,7 @@ class Session:
 
     config: RunConfig
     spec: ModelSpec
-    checkpoint: LoadedCheckpoint
+    checkpoint: LoadedCheckpoint | None  # None: the weights the model source built
     model: nn.Module
     samples: SampleSet
     backend: Backend
@@ -70,10 +70,12 @@ def resolve_device(name: str) -> torch.device:
 
 def open_session(config: RunConfig) -> Session:
     """Load spec, model, checkpoint and data, and check that they fit together."""
-    spec = load_spec(config.spec)
+    spec = config.spec if isinstance(config.spec, ModelSpec) else load_spec(config.spec)
     model = build_model(spec)
-    checkpoint = load_checkpoint(config.checkpoint, spec.checkpoint)
-    apply_state_dict(model, checkpoint.state_dict, source=str(config.checkpoint))
+    checkpoint = None
+    if config.checkpoint is not None:
+        checkpoint = load_checkpoint(config.checkpoint, spec.checkpoint)
+        apply_state_dict(model, checkpoint.state_dict, source=str(config.checkpoint))
     preprocess = resolve_preprocess(spec, model)
     dataset = create_dataset(
         config.data,
@@ -107,19 +109,19 @@ def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: Ru
     except (RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(
-            f"{config.spec}: model {spec.arch} cannot take data '{config.data}' samples of shape "
+            f"{spec.where}: model {spec.arch} cannot take data '{config.data}' samples of shape "
             f"{tuple(batch.x.shape[1:])} (check input_size in the spec): {first}"
         ) from None
     if out.ndim != 2:
-        raise InputError(f"{config.spec}: model {spec.arch} returns shape {tuple(out.shape)}; flatcheck needs logits (batch, classes)")
+        raise InputError(f"{spec.where}: model {spec.arch} returns shape {tuple(out.shape)}; flatcheck needs logits (batch, classes)")
     c = out.shape[1]
     if spec.num_classes is not None and c != spec.num_classes:
-        raise InputError(f"{config.spec}: num_classes is {spec.num_classes} but the model returns {c} logits")
+        raise InputError(f"{spec.where}: num_classes is {spec.num_classes} but the model returns {c} logits")
     top = int(batch.y.max())
     if top >= c or int(batch.y.min()) < 0:
         raise DataError(f"data '{config.data}' has label {top} but the model has {c} outputs (labels must be 0..{c - 1})")
     if not torch.isfinite(out).all():
-        raise InputError(f"{config.checkpoint}: the model's outputs on the first batch are not finite")
+        raise InputError(f"{config.checkpoint or spec.arch}: the model's outputs on the first batch are not finite")
     return c
 
 
@@ -156,7 +158,7 @@ def _meta(s: Session, started: _dt.datetime, seconds: float) -> dict:
         "seed": c.seed,
         "bn_mode": c.bn_mode,
         "model": {
-            "spec": str(c.spec),
+            "spec": str(s.spec.path) if s.spec.path is not None else None,
             "spec_sha256": s.spec.sha256,
             "source": s.spec.source,
             "arch": s.spec.arch,
@@ -167,7 +169,7 @@ def _meta(s: Session, started: _dt.datetime, seconds: float) -> dict:
             "probed_parameters": s.backend.problem.layout.dim,
             "params_filter": list(c.params) or None,
         },
-        "checkpoint": {
+        "checkpoint": None if s.checkpoint is None else {
             "path": str(s.checkpoint.path),
             "sha256": s.checkpoint.sha256,
             "format": s.checkpoint.format,

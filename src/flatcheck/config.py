@@ -11,6 +11,7 @@ import torch
 
 from .backends.base import BN_MODES
 from .errors import ConfigError
+from .models.spec import ModelSpec
 from .probes.registry import list_probes, parse_options
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -25,8 +26,8 @@ class ProbeRequest:
 
 @dataclass(frozen=True)
 class RunConfig:
-    checkpoint: Path
-    spec: Path
+    checkpoint: Path | None  # None: keep the weights the model source built (random init)
+    spec: "Path | ModelSpec"  # a YAML path, or a spec built in code (e.g. by a scan)
     probes: tuple[ProbeRequest, ...]
     data: str = "digits"
     data_root: Path | None = None
