@@ -138,6 +138,30 @@ def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple
             _check_json_target(json_out)
             report = _run(checkpoint, common, names, options, quiet, err, custom[0] if custom else None)
         _emit(report, json_out, layers)
+        code = getattr(report, "exit_code", 0)  # a custom result may carry a verdict (gate: 1)
+    except FlatcheckError as exc:
+        code = exc.exit_code
+        if debug:
+            traceback.print_exc()
+        _error_line(f"error: {exc}")
+    except KeyboardInterrupt:
+        code = 130
+        _error_line("interrupted")
+    except Exception as exc:  # a bug in flatcheck, not the user's fault
+        code = 101
+        if debug:
+            traceback.print_exc()
+        _error_line(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)")
+    if code:
+        raise typer.Exit(code)
+
+
+def guarded(debug: bool, body: Callable[[], int | None]) -> None:
+    """Run a command body with the CLI's exit-code conventions, for commands that do not
+    fit probe_command (scan, report): its return value is the exit code (None = 0)."""
+    code = 0
+    try:
+        code = body() or 0
     except FlatcheckError as exc:
         code = exc.exit_code
         if debug:

@@ -18,9 +18,13 @@ import torch
 from scipy.linalg import eigh_tridiagonal
 from torch import Tensor
 
+from ..errors import InputError
+from .random import gaussian
 from .trace import Operator
 
 Progress = Callable[[int, int], None]
+# a re-measured true residual that shrank by less than this factor has stalled
+STALL_FACTOR = 0.5
 
 
 def breakdown_threshold(dtype: torch.dtype) -> float:
@@ -36,8 +40,9 @@ class Lanczos:
     """One Lanczos recurrence whose basis is kept; `step()` spends one matrix-vector product.
 
     After j steps, T_j (alpha, beta) is the projection QᵀHQ and `beta_next` couples it to
-    the next basis vector; `restart(v)` continues from a fresh direction after a breakdown,
-    which leaves a zero off-diagonal in T (a block-diagonal T, still QᵀHQ).
+    the next basis vector (0 once an invariant subspace is found). `restart(v)` continues
+    from a fresh direction after a breakdown, leaving a zero off-diagonal in T: a
+    block-diagonal T, still QᵀHQ.
     """
 
     def __init__(self, op: Operator, start: Tensor, capacity: int):
@@ -47,25 +52,22 @@ class Lanczos:
         self.alpha: list[float] = []
         self.beta: list[float] = []  # off-diagonals of T, len(alpha) − 1 of them
         self.size = 0
-        self.scale = 0.0  # running max of |α|, |β|: the size of ‖T‖ breakdown is judged against
+        self.scale = 0.0  # running max of |α|, |β|: the ‖T‖ a breakdown is judged against
         self.beta_next = 0.0
-        self._pending = self._normalised(start)
-        if self._pending is None:
-            raise ValueError("Lanczos start vector is zero")
+        self.invariant = False  # the last step closed an invariant subspace
+        v = start.reshape(-1).to(dtype=op.dtype, device=op.device)
+        norm = torch.linalg.vector_norm(v).item()
+        if not norm > 0 or not math.isfinite(norm):
+            raise ValueError("Lanczos start vector is zero or not finite")
+        self._next = v / norm
 
     @property
     def full(self) -> bool:
         return self.size >= self.capacity
 
     @property
-    def broken(self) -> bool:
-        """The last step found an invariant subspace (or used up the whole space)."""
-        return self._pending is None
-
-    def _normalised(self, v: Tensor) -> Tensor | None:
-        v = v.reshape(-1).to(dtype=self.op.dtype, device=self.op.device)
-        norm = torch.linalg.vector_norm(v).item()
-        return None if norm == 0 or not math.isfinite(norm) else v / norm
+    def can_step(self) -> bool:
+        return not self.invariant and not self.full
 
     def _orthogonalise(self, w: Tensor) -> Tensor:
         Q = self.Q[: self.size]
@@ -74,39 +76,39 @@ class Lanczos:
         return w
 
     def step(self) -> None:
-        """Add one basis vector; afterwards `broken` tells whether the recurrence must stop."""
-        if self._pending is None or self.full:
-            raise RuntimeError("Lanczos cannot step: broken down or at capacity")
-        q = self._pending
-        j = self.size
-        self.Q[j] = q
+        if not self.can_step:
+            raise RuntimeError("Lanczos cannot step: invariant subspace found or at capacity")
+        q = self._next
+        if self.size > 0:
+            self.beta.append(self.beta_next)
+        self.Q[self.size] = q
         self.size += 1
         w = self.op.matmat(q.unsqueeze(0))[0]
         alpha = torch.dot(q, w).item()
-        w = self._orthogonalise(w)  # subtracts α q and β q_prev along with round-off drift
+        w = self._orthogonalise(w)  # removes α q and β q_prev together with round-off drift
         beta = torch.linalg.vector_norm(w).item()
-        if j > 0:
-            self.beta.append(self.beta_next)
+        if not (math.isfinite(alpha) and math.isfinite(beta)):
+            raise InputError("curvature products are not finite (overflow?); try --dtype float64")
         self.alpha.append(alpha)
         self.scale = max(self.scale, abs(alpha), beta)
-        self.beta_next = beta
-        if self.full or beta <= breakdown_threshold(self.op.dtype) * self.scale or not math.isfinite(beta):
-            self.beta_next = 0.0 if not self.full or beta <= breakdown_threshold(self.op.dtype) * self.scale else beta
-            self._pending = None
+        if beta <= breakdown_threshold(self.op.dtype) * self.scale or self.size >= self.op.dim:
+            # the whole space is always invariant; what is left of w is round-off
+            self.invariant, self.beta_next = True, 0.0
         else:
-            self._pending = w / beta
+            self.beta_next = beta
+            self._next = w / beta
 
     def restart(self, v: Tensor) -> bool:
         """Continue from v made orthogonal to the basis; False when nothing of v is left."""
         if self.full:
             return False
-        w = self._orthogonalise(v.reshape(-1).to(dtype=self.op.dtype, device=self.op.device))
+        v = v.reshape(-1).to(dtype=self.op.dtype, device=self.op.device)
+        w = self._orthogonalise(v)
         norm = torch.linalg.vector_norm(w).item()
         if norm <= breakdown_threshold(self.op.dtype) * torch.linalg.vector_norm(v).item():
             return False
-        # a zero coupling to the new block: T stays QᵀHQ
-        self.beta_next = 0.0
-        self._pending = w / norm
+        self.invariant, self.beta_next = False, 0.0
+        self._next = w / norm
         return True
 
     def ritz(self) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +117,7 @@ class Lanczos:
 
     def vectors(self, S: np.ndarray) -> Tensor:
         """Ritz vectors Y = Sᵀ Q for the columns of S, shape (k, P)."""
-        coeff = torch.as_tensor(S.T, dtype=self.op.dtype, device=self.op.device)
+        coeff = torch.as_tensor(np.ascontiguousarray(S.T), dtype=self.op.dtype, device=self.op.device)
         return coeff @ self.Q[: self.size]
 
 
@@ -136,9 +138,8 @@ class EigenResult:
     converged: list[bool]  # residual ≤ tol·|λ|
     matvecs: int  # including the final block product that measures the true residuals
     iterations: int  # Lanczos steps, or power iterations summed over the k pairs
-    stop_reason: str  # "converged", "max_iter", or "invariant" (the whole space was spanned)
+    stop_reason: str  # converged, max_iter, stalled (round-off floor), invariant (Krylov space closed)
     method: str
-    vectors: Tensor | None = None
 
 
 def lanczos_top(
@@ -148,60 +149,60 @@ def lanczos_top(
     generator: torch.Generator,
     tol: float = 1e-6,
     max_iter: int | None = None,
-    keep_vectors: bool = False,
     progress: Progress | None = None,
 ) -> EigenResult:
     """The k largest (algebraic) eigenvalues of a symmetric operator.
 
     Stops once every one of the top k Ritz pairs has the estimated residual |β_{j+1}·s_{j,i}|
-    ≤ tol·|θ_i| (exact in exact arithmetic for Lanczos), then measures the true residual
-    with one block product of the k Ritz vectors; if round-off makes a true residual miss
-    the tolerance the recurrence goes on. After a breakdown with fewer than k Ritz values,
-    it restarts from a fresh random direction orthogonal to the basis, so eigenvalues the
-    start vector missed (e.g. further copies of a repeated eigenvalue) can still be found —
-    but a repeated eigenvalue's copies are found only through such restarts or round-off.
+    (the exact residual norm in exact arithmetic) ≤ tol·|θ_i|; then the true residual is
+    measured with one block product of the k Ritz vectors, and if round-off keeps it above
+    the tolerance the recurrence goes on (re-measuring only after a quarter more steps),
+    and stops as "stalled" once a re-measurement has not at least halved the worst relative
+    residual: the limit the products' round-off sets (about 1e-6 relative in float32).
+    After a breakdown with fewer than k Ritz values it restarts from a random direction
+    orthogonal to the basis. Limitation of a one-vector recurrence: further copies of a
+    repeated eigenvalue are found only through such restarts or round-off, so a multiple
+    top eigenvalue may be listed once.
     """
-    from .random import gaussian
-
     dim = op.dim
     k = min(k, dim)
-    limit = min(max_iter if max_iter is not None else max(300, 20 * k), dim)
+    limit = min(max_iter if max_iter is not None else default_max_iter(k), dim)
     start_matvecs = op.matvecs
     lz = Lanczos(op, gaussian(1, dim, generator, dtype=op.dtype, device=op.device)[0], limit)
-    stop = "max_iter"
-    checked_at = -1
-    best: tuple[np.ndarray, Tensor, list[float]] | None = None
+    stop, next_check, measured = "max_iter", 0, None
     while True:
-        if lz.broken and not lz.full and lz.size < k:
+        if lz.invariant and lz.size < k:
             lz.restart(gaussian(1, dim, generator, dtype=op.dtype, device=op.device)[0])
-        if lz.broken or lz.full:
-            stop = "invariant" if lz.size >= dim or lz.broken else "max_iter"
+        if not lz.can_step:
+            stop = "invariant" if lz.invariant else "max_iter"
             break
         lz.step()
         if progress is not None:
             progress(lz.size, limit)
-        if lz.size < k:
+        if lz.size < k or lz.size < next_check:
             continue
         theta, S = lz.ritz()
         top = np.argsort(theta)[::-1][:k]
-        est = np.abs(lz.beta_next * S[-1, top])
-        if np.all(est <= tol * np.abs(theta[top])):
-            # the estimate is cheap; the true residual costs k products, so it is not re-measured
-            # on every later step should round-off keep it above tol
-            if lz.size - checked_at >= max(1, (lz.size - checked_at) // 2) and checked_at < lz.size:
-                values, Y, res = _true_residuals(op, lz, theta, S, top)
-                checked_at = lz.size
-                best = (values, Y, res)
-                if all(r <= tol * abs(v) for r, v in zip(res, values)):
-                    stop = "converged"
-                    break
-    theta, S = lz.ritz()
-    top = np.argsort(theta)[::-1][:k]
-    if best is None or checked_at != lz.size:
-        best = _true_residuals(op, lz, theta, S, top)
-    values, Y, res = best
-    if stop != "converged" and all(r <= tol * abs(v) for r, v in zip(res, values)):
-        stop = "converged" if stop != "invariant" else "invariant"
+        if np.all(np.abs(lz.beta_next * S[-1, top]) <= tol * np.abs(theta[top])):
+            previous = measured
+            measured = (lz.size, _true_residuals(op, lz, S[:, top]))
+            if _all_within(measured[1], tol):
+                stop = "converged"
+                break
+            if previous is not None and _worst(measured[1]) > STALL_FACTOR * _worst(previous[1]):
+                # the recurrence says converged, the products disagree and more steps do not
+                # help: the products' own round-off (float32) is above tol·|λ|
+                stop = "stalled"
+                break
+            next_check = lz.size + max(1, lz.size // 4)
+    if measured is None or measured[0] != lz.size:
+        theta, S = lz.ritz()
+        measured = (lz.size, _true_residuals(op, lz, S[:, np.argsort(theta)[::-1][:k]]))
+    values, res = measured[1]
+    if stop == "max_iter" and _all_within(measured[1], tol):
+        stop = "converged"
+    order = sorted(range(len(values)), key=lambda i: -values[i])
+    values, res = [values[i] for i in order], [res[i] for i in order]
     return EigenResult(
         values=[float(v) for v in values],
         residuals=res,
@@ -210,17 +211,30 @@ def lanczos_top(
         iterations=lz.size,
         stop_reason=stop,
         method="lanczos",
-        vectors=Y if keep_vectors else None,
     )
 
 
-def _true_residuals(op: Operator, lz: Lanczos, theta: np.ndarray, S: np.ndarray, top: np.ndarray):
-    Y = lz.vectors(S[:, top])
+def default_max_iter(k: int) -> int:
+    return max(300, 20 * k)
+
+
+def _worst(measured) -> float:
+    values, res = measured
+    return max(r / abs(v) if v != 0 else math.inf for v, r in zip(values, res))
+
+
+def _all_within(measured, tol: float) -> bool:
+    values, res = measured
+    return all(r <= tol * abs(v) for v, r in zip(values, res))
+
+
+def _true_residuals(op: Operator, lz: Lanczos, S_top: np.ndarray) -> tuple[list[float], list[float]]:
+    """Rayleigh quotients of the normalised Ritz vectors and their true residual norms."""
+    Y = lz.vectors(S_top)
     Y = Y / torch.linalg.vector_norm(Y, dim=1, keepdim=True)
     HY = op.matmat(Y)
-    # Rayleigh quotients of the normalised vectors: at least as accurate as θ, and the
-    # residual below is then the true one for exactly the value reported
-    values = (Y * HY).sum(1).to(torch.float64).cpu().numpy()
-    R = HY - torch.as_tensor(values, dtype=op.dtype, device=op.device).unsqueeze(1) * Y
-    res = torch.linalg.vector_norm(R.to(torch.float64), dim=1).cpu().tolist()
-    return values, Y, res
+    # the Rayleigh quotient is at least as accurate as θ, and the residual is then the
+    # true one for exactly the value reported
+    values = (Y * HY).sum(1, dtype=torch.float64)
+    R = HY.to(torch.float64) - values.unsqueeze(1) * Y.to(torch.float64)
+    return values.cpu().tolist(), torch.linalg.vector_norm(R, dim=1).cpu().tolist()

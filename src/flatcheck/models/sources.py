@@ -176,6 +176,12 @@ def _build_timm(spec: ModelSpec) -> nn.Module:
 
     if not timm.is_model(spec.arch):
         raise _unknown_arch(spec, timm.list_models())
+    # Curvature products differentiate twice, and timm's fused CPU attention kernel has no
+    # double backward (torch 2.14: "derivative for ..._flash_attention_for_cpu_backward is
+    # not implemented"); the unfused path computes the same attention.
+    from timm.layers import set_fused_attn
+
+    set_fused_attn(False)
     return _construct(spec, timm.create_model, model_name=spec.arch, pretrained=False)
 
 

@@ -38,6 +38,10 @@ class ProbeContext:
 
 
 class Probe(Protocol):
+    """Optionally, a stochastic probe names the integer option that buys it more samples
+    (`effort_option: ClassVar[str] = "probes_max"`); gates raise it to settle an
+    inconclusive rule. Probes without it are never rerun."""
+
     name: ClassVar[str]
     summary: ClassVar[str]
     Options: ClassVar[type]

@@ -58,6 +58,7 @@ class TraceProbe:
     summary: ClassVar[str] = "Hessian/GGN trace (Hutchinson, Hutch++, exact GGN)"
     Options: ClassVar[type] = TraceOptions
     requires: ClassVar[frozenset[str]] = frozenset({"hvp", "ggn_vp", "ggn_trace"})
+    effort_option: ClassVar[str] = "probes_max"
 
     def run(self, ctx: ProbeContext, options: TraceOptions) -> ProbeResult:
         matrix = options.resolved_matrix

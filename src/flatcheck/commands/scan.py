@@ -1,0 +1,205 @@
+"""`flatcheck scan`: the same probes over many models, one JSONL record each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..cli import app, guarded
+
+_HELP = ("Run probes over many models (a timm pattern, a file of names, a folder of checkpoints + specs); "
+         "append one JSON line per model to --out. Under torchrun each rank writes OUT.rankN.")
+
+
+@app.command("scan", help=_HELP)
+def scan_cmd(
+    out: Annotated[Path, typer.Option("--out", help="JSONL file the records are appended to")],
+    timm_pattern: Annotated[Optional[list[str]], typer.Option("--timm", help="timm.list_models pattern, e.g. "
+                                                              "'vit_*' (repeatable)")] = None,
+    pretrained: Annotated[bool, typer.Option("--pretrained", help="pretrained weights, from local disk only "
+                                             "(HF cache or --weights-dir); models without them are skipped")] = False,
+    models_file: Annotated[Optional[Path], typer.Option("--models-file", help="timm model names, one per line")] = None,
+    checkpoints: Annotated[Optional[Path], typer.Option("--checkpoints", help="folder of NAME.safetensors|pt "
+                                                        "with NAME.yaml (or one spec.yaml) beside them")] = None,
+    weights_dir: Annotated[Optional[Path], typer.Option("--weights-dir", help="folder of NAME.safetensors or "
+                                                        "NAME/model.safetensors pretrained weights")] = None,
+    model_kwargs: Annotated[Optional[list[str]], typer.Option("--model-kwargs", help="KEY=VALUE for the timm "
+                                                              "constructor, repeatable (e.g. img_size=64)")] = None,
+    input_size: Annotated[Optional[str], typer.Option("--input-size", help="override timm's data config: S or "
+                                                      "C,H,W (use with e.g. --model-kwargs img_size=S)")] = None,
+    probes: Annotated[str, typer.Option("--probes", help="comma-separated probe names")] = "trace,gini",
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="PROBE.KEY=VALUE, repeatable")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="skip models already in --out (same settings)")] = False,
+    retry_errors: Annotated[bool, typer.Option("--retry-errors", help="with --resume: redo models that "
+                                               "failed")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="start --out afresh")] = False,
+    data: Annotated[str, typer.Option("--data", help="data set (see `flatcheck probe --help`)")] = "synthetic",
+    data_root: Annotated[Optional[Path], typer.Option("--data-root", help="folder of torchvision data sets")] = None,
+    split: Annotated[str, typer.Option("--split", help="train or test")] = "train",
+    samples: Annotated[Optional[int], typer.Option("--samples", help="first N samples per model")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size")] = 128,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N (auto under torchrun: "
+                                        "cuda:LOCAL_RANK)")] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype")] = "float32",
+    bn_mode: Annotated[str, typer.Option("--bn-mode")] = "eval",
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    params: Annotated[Optional[str], typer.Option("--params", help="globs of parameter names to probe")] = None,
+    backend: Annotated[str, typer.Option("--backend")] = "autograd",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+):
+    def body() -> int:
+        import warnings
+
+        from ..config import RunConfig, parse_option_assignments, probe_requests
+        from ..data.registry import parse_uri
+        from ..scan import Placement, run_scan
+        from ..scan_sources import parse_kwargs
+
+        if resume and overwrite:
+            raise _config_error("--resume and --overwrite contradict each other")
+        placement = Placement.from_env()
+        parse_uri(data)  # an unknown data set is the user's error, not every model's
+        base = RunConfig(
+            checkpoint=None, spec=Path("<per model>"),
+            probes=probe_requests(probes, parse_option_assignments(option or [])),
+            data=data, data_root=data_root, split=split, samples=samples, batch_size=batch_size,
+            device=_device_for(device, placement), dtype=dtype, bn_mode=bn_mode, seed=seed,
+            params=tuple(p.strip() for p in (params or "").split(",") if p.strip()), backend=backend,
+        )
+        entries = _entries(timm_pattern or [], models_file, checkpoints, pretrained, weights_dir,
+                           parse_kwargs(model_kwargs or []), _parse_size(input_size))
+        with warnings.catch_warnings():
+            if quiet:
+                warnings.simplefilter("ignore")
+            try:
+                summary = _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_errors,
+                                             placement, quiet)
+            except KeyboardInterrupt:
+                from ..scan import shard_path
+
+                target = shard_path(out, placement.rank, placement.world_size)
+                _say(f"interrupted; every finished model is in {target}; continue with --resume", quiet=False)
+                raise
+        _print_summary(summary)
+        return 0
+
+    guarded(debug, body)
+
+
+def _config_error(msg: str):
+    from ..errors import ConfigError
+
+    return ConfigError(msg)
+
+
+def _device_for(device: str, placement) -> str:
+    if device == "auto" and placement.world_size > 1:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda:{placement.local_rank % torch.cuda.device_count()}"
+    return device
+
+
+def _parse_size(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        parts = tuple(int(p) for p in text.replace("x", ",").split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) == 1:
+        parts = (3, parts[0], parts[0])
+    if len(parts) != 3 or min(parts) < 1:
+        raise _config_error(f"--input-size expects S or C,H,W positive integers, got {text!r}")
+    return parts
+
+
+def _entries(patterns, models_file, checkpoints, pretrained, weights_dir, kwargs, input_size):
+    from ..scan_sources import checkpoint_entries, names_from_file, timm_entry, timm_names
+
+    if not patterns and models_file is None and checkpoints is None:
+        raise _config_error("nothing to scan: give --timm PATTERN, --models-file FILE or --checkpoints DIR")
+    if weights_dir is not None and not weights_dir.is_dir():
+        raise _config_error(f"--weights-dir {weights_dir}: not a folder")
+    names: list[str] = []
+    for pattern in patterns:
+        names += timm_names(pattern, pretrained)
+    if models_file is not None:
+        names += names_from_file(models_file)
+    entries = [timm_entry(n, pretrained=pretrained, kwargs=kwargs, input_size=input_size, weights_dir=weights_dir)
+               for n in dict.fromkeys(names)]
+    if checkpoints is not None:
+        entries += checkpoint_entries(checkpoints)
+    return entries
+
+
+def _say(msg: str, quiet: bool) -> None:
+    if not quiet:
+        from ..cli import _error_line
+
+        _error_line(msg)
+
+
+def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_errors, placement, quiet):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from ..scan import ScanHooks
+
+    tag = f"[rank {placement.rank}/{placement.world_size}] " if placement.world_size > 1 else ""
+    if quiet:
+        return run_scan(entries, base, out, resume=resume, overwrite=overwrite, retry_errors=retry_errors,
+                        placement=placement)
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True) as bar:
+        models = bar.add_task(f"{tag}models", total=None)
+        inner: dict[str, int] = {}
+
+        def start(i, total, entry):
+            bar.update(models, total=total, completed=i, description=f"{tag}models · {entry.name}")
+            for t in inner.values():
+                bar.remove_task(t)
+            inner.clear()
+
+        def done(rec):
+            bar.advance(models)
+            extra = f" — {rec['error']}" if rec["error"] else ""
+            err.print(f"{tag}{rec['status']:>7}  {rec['model']}  {rec['seconds']:.1f}s{extra}", markup=False,
+                      highlight=False)
+
+        def probe_progress(desc, d, total):
+            if desc not in inner:
+                inner[desc] = bar.add_task(f"  {desc}", total=total)
+            bar.update(inner[desc], completed=d, total=total)
+
+        summary = run_scan(entries, base, out, resume=resume, overwrite=overwrite, retry_errors=retry_errors,
+                           placement=placement, hooks=ScanHooks(start, done, probe_progress))
+    if summary.repaired_bytes:
+        err.print(f"{tag}dropped a partial last line ({summary.repaired_bytes} bytes) of {summary.out}")
+    if summary.already:
+        err.print(f"{tag}{summary.already} of {summary.total} models already in {summary.out} (resume)")
+    return summary
+
+
+def _print_summary(summary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..report.render import fmt_pm
+
+    table = Table(title=f"scan → {summary.out}: " + ", ".join(f"{v} {k}" for k, v in summary.counts().items()),
+                  title_justify="left")
+    probes = list(dict.fromkeys(p for r in summary.records for p in r.get("results", {})))
+    for col in ("model", "status", "seconds", *probes):
+        table.add_column(col, justify="left" if col in ("model", "status") else "right")
+    for r in summary.records:
+        res = r.get("results", {})
+        cells = [fmt_pm(res[p]["value"], res[p]["stderr"]) if p in res else "—" for p in probes]
+        table.add_row(r["model"], r["status"] if not r["error"] else f"{r['status']}: {r['error']}"[:60],
+                      f"{r['seconds']:.1f}", *cells)
+    Console().print(table)

@@ -1,0 +1,244 @@
+"""Per-sample input Jacobians J(x) = ∂f(x)/∂x (and ∂f/∂h for layer inputs h), batched over samples.
+
+Samples are independent only when BatchNorm uses running statistics: then the gradient of
+Σ_n f_nc with respect to the batch is, row by row, every sample's own ∂f_nc/∂x_n, so C
+backward passes give all rows of all samples at once. With batch statistics f_n depends on
+every x_m of its batch and "the Jacobian of sample n" is no longer a C×D matrix of x_n
+alone; callers refuse that case with `require_independent` rather than report a number that
+depends on the batching.
+
+Two routes:
+- `jacobian_rows` materialises the C rows per sample (exact; memory C·D per sample, bounded
+  by processing the batch in chunks of samples);
+- `projected_sqnorms` and `power_spectral` never hold more than one D-vector per sample:
+  ‖Jᵀr‖² with Rademacher r is an unbiased estimate of ‖J‖²_F, and power iteration on JᵀJ
+  (one JVP and one VJP per step) gives σ_max with a residual to judge convergence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Literal
+
+import torch
+from torch import Tensor, nn
+
+from .backends.base import model_mode
+from .errors import ConfigError
+from .hooks import Call, record
+
+Output = Literal["logits", "softmax"]
+# Rows of all samples of one chunk together; a single sample larger than this still runs.
+ROW_BYTES = 256 * 2**20
+
+
+def require_independent(model: nn.Module, bn_mode: str, probe: str) -> None:
+    if bn_mode == "train" and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise ConfigError(
+            f"--bn-mode train: probe {probe} needs per-sample input Jacobians, which batch statistics "
+            "make depend on the whole batch; use --bn-mode eval"
+        )
+
+
+def apply_output(logits: Tensor, output: Output) -> Tensor:
+    return logits.softmax(-1) if output == "softmax" else logits
+
+
+def sample_chunks(n: int, per_sample_elems: int, element_size: int) -> Iterator[slice]:
+    step = max(1, ROW_BYTES // max(1, per_sample_elems * element_size))
+    for i in range(0, n, step):
+        yield slice(i, min(n, i + step))
+
+
+@dataclass
+class TapRows:
+    """One call of a tapped layer: its input h and output z, and the rows of ∂f/∂h and ∂f/∂z."""
+
+    call: Call
+    h: Tensor  # (B, *h) detached
+    dh: Tensor  # (B, C, *h)
+    dz: Tensor | None  # (B, C, *z), when asked for
+
+
+@dataclass
+class Rows:
+    out: Tensor  # (B, C) outputs (logits or softmax), detached
+    logits: Tensor  # (B, C) detached
+    dx: Tensor  # (B, C, *x)
+    taps: list[TapRows]
+
+
+def jacobian_rows(model: nn.Module, x: Tensor, output: Output,
+                  taps: list[tuple[str, nn.Module]] = (), tap_outputs: bool = False) -> Rows:
+    """Every sample's C×D input Jacobian (and ∂f/∂h_l, ∂f/∂z_l of the tapped layers): C backward passes.
+
+    The caller sets the model mode (eval-mode BatchNorm) and chooses the chunk size.
+    """
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad(), record(list(taps)) as rec:
+        logits = model(x)
+        out = apply_output(logits, output)
+        calls = list(rec.calls)
+        inputs = [x] + [c.input for c in calls] + ([c.output for c in calls] if tap_outputs else [])
+        rows: list[list[Tensor]] = [[] for _ in inputs]
+        num_classes = out.shape[1]
+        for c in range(num_classes):
+            grads = torch.autograd.grad(out[:, c].sum(), inputs, retain_graph=c < num_classes - 1,
+                                        allow_unused=True)
+            for acc, g, t in zip(rows, grads, inputs):
+                acc.append(torch.zeros_like(t) if g is None else g)
+    stacked = [torch.stack(r, dim=1) for r in rows]
+    k = len(calls)
+    tap_rows = [
+        TapRows(call, call.input.detach(), stacked[1 + i], stacked[1 + k + i] if tap_outputs else None)
+        for i, call in enumerate(calls)
+    ]
+    return Rows(out.detach(), logits.detach(), stacked[0], tap_rows)
+
+
+@dataclass
+class SpectralStats:
+    """Per-sample quantities of a batch of C×D Jacobians, from their singular values (float64)."""
+
+    frobenius: Tensor  # (B,)
+    spectral: Tensor  # (B,)
+    local_dim: Tensor  # (B,) (Σλ)²/Σλ² of the eigenvalues λ = σ² of J Jᵀ
+    log_volume: Tensor  # (B,) Σ log σ_i over σ_i > tol
+    rank: Tensor  # (B,) number of σ_i > tol
+
+
+def spectral_stats(rows: Tensor, eps: float) -> SpectralStats:
+    """rows (B, C, *D) → per-sample stats.
+
+    "Nonzero" singular value: σ_i > eps · max(C, D) · σ_max, the usual numerical-rank
+    tolerance, with eps that of the dtype the rows were computed in — below that, σ_i is
+    indistinguishable from rounding noise of J's entries.
+    """
+    J = rows.flatten(2).to(torch.float64)
+    c, d = J.shape[1], J.shape[2]
+    sv = torch.linalg.svdvals(J)  # (B, min(C, D)), descending
+    lam = sv.pow(2)
+    frob_sq = J.pow(2).sum((1, 2))
+    tol = eps * max(c, d) * sv[:, :1]
+    keep = sv > tol
+    log_vol = torch.where(keep, sv.clamp_min(torch.finfo(torch.float64).tiny).log(), torch.zeros_like(sv)).sum(1)
+    log_vol = torch.where(keep.any(1), log_vol, torch.full_like(log_vol, -torch.inf))
+    return SpectralStats(
+        frobenius=frob_sq.sqrt(),
+        spectral=sv[:, 0],
+        local_dim=lam.sum(1).pow(2) / lam.pow(2).sum(1),
+        log_volume=log_vol,
+        rank=keep.sum(1),
+    )
+
+
+def region_mask(x_shape: tuple[int, ...], region: tuple[int, int, int, int]) -> Tensor:
+    """Boolean (H, W) mask, True outside the (y, x, h, w) region; inputs are (channels, H, W)."""
+    if len(x_shape) != 3:
+        raise ConfigError(f"--exclude-region needs image inputs (channels, height, width), got shape {tuple(x_shape)}")
+    _, height, width = x_shape
+    y0, x0, h, w = region
+    if y0 + h > height or x0 + w > width:
+        raise ConfigError(f"--exclude-region {y0},{x0},{h},{w} does not fit inside the {height}×{width} input")
+    if h * w >= height * width:
+        raise ConfigError("--exclude-region covers the whole input; nothing is left outside it")
+    mask = torch.ones(height, width, dtype=torch.bool)
+    mask[y0:y0 + h, x0:x0 + w] = False
+    return mask
+
+
+def projected_sqnorms(model: nn.Module, x: Tensor, output: Output, projections: int,
+                      generator: torch.Generator, mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """‖J_nᵀ r_k‖² for k = 1..K Rademacher r_k ∈ {±1}^C, per sample: (B, K), and the same
+    restricted to the pixels where `mask` (H, W) is True (all channels), or None.
+
+    E[r rᵀ] = I makes each draw unbiased for ‖J_n‖²_F (resp. ‖J_n,out‖²_F); no C×D object exists.
+    """
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        out = apply_output(model(x), output)
+        full, outside = [], []
+        for k in range(projections):
+            r = torch.randint(0, 2, out.shape, generator=generator).to(out) * 2 - 1
+            (g,) = torch.autograd.grad(out, x, r, retain_graph=k < projections - 1)
+            g = g.to(torch.float64).pow(2)
+            full.append(g.flatten(1).sum(1))
+            if mask is not None:
+                outside.append((g * mask.to(g.device)).flatten(1).sum(1))
+    return torch.stack(full, 1), (torch.stack(outside, 1) if mask is not None else None)
+
+
+@dataclass
+class PowerResult:
+    sigma: Tensor  # (B,) Rayleigh-quotient estimate of σ_max (a lower bound up to rounding)
+    residual: Tensor  # (B,) ‖JᵀJv − σ²v‖ / σ² at the returned v
+    iterations: int
+    passes: int  # batched JVP + VJP passes
+
+
+def power_spectral(model: nn.Module, x: Tensor, output: Output, generator: torch.Generator,
+                   max_iters: int, tol: float) -> PowerResult:
+    """σ_max(J_n) for every sample of the batch by power iteration on J_nᵀJ_n.
+
+    J v comes from the double-VJP trick: g(w) = Jᵀw is linear in w, so ∂⟨g(w), v⟩/∂w = J v;
+    that needs only reverse mode, which every op of a model supports. Stops when every
+    sample's relative residual is below `tol`.
+    """
+    x = x.detach().requires_grad_(True)
+    with torch.enable_grad():
+        out = apply_output(model(x), output)
+        w = torch.zeros_like(out, requires_grad=True)
+        (jt_w,) = torch.autograd.grad(out, x, w, create_graph=True)
+        v = torch.randn(x.shape, generator=generator, dtype=torch.float64).to(x)
+        v = v / _norms(v).clamp_min(torch.finfo(v.dtype).tiny).view(-1, *[1] * (x.ndim - 1))
+        sigma = residual = None
+        iters = 0
+        for iters in range(1, max_iters + 1):
+            (jv,) = torch.autograd.grad(jt_w, w, v, retain_graph=True)
+            (jtjv,) = torch.autograd.grad(out, x, jv, retain_graph=True)
+            lam = (v * jtjv).flatten(1).sum(1)
+            shape = (-1, *[1] * (x.ndim - 1))
+            residual = _norms(jtjv - lam.view(shape) * v) / lam.abs().clamp_min(torch.finfo(lam.dtype).tiny)
+            sigma = lam.clamp_min(0).sqrt()
+            norm = _norms(jtjv)
+            zero = norm == 0  # J = 0 at this sample: σ = 0 exactly, nothing to iterate
+            residual = torch.where(zero, torch.zeros_like(residual), residual)
+            if bool((residual < tol).all()):
+                break
+            v = torch.where(zero.view(shape), v, jtjv / norm.clamp_min(torch.finfo(norm.dtype).tiny).view(shape))
+    return PowerResult(sigma.detach().to(torch.float64), residual.detach().to(torch.float64), iters, 1 + 2 * iters)
+
+
+def _norms(t: Tensor) -> Tensor:
+    return t.flatten(1).norm(dim=1)
+
+
+def summarise(values: Tensor) -> dict:
+    """Mean, max (with the sample index attaining it) and min of per-sample values over S."""
+    v = values.to(torch.float64).cpu()
+    i = int(v.argmax())
+    return {"mean": v.mean().item(), "max": v[i].item(), "argmax": i, "min": v.min().item()}
+
+
+def iter_rows(problem, output: Output, taps: list[tuple[str, nn.Module]], tap_outputs: bool,
+              progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[Tensor, Tensor, Rows]]:
+    """(x, y, Rows) for chunks of every batch, the chunk sized from the first chunk's row count.
+
+    Runs under the problem's model mode; the caller has checked `require_independent`.
+    """
+    per_sample = None
+    with model_mode(problem.model, problem.bn_mode):
+        for i, batch in enumerate(problem.samples):
+            start = 0
+            while start < batch.x.shape[0]:
+                # the first chunk is one sample, which measures the per-sample size of all rows
+                step = 1 if per_sample is None else next(sample_chunks(batch.x.shape[0] - start, per_sample, 8)).stop
+                x, y = batch.x[start:start + step], batch.y[start:start + step]
+                rows = jacobian_rows(problem.model, x, output, taps, tap_outputs)
+                if per_sample is None:
+                    per_sample = rows.dx[0].numel() + sum(
+                        t.dh[0].numel() + (t.dz[0].numel() if t.dz is not None else 0) for t in rows.taps)
+                yield x, y, rows
+                start += step
+            if progress is not None:
+                progress(i + 1, problem.samples.num_batches)

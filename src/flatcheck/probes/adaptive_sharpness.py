@@ -1,0 +1,203 @@
+"""Probe 5 (SPEC; Kwon et al. 2021, Andriushchenko et al. 2023, seed 002 §E.2, App. F):
+elementwise adaptive average-case sharpness."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import ClassVar, Iterator, Literal
+
+import torch
+from torch import Tensor
+
+from ..backends import create_backend
+from ..backends.base import Backend, model_mode
+from ..errors import ConfigError, SpecError
+from ..linalg import hutchinson
+from ..losses import per_sample_loss
+from ..models.spec import LOSSES, LossSpec
+from ..operators import CurvatureOperator
+from ..report.result import ProbeResult
+from .registry import ProbeContext, register_probe
+
+
+@dataclass(frozen=True)
+class AdaptiveSharpnessOptions:
+    rho: float = 0.0005
+    noise_draws: int = 16  # independent δ; each is evaluated at +δ and −δ
+    loss: str | None = None  # overrides the spec's loss for this probe only
+    method: Literal["mc", "second-order", "both"] = "both"
+    probes_max: int = 100  # Hutchinson probes of the second-order form
+    block_size: int = 8
+
+    def __post_init__(self):
+        if not (math.isfinite(self.rho) and self.rho > 0):
+            raise ConfigError(f"--rho must be a positive number, got {self.rho}")
+        if self.noise_draws < 2:
+            raise ConfigError(f"--noise-draws must be at least 2 (a standard error needs two draws), "
+                              f"got {self.noise_draws}")
+        if self.probes_max < 2:
+            raise ConfigError(f"--probes-max must be at least 2 (a standard error needs two probes), "
+                              f"got {self.probes_max}")
+        if self.block_size < 1:
+            raise ConfigError(f"adaptive-sharpness.block_size must be a positive integer, got {self.block_size}")
+        if self.loss is not None:
+            try:
+                name = LossSpec(self.loss).name
+            except SpecError:
+                raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {self.loss!r}") from None
+            object.__setattr__(self, "loss", name)
+
+
+@register_probe
+class AdaptiveSharpnessProbe:
+    """S_ρ = E_{δ ~ N(0, ρ² diag(|w|²))}[L(w + δ)] − L(w) over the parameters of the layout
+    (all trainable ones, or those `--params` selects), on the whole sample set.
+
+    Monte Carlo: δ = ρ·|w|⊙ε with ε standard normal, evaluated as an antithetic pair,
+    s = (L(w + δ) + L(w − δ))/2 − L(w). The pair cancels every odd-order term of the Taylor
+    series exactly (s = ½δᵀHδ + O(δ⁴)), which removes the gradient term's variance; the mean
+    and standard error are over the `noise_draws` pairs. Weights are restored by copying the
+    saved tensors back (never by subtracting δ, which would not round-trip in floating point).
+    In float32 each loss carries a rounding error of order eps·L, visible in the stderr when
+    S_ρ is that small; use --dtype float64 then.
+
+    Second order: S_ρ ≈ (ρ²/2)·Tr(diag|w| H diag|w|), by Hutchinson on the operator
+    V ↦ (H (V⊙|w|))⊙|w| with Rademacher V, with its own standard error and matvecs.
+    `loss` replaces the spec's loss for this probe (seed 002 uses sigmoid-mse for ViTs).
+    The headline value is the Monte Carlo estimate unless method is "second-order".
+    """
+
+    name: ClassVar[str] = "adaptive-sharpness"
+    summary: ClassVar[str] = "elementwise adaptive sharpness (Monte Carlo and second-order form)"
+    Options: ClassVar[type] = AdaptiveSharpnessOptions
+    requires: ClassVar[frozenset[str]] = frozenset({"hvp", "outputs"})
+
+    def run(self, ctx: ProbeContext, options: AdaptiveSharpnessOptions) -> ProbeResult:
+        start = time.perf_counter()
+        backend = ctx.backend
+        if options.loss is not None and options.loss != backend.problem.loss.name:
+            problem = dataclasses.replace(backend.problem, loss=LossSpec(options.loss))
+            backend = create_backend(backend.name, problem)
+        problem = backend.problem
+        details: dict = {"rho": options.rho, "loss": problem.loss.name, "method": options.method,
+                         "parameters": problem.layout.dim}
+        mc = second = None
+        if options.method in ("mc", "both"):
+            mc = monte_carlo(backend, options.rho, options.noise_draws, ctx.generator(), ctx.progress)
+            details["mc"] = mc
+        matvecs = 0
+        if options.method in ("second-order", "both"):
+            second = second_order(backend, options, ctx)
+            details["second_order"] = second
+            matvecs = second["matvecs"]
+        head = mc if mc is not None else second
+        notes = [f"loss {problem.loss.name}, ρ = {options.rho:g}"]
+        if mc is not None:
+            notes.append(f"MC {mc['value']:.4g} ± {mc['stderr']:.2g} ({mc['draws']} ± pairs)")
+        if second is not None:
+            notes.append(f"second order {second['value']:.4g} ± {second['stderr']:.2g} ({second['probes']} probes)")
+        return ProbeResult(
+            probe=self.name,
+            value=head["value"],
+            stderr=head["stderr"],
+            matvecs=matvecs,
+            seconds=time.perf_counter() - start,
+            seed=ctx.seed,
+            label="adaptive sharpness S_ρ",
+            notes="; ".join(notes),
+            details=details,
+        )
+
+
+def sample_loss(backend: Backend) -> float:
+    """L(θ) over the whole sample set, accumulated in float64."""
+    problem = backend.problem
+    total = 0.0
+    with model_mode(problem.model, problem.bn_mode), torch.no_grad():
+        for batch in problem.samples:
+            logits = problem.model(batch.x)
+            total += per_sample_loss(logits, batch.y, problem.loss).to(torch.float64).mean().item() * batch.weight
+    return total
+
+
+@contextlib.contextmanager
+def restored(params: list[Tensor]) -> Iterator[list[Tensor]]:
+    """Yield copies of `params`; on exit, however it comes, copy them back bit for bit."""
+    saved = [p.detach().clone() for p in params]
+    try:
+        yield saved
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+
+
+def monte_carlo(backend: Backend, rho: float, draws: int, generator: torch.Generator, progress=None) -> dict:
+    problem = backend.problem
+    params = problem.layout.params(problem.model)
+    base = sample_loss(backend)
+    values = []
+    with restored(params) as saved:
+        for i in range(draws):
+            # drawn on the CPU so a seed gives the same δ on every device
+            deltas = [rho * s.abs() * torch.randn(s.shape, generator=generator, dtype=torch.float64)
+                      .to(dtype=s.dtype, device=s.device) for s in saved]
+            pair = []
+            for sign in (1.0, -1.0):
+                with torch.no_grad():
+                    for p, s, d in zip(params, saved, deltas):
+                        p.copy_(s + sign * d)
+                pair.append(sample_loss(backend))
+            values.append(0.5 * (pair[0] + pair[1]) - base)
+            if progress is not None:
+                progress("adaptive-sharpness (Monte Carlo)", i + 1, draws)
+    v = torch.tensor(values, dtype=torch.float64)
+    return {
+        "value": v.mean().item(),
+        "stderr": v.std(unbiased=True).item() / math.sqrt(draws),
+        "draws": draws,
+        "loss_evaluations": 2 * draws + 1,
+        "base_loss": base,
+    }
+
+
+_SECOND_ORDER_STREAM = 0x9E3779B9
+
+
+class _ScaledOperator:
+    """diag|w| · M · diag|w| for a curvature operator M."""
+
+    def __init__(self, op: CurvatureOperator, scale: Tensor):
+        self.op, self.scale = op, scale
+        self.dim, self.dtype, self.device = op.dim, op.dtype, op.device
+
+    def matmat(self, V: Tensor) -> Tensor:
+        return self.op.matmat(V * self.scale) * self.scale
+
+
+def second_order(backend: Backend, options: AdaptiveSharpnessOptions, ctx: ProbeContext) -> dict:
+    problem = backend.problem
+    op = CurvatureOperator(backend, "hessian")
+    scale = torch.cat([p.detach().abs().reshape(-1) for p in problem.layout.params(problem.model)])
+
+    def progress(done: int, total: int) -> None:
+        if ctx.progress is not None:
+            ctx.progress("adaptive-sharpness (second order)", done, total)
+
+    # its own stream: independent of the Monte Carlo noise, and the same whichever method runs
+    generator = torch.Generator().manual_seed(ctx.seed + _SECOND_ORDER_STREAM)
+    est = hutchinson(_ScaledOperator(op, scale), generator=generator, max_probes=options.probes_max,
+                     block_size=options.block_size, progress=progress)
+    factor = options.rho**2 / 2
+    return {
+        "value": factor * est.value,
+        "stderr": factor * est.stderr,
+        "scaled_trace": est.value,  # Tr(diag|w| H diag|w|)
+        "scaled_trace_stderr": est.stderr,
+        "probes": est.probes,
+        "matvecs": op.matvecs,
+    }

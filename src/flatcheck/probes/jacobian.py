@@ -1,0 +1,188 @@
+"""Probe 9 (SPEC): input-output Jacobian norms ‖J(x_n)‖_F and ‖J(x_n)‖_2, mean and max over S."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from ..backends.base import model_mode
+from ..errors import ConfigError
+from ..inputjac import (ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
+                        require_independent, sample_chunks, spectral_stats, summarise)
+from ..report.result import ProbeResult
+from .registry import ProbeContext, register_probe
+
+# "auto" materialises the C rows per sample only below these sizes: the exact route costs C
+# backward passes per batch and C·D numbers per sample.
+AUTO_MAX_CLASSES = 128
+
+
+@dataclass(frozen=True)
+class JacobianOptions:
+    output: Literal["logits", "softmax"] = "logits"
+    exclude_region: str | None = None  # "y,x,h,w" in pixels
+    method: Literal["auto", "exact", "estimate"] = "auto"
+    projections: int = 64
+    power_iters: int = 300
+    power_tol: float = 1e-4
+
+    def __post_init__(self):
+        if self.exclude_region is not None:
+            parse_region(self.exclude_region)
+        if self.projections < 2:
+            raise ConfigError(f"--projections must be at least 2 (a standard error needs two draws), got {self.projections}")
+        if self.power_iters < 1 or not self.power_tol > 0:
+            raise ConfigError("jacobian.power_iters must be ≥ 1 and jacobian.power_tol > 0")
+
+    @property
+    def region(self) -> tuple[int, int, int, int] | None:
+        return None if self.exclude_region is None else parse_region(self.exclude_region)
+
+
+def parse_region(text: str) -> tuple[int, int, int, int]:
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 4 or values[0] < 0 or values[1] < 0 or values[2] < 1 or values[3] < 1:
+        raise ConfigError(f"--exclude-region expects y,x,h,w (4 integers, h and w ≥ 1), got {text!r}")
+    return values  # type: ignore[return-value]
+
+
+def choose_method(method: str, num_classes: int, input_dim: int) -> str:
+    if method != "auto":
+        return method
+    affordable = num_classes <= AUTO_MAX_CLASSES and num_classes * input_dim * 8 <= ROW_BYTES
+    return "exact" if affordable else "estimate"
+
+
+@register_probe
+class JacobianProbe:
+    """Per sample n: ‖J_n‖_F and ‖J_n‖_2 of J_n = ∂f(x_n)/∂x_n (f = logits or softmax(logits));
+    value = mean over S of ‖J_n‖_F; details hold mean and max of both norms (seed 004 uses the
+    max of the spectral norm of the softmaxed model).
+
+    method exact: the C rows of every J_n (C batched backward passes), norms from its singular
+    values. method estimate (auto picks it when C > 128 or C·D is large): ‖J_n‖²_F from K
+    Rademacher projections, unbiased, with standard error; ‖J_n‖_F = its square root (bias
+    O(se²), delta-method stderr); ‖J_n‖_2 by power iteration on J_nᵀJ_n with the relative
+    residual ‖JᵀJv − σ²v‖/σ² reported.
+
+    --exclude-region y,x,h,w: per sample √(‖J_out‖²_F / n_out) · √n_region, J_out the columns of
+    J at pixels outside the region (all channels). n counts spatial positions only
+    (n_out = H·W − h·w, n_region = h·w, as seed 000 Table 3: 32×32 − 8×8 and 8×8 for RGB input);
+    counting channels too would multiply both n by the channel count, which cancels.
+
+    Eval-mode BatchNorm only: batch statistics make J_n depend on the other samples.
+    """
+
+    name: ClassVar[str] = "jacobian"
+    summary: ClassVar[str] = "input-output Jacobian Frobenius and spectral norms (mean, max)"
+    Options: ClassVar[type] = JacobianOptions
+    requires: ClassVar[frozenset[str]] = frozenset({"outputs"})
+
+    def run(self, ctx: ProbeContext, options: JacobianOptions) -> ProbeResult:
+        start = time.perf_counter()
+        problem = ctx.backend.problem
+        model = problem.model
+        require_independent(model, problem.bn_mode, self.name)
+        first = next(iter(problem.samples)).x
+        x_shape = tuple(first.shape[1:])
+        input_dim = math.prod(x_shape)
+        with model_mode(model, problem.bn_mode), torch.no_grad():
+            num_classes = model(first[:1]).shape[1]
+        method = choose_method(options.method, num_classes, input_dim)
+        region = options.region
+        mask = region_mask(x_shape, region) if region is not None else None
+        eps = torch.finfo(first.dtype).eps
+        generator = ctx.generator()
+
+        fro, fro_se, spec, resid, outside, outside_se = [], [], [], [], [], []
+        passes, iters = 0, 0
+        done = 0
+        with model_mode(model, problem.bn_mode):
+            for batch in problem.samples:
+                if method == "exact":
+                    for sl in sample_chunks(batch.x.shape[0], num_classes * input_dim, 8):
+                        rows = jacobian_rows(model, batch.x[sl], options.output)
+                        stats = spectral_stats(rows.dx, eps)
+                        fro.append(stats.frobenius)
+                        spec.append(stats.spectral)
+                        if mask is not None:
+                            sq = rows.dx.to(torch.float64).pow(2) * mask.to(rows.dx.device)
+                            outside.append(sq.flatten(1).sum(1))
+                        passes += num_classes
+                else:
+                    sq, sq_out = projected_sqnorms(model, batch.x, options.output, options.projections, generator, mask)
+                    est, var = sq.mean(1), sq.var(1) / options.projections
+                    fro.append(est.sqrt())
+                    fro_se.append(var.sqrt() / (2 * est.sqrt()).clamp_min(torch.finfo(torch.float64).tiny))
+                    if sq_out is not None:
+                        outside.append(sq_out.mean(1))
+                        outside_se.append(sq_out.var(1) / options.projections)
+                    power = power_spectral(model, batch.x, options.output, generator, options.power_iters,
+                                           options.power_tol)
+                    spec.append(power.sigma)
+                    resid.append(power.residual)
+                    passes += options.projections + power.passes
+                    iters = max(iters, power.iterations)
+                done += 1
+                if ctx.progress is not None:
+                    ctx.progress(f"jacobian ({method})", done, problem.samples.num_batches)
+
+        fro_t, spec_t = torch.cat(fro).cpu(), torch.cat(spec).cpu()
+        n = fro_t.numel()
+        details = {
+            "method": method,
+            "output": options.output,
+            "num_classes": num_classes,
+            "input_dim": input_dim,
+            "samples": n,
+            "frobenius": summarise(fro_t),
+            "spectral": summarise(spec_t),
+        }
+        stderr = None
+        if method == "estimate":
+            se_t = torch.cat(fro_se).cpu()
+            stderr = se_t.pow(2).sum().sqrt().item() / n
+            details["frobenius"]["mean_stderr"] = stderr
+            details["frobenius"]["max_stderr"] = se_t[details["frobenius"]["argmax"]].item()
+            details["frobenius_sq_mean"] = fro_t.pow(2).mean().item()  # unbiased for (1/N) Σ ‖J_n‖²_F
+            details["frobenius_sq_mean_stderr"] = (se_t * 2 * fro_t).pow(2).sum().sqrt().item() / n
+            details["projections"] = options.projections
+            r_t = torch.cat(resid).cpu()
+            details["spectral"].update(max_residual=r_t.max().item(), power_iterations=iters,
+                                       unconverged=int((r_t >= options.power_tol).sum()), power_tol=options.power_tol)
+        else:
+            details["frobenius_sq_mean"] = fro_t.pow(2).mean().item()
+        if mask is not None:
+            details["excluded"] = self._excluded(region, mask, torch.cat(outside).cpu(),
+                                                 torch.cat(outside_se).cpu() if outside_se else None)
+        notes = (f"{method}, {options.output}: ‖J‖_F max {details['frobenius']['max']:.4g}; "
+                 f"‖J‖_2 mean {details['spectral']['mean']:.4g}, max {details['spectral']['max']:.4g}")
+        if mask is not None:
+            notes += f"; excluded-region ‖J‖_F mean {details['excluded']['mean']:.4g}"
+        if method == "estimate" and details["spectral"]["unconverged"]:
+            notes += f"; power iteration: {details['spectral']['unconverged']} samples above residual tol"
+        return ProbeResult(
+            probe=self.name, value=details["frobenius"]["mean"], stderr=stderr, matvecs=passes,
+            seconds=time.perf_counter() - start, seed=ctx.seed if method == "estimate" else None,
+            label=f"mean ‖J_x‖_F ({options.output})", notes=notes, details=details,
+        )
+
+    @staticmethod
+    def _excluded(region, mask, sq_out, var_out) -> dict:
+        n_out = int(mask.sum())
+        n_region = mask.numel() - n_out
+        scale = n_region / n_out
+        values = (sq_out * scale).clamp_min(0).sqrt()
+        out = {"region": list(region), "n_out": n_out, "n_region": n_region, **summarise(values)}
+        if var_out is not None:
+            se = (var_out * scale**2).sqrt() / (2 * values).clamp_min(torch.finfo(torch.float64).tiny)
+            out["mean_stderr"] = se.pow(2).sum().sqrt().item() / values.numel()
+        return out

@@ -1,0 +1,115 @@
+"""Probe 2 (SPEC): the top-k eigenvalues of H or G, with residuals and the products spent."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from ..errors import ConfigError
+from ..linalg.lanczos import default_max_iter, lanczos_top
+from ..linalg.power import power_top
+from ..operators import CurvatureOperator
+from ..report.result import ProbeResult
+from .registry import ProbeContext, register_probe
+
+POWER_MAX_ITER = 1000
+
+
+@dataclass(frozen=True)
+class LmaxOptions:
+    k: int = 5
+    matrix: Literal["hessian", "ggn"] = "hessian"
+    method: Literal["lanczos", "power"] = "lanczos"
+    tol: float = 1e-6
+    max_iter: int | None = None  # Lanczos steps in all, or power iterations per eigenvalue
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise ConfigError(f"--k must be at least 1, got {self.k}")
+        if not 0 < self.tol < 1:
+            raise ConfigError(f"--tol must be in (0, 1) (a relative residual), got {self.tol}")
+        if self.max_iter is not None and self.max_iter < max(1, self.k if self.method == "lanczos" else 1):
+            raise ConfigError(f"--max-iter must be at least --k ({self.k}) for lanczos and ≥ 1 for power, "
+                              f"got {self.max_iter}")
+
+    @property
+    def resolved_max_iter(self) -> int:
+        if self.max_iter is not None:
+            return self.max_iter
+        return default_max_iter(self.k) if self.method == "lanczos" else POWER_MAX_ITER
+
+
+@register_probe
+class LmaxProbe:
+    """Top-k eigenvalues, largest algebraic first (on an indefinite Hessian "top" means the most
+    positive, not the largest in magnitude).
+
+    Lanczos with full reorthogonalisation (default) stops when every one of the k Ritz pairs
+    has ‖Hq − λq‖ ≤ tol·|λ|; the residual reported is the true one, measured with one
+    extra block product of the Ritz vectors. Power iteration (the seeds' method; deflated for
+    k > 1) uses the same rule but converges to the largest |λ|, which can be a negative
+    eigenvalue of H: the notes say so when it happens. The value is λ1; there is no standard
+    error (the result is deterministic given the seed, which sets the random start vector).
+    """
+
+    name: ClassVar[str] = "lmax"
+    summary: ClassVar[str] = "top-k eigenvalues of H or G (Lanczos or power iteration)"
+    Options: ClassVar[type] = LmaxOptions
+    requires: ClassVar[frozenset[str]] = frozenset({"hvp", "ggn_vp"})
+
+    def run(self, ctx: ProbeContext, options: LmaxOptions) -> ProbeResult:
+        op = CurvatureOperator(ctx.backend, options.matrix)
+        start = time.perf_counter()
+        max_iter = options.resolved_max_iter
+
+        def progress(done: int, total: int) -> None:
+            if ctx.progress is not None:
+                ctx.progress(f"lmax ({options.method})", done, total)
+
+        solve = lanczos_top if options.method == "lanczos" else power_top
+        res = solve(op, options.k, generator=ctx.generator(), tol=options.tol, max_iter=max_iter, progress=progress)
+        bn_mode = ctx.backend.problem.bn_mode
+        symbol = "H" if options.matrix == "hessian" else "G"
+        relative = [r / abs(v) if v != 0 else math.inf for v, r in zip(res.values, res.residuals)]
+        shown = ", ".join(f"{v:.6g}" for v in res.values)
+        state = "converged" if all(res.converged) else f"NOT converged ({sum(res.converged)}/{len(res.converged)})"
+        notes = (f"top-{len(res.values)}: {shown}; {options.method} {res.iterations} "
+                 f"{'steps' if options.method == 'lanczos' else 'iterations'}, {state} at tol {options.tol:g}; "
+                 f"bn {bn_mode}")
+        if options.method == "power" and res.values[0] < 0:
+            notes += "; power iteration found the largest |λ|, which is negative: use --method lanczos for λmax"
+        if res.stop_reason == "stalled":
+            worst = max(relative)
+            notes += (f"; residuals stalled at {worst:.2g}·|λ| (round-off of the products): "
+                      f"use --dtype float64, or --tol {worst * 2:.0e}")
+        elif not all(res.converged):
+            notes += f"; raise --max-iter (now {max_iter}) or --tol, or use --dtype float64"
+        return ProbeResult(
+            probe=self.name,
+            value=res.values[0],
+            stderr=None,
+            matvecs=op.matvecs,
+            seconds=time.perf_counter() - start,
+            seed=ctx.seed,
+            label=f"λmax({symbol})",
+            notes=notes,
+            details={
+                "matrix": options.matrix,
+                "method": options.method,
+                "bn_mode": bn_mode,
+                "k": options.k,
+                "tol": options.tol,
+                "max_iter": max_iter,
+                "order": "largest algebraic first" if options.method == "lanczos"
+                         else "power: each the largest |λ| left after deflating the ones before",
+                "eigenvalues": res.values,
+                "residuals": res.residuals,
+                "relative_residuals": relative,
+                "converged": res.converged,
+                "iterations": res.iterations,
+                "stop_reason": res.stop_reason,
+                "parameters": op.dim,
+            },
+        )

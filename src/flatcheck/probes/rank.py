@@ -1,0 +1,243 @@
+"""Probe 4 (SPEC): rank degeneracy at the origin from SLQ nodes, beside two rank bounds.
+
+"SLQ resolution". With m nodes t_1 < … < t_m and weights w_j, the Chebyshev–Markov–Stieltjes
+inequalities bound the spectral measure μ_v seen from a start vector v:
+Σ_{j<k} w_j ≤ μ_v((−∞, t_k)) and μ_v((−∞, t_k]) ≤ Σ_{j≤k} w_j. For the origin node(s)
+t_a … t_b (a = b for the GGN; the two nodes nearest 0 for the Hessian) this gives
+
+    μ_v({0}) ≤ w_a + … + w_b ≤ μ_v((t_{a−1}, t_{b+1}))
+
+(the left inequality when 0 lies in [t_a, t_b], or below t_1 = t_a, or above t_m = t_b). So
+the reported mass is at least the null space's share and at most the share of every
+eigenvalue strictly inside the window (t_{a−1}, t_{b+1}), t_0 = −∞, t_{m+1} = +∞: SLQ cannot
+tell eigenvalue 0 from eigenvalues inside that window. The window over all start vectors,
+and its half-width (the largest |end|; for the positive semi-definite GGN the upper end
+alone), is reported as the resolution. Averaged over Rademacher start vectors, μ_v is the
+eigenvalue counting measure / P, so
+
+    (P − rank)/P ≤ E[degeneracy] ≤ #{λ_i inside the window}/P.
+
+When a start vector's Krylov space is invariant (Lanczos breakdown, e.g. m > rank(G) + 1)
+the rule is exact: the origin node is 0 up to round-off, its neighbour the smallest non-zero
+eigenvalue v sees, and both ends of the bracket coincide.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..linalg.slq import Quadrature
+from ..operators import CurvatureOperator
+from ..report.result import ProbeResult
+from .registry import ProbeContext, register_probe
+from .spectrum import check_slq_options, mean_stderr, run_slq
+
+NEURON_RULE = (
+    "Σ N_l = Σ out_features of every Linear + Σ out_channels of every Conv (one neuron per channel, "
+    "not per position: 001's VGG-16 count 13,416 = 4,224 conv channels + 4,096 + 4,096 + 1,000); "
+    "d_x = input positions per channel (H·W; 32×32 = 1,024 for CIFAR), or the input size for flat inputs"
+)
+# a window wider than this share of the spectral norm means the origin is not resolved
+RESOLUTION_WARNING = 0.01
+
+
+@dataclass(frozen=True)
+class RankOptions:
+    matrix: Literal["ggn", "hessian"] = "ggn"
+    lanczos_steps: int = 100
+    starts: int = 3
+
+    def __post_init__(self):
+        check_slq_options(self.lanczos_steps, self.starts)
+
+
+@dataclass(frozen=True)
+class OriginMass:
+    weight: float
+    location: float  # weighted mean of the origin nodes
+    window: tuple[float, float]  # (t_{a−1}, t_{b+1})
+    lower_bound_holds: bool  # 0 lies where the null space's share is ≤ weight
+
+
+def origin_mass(rule: Quadrature, nodes_at_origin: int, zero_tol: float) -> OriginMass:
+    """The mass of the `nodes_at_origin` adjacent nodes nearest 0 (adjacent: the set of the
+    n points nearest any x on a line is contiguous in sorted order)."""
+    t, w = rule.nodes, rule.weights
+    m = len(t)
+    n = min(nodes_at_origin, m)
+    nearest = sorted(np.argsort(np.abs(t), kind="stable")[:n])
+    a, b = int(nearest[0]), int(nearest[-1])
+    weight = float(w[a : b + 1].sum())
+    location = float((w[a : b + 1] * t[a : b + 1]).sum() / weight) if weight > 0 else float(t[a])
+    lo = float(t[a - 1]) if a > 0 else -math.inf
+    hi = float(t[b + 1]) if b + 1 < m else math.inf
+    holds = (t[a] - zero_tol <= 0 <= t[b] + zero_tol) or (a == 0 and t[a] >= 0) or (b == m - 1 and t[b] <= 0)
+    return OriginMass(weight, location, (lo, hi), bool(holds))
+
+
+def count_neurons(model: nn.Module) -> int:
+    total = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            total += module.out_features
+        elif isinstance(module, nn.modules.conv._ConvNd):
+            total += module.out_channels
+    return total
+
+
+def input_positions(sample_shape: tuple[int, ...]) -> int:
+    if len(sample_shape) >= 2:
+        return math.prod(sample_shape[1:])
+    return math.prod(sample_shape)
+
+
+def output_hessian_rank(loss: str, classes: int) -> int:
+    # softmax cross-entropy: A = diag(p) − ppᵀ annihilates the all-ones vector
+    return classes - 1 if loss in ("cross_entropy", "label_smoothing") else classes
+
+
+def num_classes(ctx: ProbeContext) -> int:
+    if ctx.spec is not None and ctx.spec.num_classes:
+        return int(ctx.spec.num_classes)
+    outputs = ctx.backend.outputs()
+    try:
+        logits, _, _ = next(outputs)
+    finally:
+        outputs.close()
+    return int(logits.shape[-1])
+
+
+@register_probe
+class RankProbe:
+    """Rank degeneracy D at the origin (seed 001 §3.2, App. D): the SLQ weight of the node
+    nearest 0 (GGN), or of the two nodes nearest 0 combined (Hessian; their weighted mean is
+    the location), averaged over start vectors with its standard error. Reported beside the
+    paper's bound D ≥ 1 − 4·C·(Σ_l N_l + d_x)/P (neurons counted by NEURON_RULE, printed in
+    the details) and the batch bound rank(G) ≤ N·r_A, i.e. D ≥ 1 − N·r_A/P, with r_A the rank
+    of the output-space loss Hessian (C − 1 for softmax cross-entropy, C for the MSE losses);
+    the batch bound holds for G only.
+
+    SLQ resolution: D is at least the null space's share of the spectrum and at most the
+    share of all eigenvalues strictly between the neighbours of the origin node(s), the
+    "window" (module docstring: Chebyshev–Markov–Stieltjes). The resolution is the window's
+    half-width: eigenvalues smaller than it cannot be told from 0 with this many steps.
+
+    Warnings: when N samples alone force at least the degeneracy the architecture does (D
+    then describes the sample set, not the model), and when the resolution exceeds 1 % of
+    the largest |node| (or is unbounded) so that the origin is not singled out.
+    """
+
+    name: ClassVar[str] = "rank"
+    summary: ClassVar[str] = "rank degeneracy at the origin (SLQ) beside the rank bounds"
+    Options: ClassVar[type] = RankOptions
+    requires: ClassVar[frozenset[str]] = frozenset({"hvp", "ggn_vp", "outputs"})
+
+    def run(self, ctx: ProbeContext, options: RankOptions) -> ProbeResult:
+        op = CurvatureOperator(ctx.backend, options.matrix)
+        start = time.perf_counter()
+        result = run_slq(ctx, op, options.lanczos_steps, options.starts, "rank (SLQ)")
+        problem = ctx.backend.problem
+        P, N = op.dim, problem.samples.n
+        ggn = options.matrix == "ggn"
+        spectral = max(abs(result.nodes_min), abs(result.nodes_max))
+        zero_tol = math.sqrt(torch.finfo(op.dtype).eps) * spectral
+        masses = [origin_mass(r, 1 if ggn else 2, zero_tol) for r in result.rules]
+        degeneracy, stderr = mean_stderr(np.array([m.weight for m in masses]))
+        lo = min(m.window[0] for m in masses)
+        hi = max(m.window[1] for m in masses)
+        resolution = hi if ggn else max(-lo, hi)
+
+        C = num_classes(ctx)
+        neurons = count_neurons(problem.model)
+        sample_shape = tuple(getattr(problem.samples, "sample_shape", ()) or ())
+        d_x = input_positions(sample_shape) if sample_shape else None
+        paper_rank = 4 * C * (neurons + d_x) if d_x is not None else None
+        paper_bound = 1 - paper_rank / P if paper_rank is not None else None
+        r_A = output_hessian_rank(problem.loss.name, C)
+        batch_rank = min(N * r_A, P)
+        batch_bound = 1 - batch_rank / P
+
+        warnings = []
+        if ggn and batch_bound > 0 and (paper_bound is None or batch_bound >= paper_bound):
+            warnings.append(
+                f"the {N} samples alone force D ≥ {batch_bound:.4g} (rank(G) ≤ N·{r_A} = {N * r_A:,} < P = {P:,}), "
+                f"at least the architecture's bound: D describes the sample set, not the model; "
+                f"use --samples ≥ {math.ceil(P / r_A):,} for a measurement of the model")
+        if not math.isfinite(resolution) or resolution > RESOLUTION_WARNING * spectral:
+            warnings.append(
+                f"SLQ resolution {resolution:.3g} is {'unbounded' if not math.isfinite(resolution) else f'{resolution / spectral:.2g}× the largest |node|'}: "
+                f"eigenvalues that far from 0 cannot be told from it; raise --lanczos-steps (now {options.lanczos_steps})")
+        if not all(m.lower_bound_holds for m in masses):
+            warnings.append("in some start vectors the origin nodes do not bracket 0, so D may miss null-space mass")
+
+        bn_mode = problem.bn_mode
+        symbol = "G" if ggn else "H"
+        location = float(np.mean([m.location for m in masses]))
+        notes = (f"at λ ≈ {location:.3g} (resolution {resolution:.3g}); paper bound "
+                 f"{_fmt_bound(paper_bound)}, batch bound {batch_bound:.4g}{'' if ggn else ' (for G)'}; "
+                 f"{options.starts} starts × {max(r.steps for r in result.rules)} steps; bn {bn_mode}")
+        if warnings:
+            notes += "; WARNING: " + " | ".join(warnings)
+        return ProbeResult(
+            probe=self.name,
+            value=degeneracy,
+            stderr=stderr,
+            matvecs=op.matvecs,
+            seconds=time.perf_counter() - start,
+            seed=ctx.seed,
+            label=f"degeneracy D({symbol})",
+            notes=notes,
+            details={
+                "matrix": options.matrix,
+                "bn_mode": bn_mode,
+                "parameters": P,
+                "samples": N,
+                "classes": C,
+                "lanczos_steps": options.lanczos_steps,
+                "starts": options.starts,
+                "steps_taken": [r.steps for r in result.rules],
+                "origin_nodes": 1 if ggn else 2,
+                "degeneracy": {"value": degeneracy, "stderr": stderr},
+                "location": location,
+                "window": [lo, hi],
+                "resolution": resolution,
+                "resolution_meaning": "D lies between the null space's share and the share of eigenvalues "
+                                      "strictly inside the window (Chebyshev–Markov–Stieltjes)",
+                "per_start": [
+                    {"weight": m.weight, "location": m.location, "window": list(m.window),
+                     "lower_bound_holds": m.lower_bound_holds, "invariant": r.invariant, "steps": r.steps}
+                    for m, r in zip(masses, result.rules)
+                ],
+                "paper_bound": {
+                    "value": paper_bound,
+                    "rank": paper_rank,
+                    "neurons": neurons,
+                    "d_x": d_x,
+                    "formula": "1 − 4·C·(Σ N_l + d_x)/P",
+                    "rule": NEURON_RULE,
+                    "vacuous": paper_bound is not None and paper_bound <= 0,
+                },
+                "batch_bound": {
+                    "value": batch_bound,
+                    "rank": batch_rank,
+                    "output_hessian_rank": r_A,
+                    "formula": f"1 − N·r_A/P with r_A = {'C − 1' if r_A == C - 1 else 'C'} ({problem.loss.name})",
+                    "applies_to": "G (the Hessian has no such bound)",
+                },
+                "spectral_norm": spectral,
+                "warnings": warnings,
+            },
+        )
+
+
+def _fmt_bound(b: float | None) -> str:
+    if b is None:
+        return "n/a"
+    return f"{b:.4g}" + (" (vacuous)" if b <= 0 else "")

@@ -1,0 +1,143 @@
+"""Probe 3 (SPEC): the eigenvalue density of H or G by stochastic Lanczos quadrature."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..linalg.slq import SLQ, density, slq
+from ..operators import CurvatureOperator
+from ..report.plots import check_plot_target, plot_density
+from ..report.result import ProbeResult
+from .registry import ProbeContext, register_probe
+
+
+def check_slq_options(steps: int, starts: int) -> None:
+    if steps < 2:
+        # one node integrates only constants and linear functions: no Tr(H²), no shape
+        raise ConfigError(f"--lanczos-steps must be at least 2, got {steps}")
+    if starts < 2:
+        raise ConfigError(f"--starts must be at least 2 (a standard error needs two start vectors), got {starts}")
+
+
+def run_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, starts: int, desc: str) -> SLQ:
+    def progress(done: int, total: int) -> None:
+        if ctx.progress is not None:
+            ctx.progress(desc, done, total)
+
+    return slq(op, steps=steps, starts=starts, generator=ctx.generator(), progress=progress)
+
+
+def mean_stderr(values: np.ndarray) -> tuple[float, float]:
+    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(len(values)))
+
+
+@dataclass(frozen=True)
+class SpectrumOptions:
+    matrix: Literal["hessian", "ggn"] = "hessian"
+    lanczos_steps: int = 100
+    starts: int = 3
+    sigma: float | None = None  # Gaussian kernel width; None: span of the nodes / (2·steps)
+    plot: str | None = None  # PNG path
+
+    def __post_init__(self):
+        check_slq_options(self.lanczos_steps, self.starts)
+        if self.sigma is not None and not (self.sigma > 0 and math.isfinite(self.sigma)):
+            raise ConfigError(f"--sigma must be 'auto' or a positive number, got {self.sigma}")
+        if self.plot is not None:
+            check_plot_target(self.plot)
+
+
+@register_probe
+class SpectrumProbe:
+    """Stochastic Lanczos quadrature: `starts` Rademacher start vectors (normalised), each with
+    `lanczos_steps` steps of Lanczos with full reorthogonalisation. Nodes are the Ritz values,
+    weights the squared first components of T's eigenvectors (they sum to 1 per start vector);
+    the density is the mean over start vectors of Gaussian kernels at the nodes.
+
+    Per start vector Tr(H) ≈ P·Σ w θ and Tr(H²) ≈ P·Σ w θ² (unbiased: the Gauss rule is exact
+    for these polynomials); their means and standard errors over start vectors are reported,
+    with ‖H‖_F = √Tr(H²) (its error by the delta method) as the value, the mean eigenvalue
+    Tr/P, and the spectral norm max|θ| — a lower bound on ‖H‖₂ (Ritz values interlace the
+    eigenvalues), equal to it once the extreme Ritz value has converged. A Lanczos breakdown
+    means the start vector's Krylov space is invariant: that rule stops early and is exact.
+    """
+
+    name: ClassVar[str] = "spectrum"
+    summary: ClassVar[str] = "eigenvalue density, Tr(H), Tr(H²), ‖H‖_F by stochastic Lanczos quadrature"
+    Options: ClassVar[type] = SpectrumOptions
+    requires: ClassVar[frozenset[str]] = frozenset({"hvp", "ggn_vp"})
+
+    def run(self, ctx: ProbeContext, options: SpectrumOptions) -> ProbeResult:
+        op = CurvatureOperator(ctx.backend, options.matrix)
+        start = time.perf_counter()
+        result = run_slq(ctx, op, options.lanczos_steps, options.starts, "spectrum (SLQ)")
+        try:
+            dens = density(result, options.sigma)
+        except ValueError as exc:
+            raise ConfigError(f"--sigma: {exc}") from None
+        P = op.dim
+        trace, trace_se = mean_stderr(result.moment(1))
+        trace_sq, trace_sq_se = mean_stderr(result.moment(2))
+        frob = math.sqrt(max(trace_sq, 0.0))
+        frob_se = trace_sq_se / (2 * frob) if frob > 0 else None
+        spectral = max(abs(result.nodes_min), abs(result.nodes_max))
+        bn_mode = ctx.backend.problem.bn_mode
+        symbol = "H" if options.matrix == "hessian" else "G"
+        steps_taken = [r.steps for r in result.rules]
+        invariant = sum(r.invariant for r in result.rules)
+
+        plot_path = None
+        if options.plot is not None:
+            arch = ctx.spec.arch if ctx.spec is not None else "model"
+            title = (f"{arch}: eigenvalue density of {'the Hessian' if symbol == 'H' else 'the GGN'} {symbol}\n"
+                     f"SLQ {options.starts}×{max(steps_taken)} steps, σ = {dens.sigma:.3g}, "
+                     f"N = {ctx.backend.problem.samples.n}, bn {bn_mode}")
+            nodes = np.concatenate([r.nodes for r in result.rules])
+            plot_density(options.plot, dens.grid, dens.values, title=title, nodes=nodes)
+            plot_path = options.plot
+
+        notes = (f"Tr({symbol}) {trace:.4g} ± {trace_se:.2g}, Tr({symbol}²) {trace_sq:.4g} ± {trace_sq_se:.2g}, "
+                 f"‖{symbol}‖₂ ≥ {spectral:.4g}, nodes in [{result.nodes_min:.4g}, {result.nodes_max:.4g}]; "
+                 f"{options.starts} starts × {max(steps_taken)} steps; bn {bn_mode}")
+        if invariant:
+            notes += f"; {invariant} start(s) found an invariant subspace (exact, fewer steps)"
+        if plot_path:
+            notes += f"; plot {plot_path}"
+        return ProbeResult(
+            probe=self.name,
+            value=frob,
+            stderr=frob_se,
+            matvecs=op.matvecs,
+            seconds=time.perf_counter() - start,
+            seed=ctx.seed,
+            label=f"‖{symbol}‖_F (SLQ)",
+            notes=notes,
+            details={
+                "matrix": options.matrix,
+                "bn_mode": bn_mode,
+                "parameters": P,
+                "lanczos_steps": options.lanczos_steps,
+                "starts": options.starts,
+                "steps_taken": steps_taken,
+                "trace": {"value": trace, "stderr": trace_se},
+                "trace_sq": {"value": trace_sq, "stderr": trace_sq_se},
+                "frobenius": {"value": frob, "stderr": frob_se},
+                "mean_eigenvalue": {"value": trace / P, "stderr": trace_se / P},
+                "spectral_norm": spectral,
+                "spectral_norm_note": "max |Ritz value|: a lower bound on the spectral norm",
+                "node_range": [result.nodes_min, result.nodes_max],
+                "per_start": [
+                    {"nodes": r.nodes.tolist(), "weights": r.weights.tolist(), "steps": r.steps,
+                     "invariant": r.invariant, "trace": float(t), "trace_sq": float(t2)}
+                    for r, t, t2 in zip(result.rules, result.moment(1), result.moment(2))
+                ],
+                "density": {"sigma": dens.sigma, "grid": dens.grid.tolist(), "values": dens.values.tolist()},
+                "plot": plot_path,
+            },
+        )

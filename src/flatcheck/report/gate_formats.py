@@ -1,0 +1,76 @@
+"""A gate's outcome as a rich table, JUnit XML (one testcase per rule) and Markdown.
+
+The Markdown fits GitHub's $GITHUB_STEP_SUMMARY; the JUnit file is what CI test-report
+widgets read: failures are <failure>, skipped and tolerated-inconclusive rules <skipped>.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from rich.table import Table
+
+from .render import fmt, fmt_pm
+
+_STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "skipped": "dim"}
+
+
+def _ci(c) -> str:
+    return "—" if c.ci is None else f"[{fmt(c.ci[0])}, {fmt(c.ci[1])}]"
+
+
+def _verdict(c) -> str:
+    if c.verdict == "inconclusive":
+        return f"inconclusive → {'fail' if c.failed else 'pass'}"
+    return c.verdict
+
+
+def rules_table(outcome) -> Table:
+    status = "[green]PASSED[/]" if outcome.passed else "[bold red]FAILED[/]"
+    table = Table(title=f"gate {status} · confidence {outcome.confidence:g}", title_justify="left")
+    for col, just in (("rule", "left"), ("value ± stderr", "right"), ("CI", "right"), ("threshold", "right"),
+                      ("verdict", "left"), ("note", "left")):
+        table.add_column(col, justify=just)
+    for c in outcome.checks:
+        table.add_row(c.bound.name, fmt_pm(c.value, c.stderr), _ci(c), fmt(c.threshold),
+                      f"[{_STYLE[c.verdict]}]{_verdict(c)}[/]", c.message)
+    return table
+
+
+def junit_xml(outcome, suite: str = "flatcheck gate") -> str:
+    counts = outcome.counts()
+    failures = sum(1 for c in outcome.checks if c.failed)
+    skipped = len(outcome.checks) - failures - counts["pass"]
+    seconds = f"{float(outcome.report.meta.get('seconds', 0.0)):.3f}"
+    root = ET.Element("testsuites", name=suite, tests=str(len(outcome.checks)), failures=str(failures),
+                      errors="0", skipped=str(skipped), time=seconds)
+    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(outcome.checks)), failures=str(failures),
+                       errors="0", skipped=str(skipped), time=seconds)
+    for c in outcome.checks:
+        tc = ET.SubElement(ts, "testcase", classname=f"flatcheck.gate.{c.bound.probe}", name=c.bound.name, time="0")
+        detail = (f"value {fmt_pm(c.value, c.stderr)}, CI {_ci(c)}, threshold {fmt(c.threshold)}"
+                  + (f", baseline {fmt(c.baseline)}" if c.baseline is not None else "")
+                  + (f", reruns {c.reruns}" if c.reruns else ""))
+        if c.failed:
+            el = ET.SubElement(tc, "failure", message=f"{c.verdict}: {c.message}".strip(": "), type=c.verdict)
+            el.text = detail
+        elif c.verdict in ("inconclusive", "skipped"):
+            ET.SubElement(tc, "skipped", message=f"{c.verdict}: {c.message}".strip(": "))
+        ET.SubElement(tc, "system-out").text = detail
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def markdown(outcome, title: str = "flatcheck gate") -> str:
+    head = "✅ passed" if outcome.passed else "❌ failed"
+    n = outcome.counts()
+    lines = [f"### {title}: {head}", "",
+             f"{n['pass']} passed · {sum(c.failed for c in outcome.checks)} failed · "
+             f"{n['inconclusive']} inconclusive · {n['skipped']} skipped · confidence {outcome.confidence:g}", "",
+             "| rule | value ± stderr | CI | threshold | verdict |", "|---|---:|---:|---:|---|"]
+    for c in outcome.checks:
+        icon = "❌" if c.failed else {"pass": "✅", "inconclusive": "⚠️", "skipped": "⏭️"}.get(c.verdict, "")
+        note = f" ({c.message})" if c.message else ""
+        cells = [c.bound.name, fmt_pm(c.value, c.stderr), _ci(c), fmt(c.threshold), f"{icon} {_verdict(c)}{note}"]
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,207 @@
+"""Reading and appending results: JSON reports, JSONL scans and their per-rank shards.
+
+A scan file is append-only JSONL, one record per model. Each record is written with a
+single write() of a whole line and fsynced, so a crash can leave at most one trailing
+partial line; readers ignore it and `repair_tail` cuts it off before appending again.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import InputError
+
+SHARD_SUFFIX = ".rank"  # scan.jsonl.rank0, scan.jsonl.rank1 … one per torchrun rank
+
+
+def shard_path(out: Path, rank: int, world_size: int) -> Path:
+    return out if world_size <= 1 else out.with_name(f"{out.name}{SHARD_SUFFIX}{rank}")
+
+
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line durably; one os.write so that no reader sees half a record."""
+    line = (json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, line)
+        if written != len(line):  # a full disk; the next repair_tail drops the fragment
+            raise OSError(f"short write to {path} ({written} of {len(line)} bytes)")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def repair_tail(path: Path) -> int:
+    """Cut a trailing partial line (a crash mid-write); returns the bytes removed."""
+    if not path.exists():
+        return 0
+    with open(path, "rb+") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        if size == 0:
+            return 0
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) == b"\n":
+            return 0
+        # read backwards in blocks until the last newline
+        pos, keep = size, 0
+        while pos > 0:
+            step = min(65536, pos)
+            pos -= step
+            fh.seek(pos)
+            block = fh.read(step)
+            nl = block.rfind(b"\n")
+            if nl >= 0:
+                keep = pos + nl + 1
+                break
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
+        return size - keep
+
+
+@dataclass
+class Loaded:
+    records: list[dict[str, Any]]
+    warnings: list[str]
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Each path plus its rank shards, so `report scan.jsonl` also reads scan.jsonl.rank*."""
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        shards = sorted(Path(s) for s in glob.glob(glob.escape(str(p)) + SHARD_SUFFIX + "*")
+                        if s[len(str(p)) + len(SHARD_SUFFIX):].isdigit())
+        if not p.exists() and not shards:
+            raise InputError(f"{p}: no such file (nor shards {p.name}{SHARD_SUFFIX}N)")
+        if p.is_dir():
+            raise InputError(f"{p}: is a folder; give a .json report or a .jsonl scan")
+        for q in ([p] if p.exists() else []) + shards:
+            if q not in out:
+                out.append(q)
+    return out
+
+
+def load_results(paths: Iterable[str | Path]) -> Loaded:
+    """Records from JSON reports and JSONL scans; a model seen twice keeps its last record."""
+    records: dict[tuple, dict[str, Any]] = {}
+    notes: list[str] = []
+    for path in expand_paths(paths):
+        for rec in _read_one(path, notes):
+            # the same model under another configuration is another data point
+            records.pop(record_key(rec), None)
+            records[record_key(rec)] = rec
+    return Loaded(list(records.values()), notes)
+
+
+def record_key(rec: dict[str, Any]) -> tuple:
+    return (rec.get("model"), rec.get("fingerprint"))
+
+
+def _read_one(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file (expected a JSON report or a JSONL scan)") from None
+    stripped = text.lstrip()
+    if stripped.startswith("{") and "\n{" not in stripped:
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            return [_as_record(obj, path)]
+    out = []
+    lines = text.split("\n")
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):  # no newline after it: a write cut short by a crash
+                notes.append(f"{path}: ignored a partial last line (an interrupted scan)")
+                continue
+            raise InputError(f"{path}:{i}: not valid JSON") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}:{i}: expected a JSON object per line")
+        out.append(_as_record(obj, path))
+    return out
+
+
+def _as_record(obj: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A plain `--json` report becomes a record named after its checkpoint (or the file)."""
+    if "results" not in obj and "status" not in obj:
+        raise InputError(f"{path}: not a flatcheck report (no 'results')")
+    if "model" not in obj or not isinstance(obj.get("model"), str):
+        ckpt = obj.get("checkpoint") or {}
+        name = Path(ckpt["path"]).stem if isinstance(ckpt, dict) and ckpt.get("path") else path.stem
+        obj = {**obj, "model": name, "status": obj.get("status", "ok")}
+    obj.setdefault("status", "ok")
+    obj.setdefault("results", {})
+    return obj
+
+
+# ---------------------------------------------------------------- fields
+
+
+class FieldMissing(KeyError):
+    pass
+
+
+def resolve_field(results: dict[str, Any], path: str) -> tuple[Any, Any]:
+    """Value and standard error at a dotted path into `results` ("trace.value",
+    "gini.details.accuracy"). Shorthands: "trace" means "trace.value", and "mls.normalized"
+    falls back to "mls.details.normalized". The standard error is the sibling "stderr" of a
+    "value", or the sibling "<name>_stderr"; None when there is none (an exact number)."""
+    parts = [p for p in path.split(".") if p]
+    if not parts:
+        raise FieldMissing(path)
+    candidates = [parts]
+    if len(parts) >= 2 and parts[1] != "details":
+        candidates.append([parts[0], "details", *parts[1:]])
+    for cand in candidates:
+        try:
+            parent, node = _walk(results, cand)
+        except FieldMissing:
+            continue
+        last = cand[-1]
+        if isinstance(node, dict) and "value" in node:  # "trace" or "…layers.conv1"
+            parent, node, last = node, node["value"], "value"
+        stderr = parent.get("stderr" if last == "value" else f"{last}_stderr") if isinstance(parent, dict) else None
+        return node, stderr
+    raise FieldMissing(path)
+
+
+def _walk(obj: Any, parts: list[str]) -> tuple[Any, Any]:
+    parent = None
+    for p in parts:
+        if not isinstance(obj, dict) or p not in obj:
+            raise FieldMissing(".".join(parts))
+        parent, obj = obj, obj[p]
+    return parent, obj
+
+
+def as_number(x: Any) -> float | None:
+    """JSON numbers, plus the "nan"/"inf" strings reports write for non-finite values."""
+    if isinstance(x, bool) or x is None:
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, str) and x.lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
+        return float(x)
+    return None
+
+
+def is_finite(x: Any) -> bool:
+    v = as_number(x)
+    return v is not None and math.isfinite(v)

@@ -1,0 +1,182 @@
+"""Scan many models with the same probes, one JSONL record per model, crash-safe.
+
+Each record is appended as soon as its model is done (results_io.append_record: one
+write, fsync), so an interrupted scan loses at most the model in flight. `resume` skips
+models whose (name, fingerprint) is already in the file; the fingerprint hashes everything
+that changes the numbers (model, weights, data, samples, probes and their options, seed …),
+so a scan resumed with other settings redoes the models rather than mixing results.
+
+Under torchrun (RANK/WORLD_SIZE set) rank r takes models i ≡ r (mod world) and writes its
+own shard OUT.rank{r}; the ranks never talk to each other, and `flatcheck report` merges.
+A model that fails — bad spec, load error, OOM, non-finite result — becomes a record with
+status "error" and the scan goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import RunConfig
+from .errors import ConfigError
+from .report.result import SCHEMA_VERSION
+from .results_io import append_record, load_results, record_key, repair_tail, shard_path
+from .scan_sources import Entry, family, offline
+
+RECORD_KIND = "flatcheck.scan"
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> "Placement":
+        try:
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            rank = int(os.environ.get("RANK", "0"))
+            local = int(os.environ.get("LOCAL_RANK", str(rank)))
+        except ValueError:
+            raise ConfigError("RANK/WORLD_SIZE/LOCAL_RANK must be integers") from None
+        if world < 1 or not 0 <= rank < world:
+            raise ConfigError(f"RANK {rank} is not within WORLD_SIZE {world}")
+        return cls(rank, world, local)
+
+    def mine(self, entries: list[Entry]) -> list[Entry]:
+        return [e for i, e in enumerate(entries) if i % self.world_size == self.rank]
+
+
+def fingerprint(entry: Entry, base: RunConfig) -> str:
+    run = {
+        "data": base.data, "data_root": str(base.data_root) if base.data_root else None, "split": base.split,
+        "samples": base.samples, "batch_size": base.batch_size, "dtype": base.dtype, "bn_mode": base.bn_mode,
+        "seed": base.seed, "params": list(base.params), "backend": base.backend,
+        "probes": [[r.name, dataclasses.asdict(r.options)] for r in base.probes],
+    }
+    blob = json.dumps({"model": entry.name, **entry.describe, "run": run}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class ScanHooks:
+    """How a scan reports progress; all optional, the library itself prints nothing."""
+
+    start: Callable[[int, int, Entry], None] | None = None  # (index in this rank, total, entry)
+    done: Callable[[dict[str, Any]], None] | None = None
+    probe_progress: Callable[[str, int, int], None] | None = None
+
+
+@dataclass
+class ScanSummary:
+    out: Path
+    total: int  # models of this rank
+    already: int  # found in the file (resume)
+    records: list[dict[str, Any]]
+    repaired_bytes: int = 0
+
+    def counts(self) -> dict[str, int]:
+        c = {"ok": 0, "error": 0, "skipped": 0}
+        for r in self.records:
+            c[r["status"]] = c.get(r["status"], 0) + 1
+        return c
+
+
+def prepare_output(out: Path, *, resume: bool, overwrite: bool, retry_errors: bool) -> tuple[set, int]:
+    """Keys already done, and the bytes of a partial last line cut off."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: is a folder; give a .jsonl file path")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
+    if out.exists() and out.stat().st_size > 0 and not (resume or overwrite):
+        raise ConfigError(f"--out {out} exists; pass --resume to continue that scan or --overwrite to start over")
+    if overwrite and not resume:
+        out.write_bytes(b"")
+        return set(), 0
+    cut = repair_tail(out)
+    if not out.exists():
+        return set(), cut
+    done = {record_key(r) for r in load_results([out]).records
+            if not (retry_errors and r.get("status") == "error")} if out.stat().st_size else set()
+    return done, cut
+
+
+def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
+             retry_errors: bool = False, placement: Placement = Placement(), hooks: ScanHooks = ScanHooks(),
+             ) -> ScanSummary:
+    """Run `base`'s probes on each of this rank's entries, appending a record per model."""
+    target = shard_path(out, placement.rank, placement.world_size)
+    done, cut = prepare_output(target, resume=resume, overwrite=overwrite, retry_errors=retry_errors)
+    mine = placement.mine(entries)
+    todo = [(e, fp) for e in mine if (e.name, fp := fingerprint(e, base)) not in done]
+    summary = ScanSummary(target, len(mine), len(mine) - len(todo), [], cut)
+    with offline():
+        for i, (entry, fp) in enumerate(todo):
+            if hooks.start:
+                hooks.start(i, len(todo), entry)
+            record = scan_one(entry, fp, base, placement, hooks.probe_progress)
+            append_record(target, record)
+            summary.records.append(record)
+            if hooks.done:
+                hooks.done(record)
+    return summary
+
+
+def scan_one(entry: Entry, fp: str, base: RunConfig, placement: Placement,
+             progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    import torch
+
+    from . import api
+
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "kind": RECORD_KIND, "model": entry.name, "family": family(entry.name),
+        "fingerprint": fp, "origin": entry.origin, "status": "ok", "error": None,
+        "checkpoint": str(entry.checkpoint) if entry.checkpoint else None,
+        "rank": placement.rank, "world_size": placement.world_size, "seconds": 0.0, "results": {},
+    }
+    if entry.skip_reason:
+        return {**record, "status": "skipped", "error": entry.skip_reason}
+    t0 = time.perf_counter()
+    try:
+        spec = entry.make_spec()
+        config = dataclasses.replace(base, spec=spec, checkpoint=entry.checkpoint, extra_meta={})
+        # random-init models (no checkpoint) must come out the same on every rank and on
+        # resume; fork so the caller's RNG state is left as it was
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(base.seed)
+            report = api.run(config, progress)
+        data = report.to_dict()
+        record["results"] = data.pop("results")
+        record["meta"] = {k: v for k, v in data.items() if k != "schema_version"}
+        bad = [n for n, r in report.results.items() if r.value is None or not math.isfinite(r.value)]
+        if bad:
+            record.update(status="error", error=f"non-finite value from {', '.join(bad)}")
+    except Exception as exc:  # any model's failure is that model's record, never the scan's end
+        record.update(status="error", error=_one_line(exc))
+        _free_device_memory()
+    record["seconds"] = round(time.perf_counter() - t0, 3)
+    return record
+
+
+def _one_line(exc: BaseException) -> str:
+    from .errors import FlatcheckError
+
+    text = " ".join(str(exc).split())
+    # flatcheck's own messages are written for users; anything else needs its type to be read
+    return text if isinstance(exc, FlatcheckError) else f"{type(exc).__name__}: {text}"
+
+
+def _free_device_memory() -> None:
+    # after an OOM the caching allocator still holds the failed model's blocks
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,139 @@
+"""Rank degeneracy from SLQ against the exact rank of dense float64 matrices.
+
+With N = 10 samples and C = 4 classes, rank(G) ≤ N·(C − 1) = 30 < P, so the GGN's null space
+is known exactly (matrix_rank of the dense G). The probe's bracket (rank.py docstring,
+Chebyshev–Markov–Stieltjes): E[D] lies between the null space's share (P − rank)/P and the
+share of eigenvalues strictly inside the reported window; the test allows Z = 4 standard
+errors over start vectors on either side. Eigenvalues within √eps·‖M‖ of a window end count
+as on it (the precision of a Ritz value of an invariant subspace, see breakdown_threshold).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import dense, make_case
+from flatcheck.config import probe_requests
+from flatcheck.errors import ConfigError
+from flatcheck.linalg.lanczos import breakdown_threshold
+from flatcheck.probes.rank import count_neurons, input_positions, output_hessian_rank
+from flatcheck.probes.registry import ProbeContext, create_probe
+
+Z = 4.0
+N = 10
+STARTS = 8
+
+
+@functools.lru_cache(maxsize=None)
+def spectrum_of(kind: str, matrix: str):
+    H, G = dense(make_case(kind, n=N))
+    M = G if matrix == "ggn" else H
+    return torch.linalg.eigvalsh(M), int(torch.linalg.matrix_rank(M)), M.shape[0]
+
+
+def run_rank(kind: str, matrix: str, steps: int, loss: str = "cross_entropy"):
+    (req,) = probe_requests(["rank"], {"rank": {"matrix": matrix, "lanczos_steps": steps, "starts": STARTS}})
+    return create_probe("rank").run(ProbeContext(make_case(kind, n=N, loss=loss).backend(), seed=0), req.options)
+
+
+def bracket(kind: str, matrix: str, r) -> tuple[float, float]:
+    eigs, rank, P = spectrum_of(kind, matrix)
+    lo, hi = r.details["window"]
+    slack = breakdown_threshold(torch.float64) * eigs.abs().max().item()
+    inside = ((eigs > lo + slack) & (eigs < hi - slack)).sum().item()
+    return (P - rank) / P, inside / P
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_ggn_degeneracy_matches_exact_rank(kind):
+    """More steps than rank(G) + 1: each start vector's Krylov space closes after rank + 1
+    steps, the rule is exact and both ends of the bracket are the null space's share."""
+    _, rank, P = spectrum_of(kind, "ggn")
+    assert rank == N * 3  # generic: the batch bound N·(C − 1) is attained
+    r = run_rank(kind, "ggn", steps=45)
+    d = r.details
+    assert d["steps_taken"] == [rank + 1] * STARTS
+    assert all(p["invariant"] and p["lower_bound_holds"] for p in d["per_start"])
+    null, upper = bracket(kind, "ggn", r)
+    assert upper == null
+    assert abs(r.value - (1 - rank / P)) <= Z * r.stderr
+    assert r.stderr < 0.02  # the comparison above has teeth: a 2 % band, not "anything goes"
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_ggn_degeneracy_within_resolution_with_few_steps(kind):
+    """Fewer steps than the rank: the origin node lumps small eigenvalues in with the null
+    space, and the window says how many."""
+    r = run_rank(kind, "ggn", steps=12)
+    null, upper = bracket(kind, "ggn", r)
+    assert upper > null  # the resolution is finite and matters here
+    assert null - Z * r.stderr <= r.value <= upper + Z * r.stderr
+    assert r.details["resolution"] == r.details["window"][1] > 0
+
+
+def test_hessian_combines_two_nodes_within_resolution():
+    r = run_rank("cnn", "hessian", steps=45)
+    d = r.details
+    assert d["origin_nodes"] == 2 and r.label == "degeneracy D(H)"
+    lo, hi = d["window"]
+    assert lo < 0 < hi and d["resolution"] == max(-lo, hi)
+    null, upper = bracket("cnn", "hessian", r)
+    assert upper + Z * r.stderr >= r.value
+    if all(p["lower_bound_holds"] for p in d["per_start"]):
+        assert r.value >= null - Z * r.stderr
+
+
+def test_bounds_and_small_sample_warning():
+    r = run_rank("mlp", "ggn", steps=12)
+    d = r.details
+    P = d["parameters"]
+    # Linear(12,10), Linear(10,8), Linear(8,4): 22 neurons; input 1×3×4: 12 positions
+    assert d["paper_bound"]["neurons"] == 22 and d["paper_bound"]["d_x"] == 12
+    assert d["paper_bound"]["rank"] == 4 * 4 * (22 + 12)
+    assert d["paper_bound"]["value"] == pytest.approx(1 - 544 / P) and d["paper_bound"]["vacuous"]
+    assert d["batch_bound"]["value"] == pytest.approx(1 - N * 3 / P) and d["batch_bound"]["output_hessian_rank"] == 3
+    assert "Σ out_features" in d["paper_bound"]["rule"]
+    assert any("samples alone force" in w for w in d["warnings"]) and "WARNING" in r.notes
+    assert d["bn_mode"] == "eval" and "bn eval" in r.notes
+    assert r.value >= d["batch_bound"]["value"] - Z * r.stderr
+
+
+def test_paper_neuron_count_for_vgg16():
+    """001: VGG-16 has 13,416 neurons and 4·10·(13,416 + 1,024) = 577,600 on CIFAR-10."""
+    channels = [64, 64, 128, 128, 256, 256, 256, 512, 512, 512, 512, 512, 512]
+    convs, c_in = [], 3
+    for c in channels:
+        convs.append(nn.Conv2d(c_in, c, 3, padding=1, device="meta"))
+        c_in = c
+    head = [nn.Linear(512 * 7 * 7, 4096, device="meta"), nn.Linear(4096, 4096, device="meta"),
+            nn.Linear(4096, 1000, device="meta")]
+    neurons = count_neurons(nn.Sequential(*convs, *head))
+    assert neurons == 13_416
+    assert 4 * 10 * (neurons + input_positions((3, 32, 32))) == 577_600
+    assert input_positions((784,)) == 784
+
+
+def test_output_hessian_rank_per_loss():
+    assert output_hessian_rank("cross_entropy", 10) == 9
+    assert output_hessian_rank("label_smoothing", 10) == 9
+    assert output_hessian_rank("mse", 10) == 10 and output_hessian_rank("sigmoid_mse", 10) == 10
+
+
+def test_mse_ggn_rank_is_n_times_c():
+    r = run_rank("cnn", "ggn", steps=45, loss="mse")
+    P = spectrum_of("cnn", "ggn")[2]
+    assert r.details["batch_bound"]["rank"] == N * 4
+    assert r.details["steps_taken"] == [N * 4 + 1] * STARTS
+    assert math.isclose(r.details["batch_bound"]["value"], 1 - N * 4 / P)
+
+
+@pytest.mark.parametrize("opts,flag", [({"lanczos_steps": 1}, "--lanczos-steps"), ({"starts": 1}, "--starts"),
+                                       ({"matrix": "fisher"}, "matrix")])
+def test_rank_options_are_validated(opts, flag):
+    with pytest.raises(ConfigError, match=flag):
+        probe_requests(["rank"], {"rank": opts})

@@ -1,0 +1,159 @@
+"""`flatcheck scan` on timm's tiny test models (random init, synthetic data, 8 samples):
+records, failures, interruption and resume, offline pretrained lookup, 2-rank sharding."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_cli import ROOT, invoke
+
+FAST = ["--data", "synthetic", "--samples", "8", "--batch-size", "8", "-q"]
+TINY = ["--probes", "gini,trace", "-o", "trace.probes_max=2", "-o", "trace.block_size=2"]
+CHEAP = ["test_resnet", "test_convnext", "test_efficientnet", "test_byobnet"]
+
+
+def models_file(folder: Path, names: list[str]) -> Path:
+    path = folder / "models.txt"
+    path.write_text("# tiny timm models\n" + "\n".join(names) + "\n")
+    return path
+
+
+def lines(path: Path) -> list[dict]:
+    text = path.read_text()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]  # every line is whole JSON
+
+
+def scan(*args):
+    return invoke("scan", *FAST, *args)
+
+
+def subprocess_env(**extra) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+    env.pop("FLATCHECK_DATA_ROOT", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny scan: ViT + CNNs with gini and a 2-probe trace, one unknown model among them."""
+    folder = tmp_path_factory.mktemp("scan")
+    names = ["test_vit", "test_resnet", "not_a_timm_model", "test_convnext"]
+    out = folder / "scan.jsonl"
+    t0 = time.perf_counter()
+    res = scan("--models-file", models_file(folder, names), *TINY, "--out", out)
+    return res, out, names, time.perf_counter() - t0
+
+
+def test_tiny_scan_records_every_model_and_survives_a_failure(tiny):
+    res, out, names, seconds = tiny
+    assert res.exit_code == 0, res.stderr
+    recs = lines(out)
+    assert [r["model"] for r in recs] == names
+    by = {r["model"]: r for r in recs}
+    bad = by.pop("not_a_timm_model")
+    assert bad["status"] == "error" and "unknown timm model" in bad["error"] and "\n" not in bad["error"]
+    for r in by.values():
+        assert r["status"] == "ok" and r["error"] is None, r
+        assert set(r["results"]) == {"gini", "trace"} and r["results"]["trace"]["stderr"] is not None
+        assert r["meta"]["model"]["arch"] == r["model"]
+        assert r["meta"]["data"]["samples"] == 8
+    print(f"tiny scan: {len(names)} models in {seconds:.1f}s")
+
+
+def test_existing_output_needs_resume_or_overwrite(tiny):
+    _, out, _, _ = tiny
+    res = scan("--timm", "test_resnet", "--probes", "gini", "--out", out)
+    assert res.exit_code == 2 and "--resume" in res.stderr
+    res = scan("--timm", "no_such_family_*", "--probes", "gini", "--out", out.with_name("x.jsonl"))
+    assert res.exit_code == 2 and res.stderr.startswith("error: ")
+
+
+def test_interrupted_scan_resumes_without_redoing_or_duplicating(tmp_path):
+    out = tmp_path / "scan.jsonl"
+    mf = models_file(tmp_path, CHEAP)
+    cmd = [sys.executable, "-m", "flatcheck", "scan", "--models-file", str(mf), "--probes", "gini", *FAST,
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 1:
+            proc.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.02)
+    _, stderr = proc.communicate(timeout=60)
+    before = lines(out)
+    assert before, "no model finished"
+    if proc.returncode != 0:  # interrupted mid-scan (not finished before the signal landed)
+        assert proc.returncode == 130 and "--resume" in stderr
+    # and a crash mid-write leaves a partial line, which resume must cut off
+    with open(out, "ab") as fh:
+        fh.write(b'{"model": "test_convnext", "status": "o')
+    res = scan("--models-file", mf, "--probes", "gini", "--out", out, "--resume")
+    assert res.exit_code == 0, res.stderr
+    after = lines(out)
+    assert [r["model"] for r in after] == CHEAP  # each once, in order
+    assert after[:len(before)] == before  # finished models were not redone
+
+
+def test_pretrained_weights_only_from_local_disk(tmp_path, monkeypatch):
+    import timm
+    from safetensors.torch import save_file
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_torch"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    name = "test_resnet.r160_in1k"
+    mf = models_file(tmp_path, [name])
+    out = tmp_path / "skipped.jsonl"
+    res = scan("--models-file", mf, "--pretrained", "--probes", "gini", "--out", out)
+    assert res.exit_code == 0, res.stderr
+    (rec,) = lines(out)
+    assert rec["status"] == "skipped" and "no local pretrained weights" in rec["error"]
+    assert str(tmp_path / "empty_hf") in rec["error"] and "never downloads" in rec["error"]
+    assert "HF_HUB_OFFLINE" not in os.environ  # forced offline only during the scan
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    model = timm.create_model(name, pretrained=False)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights / f"{name}.safetensors"))
+    out = tmp_path / "local.jsonl"
+    res = scan("--models-file", mf, "--pretrained", "--weights-dir", weights, "--probes", "gini", "--out", out)
+    assert res.exit_code == 0, res.stderr
+    (rec,) = lines(out)
+    assert rec["status"] == "ok" and rec["meta"]["checkpoint"]["path"].endswith(f"{name}.safetensors")
+
+
+def test_two_ranks_cover_the_single_process_scan(tiny, tmp_path):
+    _, single_out, names, _ = tiny
+    out = tmp_path / "scan.jsonl"
+    mf = models_file(tmp_path, names)
+    procs = [subprocess.Popen([sys.executable, "-m", "flatcheck", "scan", "--models-file", str(mf), *TINY, *FAST,
+                               "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=subprocess_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r)))
+             for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+    shards = [lines(out.with_name(f"scan.jsonl.rank{r}")) for r in range(2)]
+    assert [r["model"] for r in shards[0]] == names[0::2] and [r["model"] for r in shards[1]] == names[1::2]
+    assert not out.exists()
+    merged = {r["model"]: r for shard in shards for r in shard}
+    single = {r["model"]: r for r in lines(single_out)}
+    assert merged.keys() == single.keys()
+    for name, rec in single.items():
+        got = merged[name]
+        assert (got["status"], got["fingerprint"]) == (rec["status"], rec["fingerprint"])
+        for probe, r in rec["results"].items():
+            # same seeded init, data and probe draws: the same numbers up to float summation order
+            assert got["results"][probe]["value"] == pytest.approx(r["value"], rel=1e-6, abs=1e-9)
