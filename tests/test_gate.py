@@ -214,3 +214,11 @@ def test_gate_cli_bad_input_exits_2(tmp_path):
     cfg = write_gates(tmp_path, "rules:\n  - {field: gini.value, max_increase: 10%}\n")
     res = gate_cli(cfg)
     assert res.exit_code == 2 and "--baseline" in res.stderr
+
+
+def test_example_gates_file_is_valid():
+    from flatcheck.gate import load_gate_config
+    from test_cli import ROOT
+
+    cfg = load_gate_config(ROOT / "examples" / "gates.yaml")
+    assert cfg.needs_baseline and {"trace", "gini"} <= set(cfg.probes)

@@ -10,7 +10,6 @@ indefinite.
 from __future__ import annotations
 
 import functools
-import math
 
 import pytest
 import torch

@@ -2,8 +2,9 @@
 
 Everything closed-form about the head (its Hessian trace, relative flatness) rests on one
 fact: the logits are affine in one feature vector per sample. That holds for a Linear
-head on pooled features and for a 1×1-conv head (any conv, in fact) followed by global
-average pooling, where φ is the spatial average of the head's input patches. It fails
+head on pooled features and for a 1×1-conv head followed by global average pooling, where
+φ is the spatial average of the head's input (the same algebra holds for a K×K conv with φ
+the average patch, which `_features` handles should a spec name one). It fails
 when the model post-processes the head's output (an activation after a conv head, a logit
 scale, a second distillation head), so every batch is checked: W·φ + b must reproduce the
 model's own logits to within the rounding the head's arithmetic can produce.
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .backends.base import Backend
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, SpecError
 from .models.sources import find_head
 from .models.spec import LossSpec, ModelSpec
 
@@ -61,17 +62,18 @@ def resolve_head(model: nn.Module, spec: ModelSpec | None, name: str | None = No
         # library use without a spec: a python-source spec auto-detects in module order
         spec = ModelSpec(source="python", arch=type(model).__name__)
     if name is not None:
-        spec = _with_head(spec, name)
-    head = find_head(model, spec)
+        try:
+            head = find_head(model, dataclasses.replace(spec, head=name))
+        except SpecError as exc:  # the user typed --head, not the spec's field
+            detail = str(exc).split(": ", 1)[-1].replace("field 'head' names no module", "no module")
+            raise ConfigError(f"--head {name}: {detail.replace('field ', '')}") from None
+    else:
+        head = find_head(model, spec)
     module = dict(model.named_modules())[head]
     if isinstance(module, nn.Conv2d) and module.groups != 1:
         raise ConfigError(f"head {head!r} is a grouped convolution (groups={module.groups}); "
                           "the closed forms need one dense weight matrix")
     return Head(head, module)
-
-
-def _with_head(spec: ModelSpec, name: str) -> ModelSpec:
-    return dataclasses.replace(spec, head=name)
 
 
 @dataclass(frozen=True)

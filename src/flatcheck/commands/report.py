@@ -154,23 +154,35 @@ def _plot(path, records, table, columns, x, y, correlate, logx, logy) -> int:
 
 
 def _densities(records, Density) -> list:
-    """Spectral densities wherever a result's details hold equal-length "grid" and "density"."""
+    """Spectral densities wherever a result's details hold equal-length lists "grid" and
+    "density" (or "values"), at the top of details or one mapping down (details.density)."""
+    from ..scan_sources import family
+
     out = []
     for rec in records:
         if rec.get("status", "ok") != "ok":
             continue
         for probe, res in rec.get("results", {}).items():
-            d = res.get("details") if isinstance(res, dict) else None
-            if isinstance(d, dict) and isinstance(d.get("grid"), list) and isinstance(d.get("density"), list) \
-                    and len(d["grid"]) == len(d["density"]) > 1:
-                try:
-                    grid, dens = [float(g) for g in d["grid"]], [float(v) for v in d["density"]]
-                except (TypeError, ValueError):
-                    continue
-                from ..scan_sources import family
-
-                out.append(Density(rec["model"], rec.get("family") or family(rec["model"]), probe, grid, dens))
+            details = res.get("details") if isinstance(res, dict) else None
+            found = _grid_density(details) if isinstance(details, dict) else None
+            if found is not None:
+                out.append(Density(rec["model"], rec.get("family") or family(rec["model"]), probe, *found))
     return out
+
+
+def _grid_density(node: dict, depth: int = 0):
+    grid = node.get("grid")
+    dens = node.get("density") if isinstance(node.get("density"), list) else node.get("values")
+    if isinstance(grid, list) and isinstance(dens, list) and len(grid) == len(dens) > 1:
+        try:
+            return [float(g) for g in grid], [float(v) for v in dens]
+        except (TypeError, ValueError):
+            return None
+    if depth == 0:
+        for child in node.values():
+            if isinstance(child, dict) and (hit := _grid_density(child, 1)) is not None:
+                return hit
+    return None
 
 
 def _render(console, table, columns, corrs) -> None:

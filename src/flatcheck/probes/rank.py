@@ -106,11 +106,14 @@ def output_hessian_rank(loss: str, classes: int) -> int:
 def num_classes(ctx: ProbeContext) -> int:
     if ctx.spec is not None and ctx.spec.num_classes:
         return int(ctx.spec.num_classes)
-    outputs = ctx.backend.outputs()
+    outputs = iter(ctx.backend.outputs())
     try:
         logits, _, _ = next(outputs)
     finally:
-        outputs.close()
+        # a generator left suspended would keep the backend's model mode (BN switches) set
+        close = getattr(outputs, "close", None)
+        if close is not None:
+            close()
     return int(logits.shape[-1])
 
 
@@ -164,18 +167,8 @@ class RankProbe:
         batch_rank = min(N * r_A, P)
         batch_bound = 1 - batch_rank / P
 
-        warnings = []
-        if ggn and batch_bound > 0 and (paper_bound is None or batch_bound >= paper_bound):
-            warnings.append(
-                f"the {N} samples alone force D ≥ {batch_bound:.4g} (rank(G) ≤ N·{r_A} = {N * r_A:,} < P = {P:,}), "
-                f"at least the architecture's bound: D describes the sample set, not the model; "
-                f"use --samples ≥ {math.ceil(P / r_A):,} for a measurement of the model")
-        if not math.isfinite(resolution) or resolution > RESOLUTION_WARNING * spectral:
-            warnings.append(
-                f"SLQ resolution {resolution:.3g} is {'unbounded' if not math.isfinite(resolution) else f'{resolution / spectral:.2g}× the largest |node|'}: "
-                f"eigenvalues that far from 0 cannot be told from it; raise --lanczos-steps (now {options.lanczos_steps})")
-        if not all(m.lower_bound_holds for m in masses):
-            warnings.append("in some start vectors the origin nodes do not bracket 0, so D may miss null-space mass")
+        warnings = _warnings(ggn, N, P, r_A, batch_bound, paper_bound, resolution, spectral,
+                             options.lanczos_steps, all(m.lower_bound_holds for m in masses))
 
         bn_mode = problem.bn_mode
         symbol = "G" if ggn else "H"
@@ -235,6 +228,25 @@ class RankProbe:
                 "warnings": warnings,
             },
         )
+
+
+def _warnings(ggn: bool, N: int, P: int, r_A: int, batch_bound: float, paper_bound: float | None,
+              resolution: float, spectral: float, steps: int, lower_bound_holds: bool) -> list[str]:
+    out = []
+    if ggn and batch_bound > 0 and (paper_bound is None or batch_bound >= paper_bound):
+        out.append(
+            f"the {N} samples alone force D ≥ {batch_bound:.4g} (rank(G) ≤ N·{r_A} = {N * r_A:,} < P = {P:,}), "
+            f"at least the architecture's bound: D describes the sample set, not the model; "
+            f"use --samples ≥ {math.ceil(P / r_A):,} for a measurement of the model")
+    if not math.isfinite(resolution):
+        out.append(f"SLQ resolution is unbounded (an origin node is an extreme node): raise --lanczos-steps "
+                   f"(now {steps})")
+    elif resolution > RESOLUTION_WARNING * spectral:
+        out.append(f"SLQ resolution {resolution:.3g} is {resolution / spectral:.2g}× the largest |node|: eigenvalues "
+                   f"that far from 0 cannot be told from it; raise --lanczos-steps (now {steps})")
+    if not lower_bound_holds:
+        out.append("in some start vectors the origin nodes do not bracket 0, so D may miss null-space mass")
+    return out
 
 
 def _fmt_bound(b: float | None) -> str:
