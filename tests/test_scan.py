@@ -16,7 +16,9 @@ import pytest
 from test_cli import ROOT, invoke
 
 FAST = ["--data", "synthetic", "--samples", "8", "--batch-size", "8", "-q"]
-TINY = ["--probes", "gini,trace", "-o", "trace.probes_max=2", "-o", "trace.block_size=2"]
+# float64: the single-process and per-rank scans run with different thread counts, and
+# float32 reductions in another order differ by ~1e-5 relative on the trace
+TINY = ["--probes", "gini,trace", "-o", "trace.probes_max=2", "-o", "trace.block_size=2", "--dtype", "float64"]
 CHEAP = ["test_resnet", "test_convnext", "test_efficientnet", "test_byobnet"]
 
 
@@ -155,5 +157,5 @@ def test_two_ranks_cover_the_single_process_scan(tiny, tmp_path):
         got = merged[name]
         assert (got["status"], got["fingerprint"]) == (rec["status"], rec["fingerprint"])
         for probe, r in rec["results"].items():
-            # same seeded init, data and probe draws: the same numbers up to float summation order
-            assert got["results"][probe]["value"] == pytest.approx(r["value"], rel=1e-6, abs=1e-9)
+            # same seeded init, data and probe draws: the same numbers up to float64 summation order
+            assert got["results"][probe]["value"] == pytest.approx(r["value"], rel=1e-10, abs=1e-12)
