@@ -127,8 +127,8 @@ def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple
     err = Console(stderr=True)
     debug, quiet = common.pop("debug"), common.pop("quiet")
     json_out = common.pop("json_out")
-    code = 0
-    try:
+
+    def body() -> int:
         with warnings.catch_warnings():
             if quiet:
                 warnings.simplefilter("ignore")
@@ -138,22 +138,9 @@ def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple
             _check_json_target(json_out)
             report = _run(checkpoint, common, names, options, quiet, err, custom[0] if custom else None)
         _emit(report, json_out, layers)
-        code = getattr(report, "exit_code", 0)  # a custom result may carry a verdict (gate: 1)
-    except FlatcheckError as exc:
-        code = exc.exit_code
-        if debug:
-            traceback.print_exc()
-        _error_line(f"error: {exc}")
-    except KeyboardInterrupt:
-        code = 130
-        _error_line("interrupted")
-    except Exception as exc:  # a bug in flatcheck, not the user's fault
-        code = 101
-        if debug:
-            traceback.print_exc()
-        _error_line(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)")
-    if code:
-        raise typer.Exit(code)
+        return getattr(report, "exit_code", 0)  # a custom result may carry a verdict (gate: 1)
+
+    guarded(debug, body)
 
 
 def guarded(debug: bool, body: Callable[[], int | None]) -> None:

@@ -94,7 +94,7 @@ def parse_options(name: str, raw: dict[str, Any]) -> Any:
             raise ConfigError(
                 f"option {name}.{key} is unknown; {name} takes: {', '.join(sorted(fields)) or 'no options'}"
             )
-        values[key_n] = _coerce(f"{name}.{key}", value, hints[key_n])
+        values[key_n] = _coerce(f"{name}.{key_n} (--{key_n.replace('_', '-')})", value, hints[key_n])
     try:
         return cls(**values)
     except ValueError as exc:
