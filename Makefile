@@ -17,10 +17,11 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: install
-	$(VENV)/bin/flatcheck probe demo/digits_cnn.safetensors --spec model_specs/demo_digits.yaml \
-		--data digits --probes trace,gini -o trace.estimator=hutchpp -o trace.probes_max=99 --layers
+	$(VENV)/bin/flatcheck probe demo/digits_cnn.safetensors --spec model_specs/demo_digits.yaml --data digits \
+		--probes trace,lmax,head-trace,relative-flatness,jacobian,activations,gini,gap \
+		-o trace.estimator=hutchpp -o trace.probes_max=99 -o lmax.k=3 -o lmax.tol=1e-5
 	$(VENV)/bin/flatcheck trace demo/digits_cnn.safetensors --spec model_specs/demo_digits.yaml \
-		--data digits --estimator exact --no-layers
+		--data digits --estimator exact
 
 test: install
 	$(PY) -m pytest -q
