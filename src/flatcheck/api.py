@@ -19,6 +19,7 @@ from .backends import Backend, ParamLayout, Problem, create_backend
 from .backends.base import model_mode
 from .config import DEFAULT_SAMPLES, RunConfig
 from .data.batches import SampleSet
+from .dist import launched, local_cuda_device
 from .data.preprocess import Preprocess
 from .data.registry import create_dataset
 from .errors import ConfigError, DataError, InputError
@@ -58,7 +59,10 @@ class Session:
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        # under torchrun each process takes its own GPU
+        return local_cuda_device() if launched() else torch.device("cuda")
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():

@@ -170,10 +170,12 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None):
     from . import api
     from .config import RunConfig, probe_requests
 
+    from .dist import is_main_process
+
     execute = execute or api.run
     params = tuple(p.strip() for p in (common.pop("params") or "").split(",") if p.strip())
     config = RunConfig(checkpoint=checkpoint, probes=probe_requests(names, options), params=params, **common)
-    if quiet:
+    if quiet or not is_main_process():
         return execute(config, None)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -207,6 +209,10 @@ def _emit(report, json_out: str | None, layers: bool) -> None:
     from .report.io import dump_json
     from .report.render import render
 
+    from .dist import is_main_process
+
+    if not is_main_process():  # under torchrun every rank holds the same result; rank 0 speaks
+        return
     if json_out is not None:
         try:
             dump_json(report.to_dict(), json_out)

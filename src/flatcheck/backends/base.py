@@ -115,15 +115,22 @@ def register_backend(name: str):
     return deco
 
 
+def _load_builtin() -> None:
+    from . import autograd, distributed, func  # noqa: F401  (importing registers them)
+
+
 def list_backends() -> list[str]:
+    _load_builtin()
     return sorted(_BACKENDS)
 
 
 def create_backend(name: str, problem: Problem) -> Backend:
-    from . import autograd  # noqa: F401  (registers the reference backend)
-
-    if name not in _BACKENDS:
-        raise ConfigError(f"--backend {name!r} is unknown; available: {', '.join(list_backends())}")
+    """`name` is a registered backend, or "distributed:INNER" to shard another one."""
+    _load_builtin()
+    base, _, inner = name.partition(":")
+    if base not in _BACKENDS or (inner and (base != "distributed" or inner not in _BACKENDS or inner == base)):
+        choices = list_backends() + [f"distributed:{b}" for b in list_backends() if b != "distributed"]
+        raise ConfigError(f"--backend {name!r} is unknown; available: {', '.join(choices)}")
     if problem.bn_mode not in BN_MODES:
         raise ConfigError(f"--bn-mode must be one of {', '.join(BN_MODES)}, got {problem.bn_mode!r}")
-    return _BACKENDS[name](problem)
+    return _BACKENDS[base](problem, inner) if inner else _BACKENDS[base](problem)

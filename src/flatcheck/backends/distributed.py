@@ -1,0 +1,81 @@
+"""The `distributed` backend: each rank takes every W-th batch, products are all-reduced.
+
+Batch weights are |batch|/N over the whole set, so the sum over ranks of the per-rank
+products is the product of the whole-set loss. Every rank runs the same estimator with the
+same seed, hence the same probe vectors, so all ranks hold the same numbers and they equal
+the single-process ones up to summation order. Cheap passes (`outputs`) are not sharded.
+
+`--backend distributed` shards the reference autograd backend; `distributed:func` the func one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..dist import ensure_process_group
+from .base import GGNTrace, Problem, create_backend, register_backend
+
+
+@dataclass
+class ShardedSamples:
+    """The batches of a SampleSet whose index ≡ rank (mod world)."""
+
+    samples: object
+    rank: int
+    world: int
+
+    @property
+    def n(self) -> int:
+        return self.samples.n
+
+    @property
+    def num_batches(self) -> int:
+        return len(range(self.rank, self.samples.num_batches, self.world))
+
+    def __iter__(self) -> Iterator:
+        return (b for b in self.samples if b.index % self.world == self.rank)
+
+    def describe(self) -> dict:
+        return self.samples.describe()
+
+
+@register_backend("distributed")
+class DistributedBackend:
+    name = "distributed"
+
+    def __init__(self, problem: Problem, inner: str | None = None):
+        self.problem = problem
+        self.rank, self.world = ensure_process_group(problem.device)
+        inner = inner or "autograd"
+        self.inner_name = inner
+        shard = replace(problem, samples=ShardedSamples(problem.samples, self.rank, self.world))
+        self._local = create_backend(inner, shard)
+        self._full = create_backend(inner, problem)
+        self.capabilities = self._local.capabilities
+
+    def _sum(self, t: Tensor) -> Tensor:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def hvp(self, V: Tensor) -> Tensor:
+        return self._sum(self._local.hvp(V))
+
+    def ggn_vp(self, V: Tensor) -> Tensor:
+        return self._sum(self._local.ggn_vp(V))
+
+    def ggn_trace(self, class_samples=None, generator=None, progress=None) -> GGNTrace:
+        local = self._local.ggn_trace(class_samples, generator, progress)
+        var = 0.0 if local.stderr is None or math.isnan(local.stderr) else local.stderr**2
+        extra = torch.tensor([var, float(local.columns)], dtype=torch.float64, device=local.per_param.device)
+        per_param, extra = self._sum(local.per_param.clone()), self._sum(extra)
+        stderr = None if local.stderr is None else math.sqrt(extra[0].item())
+        return GGNTrace(per_param, stderr, int(extra[1].item()))
+
+    def outputs(self):
+        return self._full.outputs()
