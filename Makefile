@@ -26,9 +26,17 @@ demo: install
 test: install
 	$(PY) -m pytest -q
 
-bench: install
+# the bench extra (PyHessian, curvlinops, hessian-eigenthings); the torch pin is passed again so
+# pip keeps the torch it has
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet $(TORCH_PIN) -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: install $(BENCH_STAMP)
 	$(PY) benchmarks/bench_trace.py
 	test ! -f benchmarks/bench_head_trace.py || $(PY) benchmarks/bench_head_trace.py
+	$(PY) benchmarks/bench_peers.py --save
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -56,6 +56,14 @@ class AutogradBackend:
             rows.append([_or_zeros(g, x) for g, x in zip(grads, inputs)])
         return [torch.stack(col) for col in zip(*rows)]
 
+    def _split_params(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """(probed parameters, everything else the forward needs) for torch.func.functional_call."""
+        layout, model = self.problem.layout, self.problem.model
+        chosen = dict(zip(layout.names, (p.detach() for p in self._params)))
+        frozen = {n: t.detach() for n, t in model.named_parameters() if n not in chosen}
+        frozen.update(dict(model.named_buffers()))
+        return chosen, frozen
+
     # -- products ------------------------------------------------------------------------
     def hvp(self, V: Tensor) -> Tensor:
         layout = self.problem.layout
@@ -128,9 +136,7 @@ class AutogradBackend:
     def _per_sample_sqnorms(self, x: Tensor, U: Tensor) -> Tensor:
         """‖J_nᵀ U[n, :, k]‖² per sample, column and parameter tensor: (B, K, n_params)."""
         model, layout = self.problem.model, self.problem.layout
-        chosen = dict(zip(layout.names, (p.detach() for p in self._params)))
-        frozen = {n: t.detach() for n, t in model.named_parameters() if n not in chosen}
-        frozen.update(dict(model.named_buffers()))
+        chosen, frozen = self._split_params()
 
         def one(xn: Tensor, Un: Tensor) -> Tensor:
             def f(p):

@@ -38,13 +38,6 @@ class FuncBackend(AutogradBackend):
         has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in problem.model.modules())
         self.hvp_fallback = problem.bn_mode == "train" and has_bn
 
-    def _split_params(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        layout, model = self.problem.layout, self.problem.model
-        chosen = dict(zip(layout.names, (p.detach() for p in self._params)))
-        frozen = {n: t.detach() for n, t in model.named_parameters() if n not in chosen}
-        frozen.update(dict(model.named_buffers()))
-        return chosen, frozen
-
     def _as_dicts(self, V: Tensor) -> dict[str, Tensor]:
         return dict(zip(self.problem.layout.names, self.problem.layout.split(V)))
 
