@@ -57,6 +57,7 @@ PEER_TITLES = {"pyhessian": "PyHessian", "curvlinops": "curvlinops", "eigenthing
 PEER_MODULES = {"pyhessian": "pyhessian", "curvlinops": "curvlinops", "eigenthings": "hessian_eigenthings"}
 PEER_DISTS = {"pyhessian": "pyhessian", "curvlinops": "curvlinops-for-pytorch", "eigenthings": "hessian-eigenthings"}
 SKIPPED_BACKENDS = ("distributed",)
+LANCZOS_ONLY = ("pyhessian", "curvlinops", "eigenthings:lanczos")  # hessian-eigenthings without power iteration
 ONE_PCT = 0.01  # relative standard error Hutchinson must reach in the exact-GGN comparison
 
 
@@ -121,9 +122,10 @@ def plan(models: list[str], full: bool) -> list[ModelCfg]:
             eig = dict(tol=1e-6, max_iter=300, power_iter=1000)
             tasks = (
                 Task("trace", one, dict(probes=100 if full else 20)),
-                Task("eig", one64, dict(k=1, **eig)),
-                Task("eig", one64, dict(k=5, **eig), peers=PEERS if full else ("pyhessian", "curvlinops", "eigenthings:lanczos")),
-                Task("slq", one, dict(steps=80 if full else 20, starts=3 if full else 2)),
+                # hessian-eigenthings' power iteration needs 100s of HVPs at this tolerance: --full
+                Task("eig", one64, dict(k=1, **eig), peers=PEERS if full else LANCZOS_ONLY),
+                Task("eig", one64, dict(k=5, **eig), peers=PEERS if full else LANCZOS_ONLY),
+                Task("slq", one, dict(steps=80 if full else 15, starts=3 if full else 2)),
                 Task("hvpgrad", DataCfg(1000, 125), dict(block=16)),
                 Task("block", one, dict(block=16)),
                 Task("ggn", one, dict(probes=20)),
@@ -131,26 +133,29 @@ def plan(models: list[str], full: bool) -> list[ModelCfg]:
             out.append(ModelCfg(key, "demo DigitsCNN (demo/digits_cnn.safetensors, digits)", "demo_digits.yaml",
                                 "digits", "demo/digits_cnn.safetensors", tasks))
         elif key == "resnet18":
-            b = 256 if full else 64
-            one, eight = DataCfg(b, b), DataCfg(8 * b, b)
+            # On a 2-core CPU one ResNet-18 HVP at batch 64 takes ~4 s (a gradient ~1.7 s), so the
+            # CPU defaults are one batch of 16 and 8 batches of 8; --full has the GPU sizes.
+            one = DataCfg(256, 256) if full else DataCfg(16, 16)
+            eight = DataCfg(8 * 256, 256) if full else DataCfg(64, 8)
             probes = 100 if full else 10
-            tasks = (
+            tasks = [
                 Task("trace", one, dict(probes=probes)),
-                # curvlinops and hessian-eigenthings have no trick for many batches (one forward
-                # per product and batch); on the CPU they would take minutes here: --full runs them.
-                Task("trace", eight, dict(probes=probes), peers=PEERS if full else ("pyhessian",)),
-                Task("eig", one, dict(k=1, tol=1e-3, max_iter=100 if full else 40, power_iter=100 if full else 40)),
-                Task("slq", one, dict(steps=80 if full else 16, starts=3 if full else 1)),
-                Task("hvpgrad", one, dict(block=8)),
-                Task("hvpgrad", eight, dict(block=8)),
+                # curvlinops and hessian-eigenthings make one forward per product and batch; on the
+                # CPU they would take minutes here: --full runs them.
+                Task("trace", eight, dict(probes=probes if full else 5), peers=PEERS if full else ("pyhessian",)),
+                Task("hvpgrad", one, dict(block=8 if full else 4)),
+                Task("hvpgrad", eight, dict(block=8 if full else 4)),
                 Task("ggn", one, dict(probes=probes)),
-            )
+            ]
+            if full:  # the demo has these on the CPU
+                tasks += [Task("eig", one, dict(k=1, tol=1e-3, max_iter=100, power_iter=100)),
+                          Task("slq", one, dict(steps=80, starts=3))]
             out.append(ModelCfg(key, "ResNet-18 CIFAR (random weights, synthetic 32×32, 10 classes)",
-                                "resnet18_cifar.yaml", "synthetic", None, tasks))
+                                "resnet18_cifar.yaml", "synthetic", None, tuple(tasks)))
         elif key == "vit":
             b = 32 if full else 4
             one = DataCfg(b, b)
-            tasks = [Task("trace", one, dict(probes=20 if full else 4)), Task("hvpgrad", one, dict(block=4))]
+            tasks = [Task("trace", one, dict(probes=20 if full else 4)), Task("hvpgrad", one, dict(block=8 if full else 2))]
             if full:
                 tasks += [Task("eig", one, dict(k=1, tol=1e-3, max_iter=100, power_iter=100)),
                           Task("slq", one, dict(steps=40, starts=1))]
@@ -743,11 +748,12 @@ def _child(conn, model, task, tool, device, hints, threads):
 class Runner:
     """Runs rows in fresh processes forked from a server with torch imported (or inline)."""
 
-    def __init__(self, inline: bool, timeout: float, threads: int | None):
+    def __init__(self, inline: bool, timeout: float, threads: int | None, preload: list[str] = ()):
         self.inline, self.timeout, self.threads = inline, timeout, threads
         if not inline:
             self.ctx = mp.get_context("forkserver")
-            self.ctx.set_forkserver_preload(["torch", "flatcheck.api", "flatcheck.linalg"])
+            # imported once by the server (an ImportError there is ignored), not once per row
+            self.ctx.set_forkserver_preload(["torch", "flatcheck.api", "flatcheck.linalg", *preload])
 
     def __call__(self, model: ModelCfg, task: Task, tool: str, device: str, hints: dict) -> Row:
         if self.inline:
@@ -777,8 +783,10 @@ class Runner:
                    seconds=time.perf_counter() - t0, error=error)
 
 
-def run_all(args, log: Callable[[str], None] = print) -> tuple[list[ModelCfg], list[Row], dict]:
-    models = plan(args.models, args.full)
+def run_all(args, log: Callable[[str], None] = print,
+            models: list[ModelCfg] | None = None) -> tuple[list[ModelCfg], list[Row], dict]:
+    """Every (model, task, tool) row; `models` replaces the plan from --models/--full (tests)."""
+    models = plan(args.models, args.full) if models is None else models
     backends, broken = discover_backends()
     if args.backends:
         backends = [b for b in backends if b in args.backends]
@@ -788,7 +796,8 @@ def run_all(args, log: Callable[[str], None] = print) -> tuple[list[ModelCfg], l
     if args.tasks:
         for m in models:
             object.__setattr__(m, "tasks", tuple(t for t in m.tasks if t.kind in args.tasks))
-    runner = Runner(args.inline, args.row_timeout, args.threads)
+    preload = [PEER_MODULES[p] for p in peers if p not in missing] + (["timm"] if "vit" in args.models else [])
+    runner = Runner(args.inline, args.row_timeout, args.threads, preload)
     rows: list[Row] = []
     for m in models:
         for task in m.tasks:

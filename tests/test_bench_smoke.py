@@ -1,0 +1,112 @@
+"""Smoke test of benchmarks/bench_peers.py: its own code paths on the demo model at toy sizes.
+
+Every flatcheck backend (but distributed) must produce every row without an error; peers that
+are not installed appear as rows saying so, and installed peers' failures are rows too (the
+benchmark records them, it does not hide them), so nothing here depends on the bench extra.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # importable by name: the forkserver children import it too
+import bench_peers as bp  # noqa: E402
+
+
+def toy_plan(*kinds: str) -> list:
+    one, two = bp.DataCfg(16, 16), bp.DataCfg(16, 8)
+    tasks = {
+        "trace": [bp.Task("trace", one, dict(probes=4)), bp.Task("trace", two, dict(probes=3))],
+        "trace1": [bp.Task("trace", one, dict(probes=2))],
+        "eig": [bp.Task("eig", bp.DataCfg(16, 16, "float64"), dict(k=2, tol=1e-4, max_iter=30, power_iter=30))],
+        "slq": [bp.Task("slq", one, dict(steps=4, starts=2))],
+        "hvpgrad": [bp.Task("hvpgrad", two, dict(block=2))],
+        "block": [bp.Task("block", one, dict(block=3))],
+        "ggn": [bp.Task("ggn", one, dict(probes=4))],
+    }
+    demo = bp.plan(["demo"], False)[0]
+    return [bp.ModelCfg("demo", demo.title, demo.spec, demo.data, demo.checkpoint,
+                        tuple(t for k in kinds for t in tasks[k]))]
+
+
+@pytest.fixture(scope="module")
+def inline_run():
+    args = bp.parse_args(["--inline", "--models", "demo"])
+    models = toy_plan("trace", "eig", "slq", "hvpgrad", "block", "ggn")
+    return models, *bp.run_all(args, log=lambda s: None, models=models)[1:]
+
+
+def test_every_backend_every_task(inline_run):
+    models, rows, _ = inline_run
+    backends, broken = bp.discover_backends()
+    assert "autograd" in backends and "distributed" not in backends
+    assert not broken, f"flatcheck backends failed to import: {broken}"
+    fc = [r for r in rows if r.is_flatcheck]
+    assert {r.tool for r in fc} == {f"flatcheck[{b}]" for b in backends}
+    for r in fc:
+        assert r.error is None, f"{r.tool} {r.task}: {r.error}"
+        assert r.seconds is not None and r.seconds > 0
+    for r in fc:
+        if r.task_kind == "trace":
+            assert r.hvps == 4 or r.hvps == 3
+            assert math.isfinite(r.extra["value"])
+        if r.task_kind == "eig":
+            assert len(r.extra["values"]) == 2 and r.extra["converged"]
+        if r.task_kind == "hvpgrad":
+            assert r.extra["ratio"] > 0
+        if r.task_kind == "ggn":
+            assert r.extra["probes_needed"] >= 1 and r.extra["exact_in_grads"] > 0
+    # backends agree: same seed, same probes
+    traces = {r.tool: r.extra["value"] for r in fc if r.task_kind == "trace" and "1 batch" in r.task}
+    ref = traces["flatcheck[autograd]"]
+    assert all(abs(v - ref) <= 1e-3 * abs(ref) + 1e-6 for v in traces.values()), traces
+
+
+def test_peers_are_rows_not_crashes(inline_run):
+    models, rows, _ = inline_run
+    for peer, title in bp.PEER_TITLES.items():
+        mine = [r for r in rows if r.tool.startswith(title)]
+        assert mine, f"no rows for {title}"
+        if bp.peer_available(peer) is not None:
+            assert all("not installed" in r.error for r in mine)
+            continue
+        for r in mine:
+            assert r.error is not None or r.seconds is not None
+            if r.error is None and r.task_kind == "trace":
+                assert r.hvps == (4 if "1 batch" in r.task else 3), (r.tool, r.hvps)
+                assert r.extra["ratios"], "peer rows carry peer time ÷ flatcheck time"
+    if bp.peer_available("pyhessian") is None:  # its density calls torch.eig, removed in torch 2
+        slq = [r for r in rows if r.tool == "PyHessian" and r.task_kind == "slq"]
+        assert slq and (slq[0].error is None or "eig" in slq[0].error)
+
+
+def test_tables_and_atomic_save(inline_run, tmp_path):
+    models, rows, machine = inline_run
+    text = bp.markdown(models, rows, machine, "bench_peers.py --inline")
+    assert "## demo DigitsCNN" in text and "| flatcheck[autograd] |" in text
+    assert "bench_peers.py --inline" in text and machine["versions"]["torch"] in text
+    bp.print_tables(models, rows, machine)
+    path = bp.save(text, tmp_path, rows)
+    assert path.read_text() == text and (tmp_path / "latest.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "latest.md"]  # no temp files left
+
+
+def test_subprocess_row_and_cli(tmp_path, capsys):
+    """One row through the forked-process path (memory isolation), via main() and --save."""
+    args = ["--models", "demo", "--tasks", "trace", "--peers", "none", "--backends", "autograd",
+            "--save", "--results-dir", str(tmp_path)]
+    toy = toy_plan("trace1")
+    orig = bp.plan
+    bp.plan = lambda models, full: toy
+    try:
+        assert bp.main(args) == 0
+    finally:
+        bp.plan = orig
+    text = (tmp_path / "latest.md").read_text()
+    assert "flatcheck[autograd]" in text and "FAILED" not in text
+    assert "--peers none" in text
