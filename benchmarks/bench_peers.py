@@ -331,6 +331,7 @@ def run_row(model: ModelCfg, task: Task, tool: str, device: str, hints: dict) ->
     """Build the problem, warm up, run one (tool, task) and return the Row as a dict."""
     warnings.filterwarnings("ignore")
     row = Row(model.key, task.title(), task.kind, display_name(tool))
+    default_dtype = torch.get_default_dtype()
     try:
         if task.data.dtype == "float64":
             # PyHessian and the eigenthings draw random vectors in the default dtype
@@ -345,6 +346,8 @@ def run_row(model: ModelCfg, task: Task, tool: str, device: str, hints: dict) ->
         row.error = one_line(exc)
         if os.environ.get("BENCH_TRACEBACK"):
             traceback.print_exc()
+    finally:
+        torch.set_default_dtype(default_dtype)  # rows may run in the caller's process (tests)
     return row.__dict__
 
 

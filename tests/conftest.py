@@ -113,3 +113,11 @@ class DenseOperator:
 @pytest.fixture
 def case_factory():
     return make_case
+
+
+@pytest.fixture(autouse=True)
+def _default_dtype_is_restored():
+    """A test that leaves torch's global default dtype changed breaks unrelated tests later."""
+    before = torch.get_default_dtype()
+    yield
+    assert torch.get_default_dtype() == before, "test changed torch's default dtype"
