@@ -140,13 +140,14 @@ def test_two_ranks_cover_the_single_process_scan(tiny, tmp_path):
     _, single_out, names, _ = tiny
     out = tmp_path / "scan.jsonl"
     mf = models_file(tmp_path, names)
-    procs = [subprocess.Popen([sys.executable, "-m", "flatcheck", "scan", "--models-file", str(mf), *TINY, *FAST,
-                               "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=subprocess_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r)))
-             for r in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err
+    # the real launcher: torchrun sets RANK/WORLD_SIZE/LOCAL_RANK for 2 CPU processes
+    env = subprocess_env()
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "flatcheck", "scan", "--models-file", str(mf), *TINY, *FAST, "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     shards = [lines(out.with_name(f"scan.jsonl.rank{r}")) for r in range(2)]
     assert [r["model"] for r in shards[0]] == names[0::2] and [r["model"] for r in shards[1]] == names[1::2]
     assert not out.exists()
