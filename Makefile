@@ -35,7 +35,7 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: install $(BENCH_STAMP)
 	$(PY) benchmarks/bench_trace.py
-	test ! -f benchmarks/bench_head_trace.py || $(PY) benchmarks/bench_head_trace.py
+	$(PY) benchmarks/bench_head_trace.py
 	$(PY) benchmarks/bench_peers.py --save
 
 clean:

@@ -12,30 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
-from flatcheck.cli import app
+from test_cli import invoke  # the one CLI runner of the suite (stdout/stderr apart, fixed width)
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPT = ROOT / "demo" / "digits_cnn.safetensors"
 SPEC = ROOT / "model_specs" / "demo_digits.yaml"
 SMALL = ["--samples", "64", "--batch-size", "32"]
-
-
-def make_runner() -> CliRunner:
-    # click >= 8.2 keeps stdout/stderr apart and no longer takes mix_stderr
-    env = {"FORCE_COLOR": None, "TTY_COMPATIBLE": None, "COLUMNS": "120", "FLATCHECK_DATA_ROOT": None}
-    try:
-        return CliRunner(mix_stderr=False, env=env)  # type: ignore[call-arg]
-    except TypeError:
-        return CliRunner(env=env)
-
-
-RUNNER = make_runner()
-
-
-def invoke(*args):
-    return RUNNER.invoke(app, [str(a) for a in args])
 
 
 def trace(*extra, ckpt=CKPT, spec=SPEC):

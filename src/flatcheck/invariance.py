@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .api import ProgressFn, open_session, run
-from .backends import Problem, create_backend
+from .backends import create_backend
 from .config import RunConfig
 from .report.render import fmt, fmt_pm, header
 from .report.result import ProbeResult, Report
@@ -116,9 +116,8 @@ def check_invariance(config: RunConfig, alpha: float, layer: str | None = None,
     before = _logits(session.backend)
 
     apply_rescaling(session.model, rescaling)
-    problem: Problem = session.backend.problem
     # a fresh backend: the reference backend caches the first-order graph of a single batch
-    session = replace(session, backend=create_backend(config.backend, replace(problem)))
+    session = replace(session, backend=create_backend(config.backend, session.backend.problem))
     after = _logits(session.backend)
     rescaled = run(config, progress, session=session)
 

@@ -105,7 +105,6 @@ class AutogradBackend:
         importance weights λ/(K·q): unbiased, with a standard error from the spread of the
         K single-draw estimates within each sample.
         """
-        layout = self.problem.layout
         total = torch.zeros(len(self._params), dtype=torch.float64, device=self.problem.device)
         variance, columns = 0.0, 0
         with self._mode():
