@@ -16,6 +16,7 @@ from torch.func import functional_call, vjp, vmap
 
 from ..losses import apply_output_hessian, output_hessian_factors, per_sample_loss, sample_columns
 from .base import GGNTrace, Problem, model_mode, register_backend
+from .persample import layer_sqnorms
 
 # Memory allowed for one chunk of per-sample gradients in the exact GGN trace.
 _PER_SAMPLE_BYTES = 256 * 2**20
@@ -26,8 +27,9 @@ class AutogradBackend:
     name = "autograd"
     capabilities = frozenset({"hvp", "ggn_vp", "ggn_trace", "outputs"})
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, per_sample: str = "layers"):
         self.problem = problem
+        self.per_sample = per_sample  # "layers" or "vmap": how the exact GGN trace gets ‖J_nᵀu‖²
         self._params = problem.layout.params(problem.model)
         self._cached_grad: Tensor | None = None
 
@@ -133,7 +135,19 @@ class AutogradBackend:
         return GGNTrace(total, stderr, columns)
 
     def _per_sample_sqnorms(self, x: Tensor, U: Tensor) -> Tensor:
-        """‖J_nᵀ U[n, :, k]‖² per sample, column and parameter tensor: (B, K, n_params)."""
+        """‖J_nᵀ U[n, :, k]‖² per sample, column and parameter tensor: (B, K, n_params).
+
+        From layer inputs and output gradients where every probed parameter sits in a layer
+        `layer_sqnorms` covers (one forward, K activation-only backwards), else by
+        per-sample VJPs under vmap.
+        """
+        if self.per_sample == "layers":
+            sq = layer_sqnorms(self.problem.model, self.problem.layout, x, U)
+            if sq is not None:
+                return sq
+        return self._vmap_sqnorms(x, U)
+
+    def _vmap_sqnorms(self, x: Tensor, U: Tensor) -> Tensor:
         model, layout = self.problem.model, self.problem.layout
         chosen, frozen = self._split_params()
 
