@@ -263,6 +263,7 @@ def test_spatial_mismatch_is_resized_not_refused(tmp_path):
         (["--matrix", "fisher"], ["matrix", "fisher"]),
         (["--params", "nomatch.*"], ["--params", "nomatch.*"]),
         (["--backend", "nosuch"], ["nosuch"]),
+        (["--compile"], ["--compile", "--backend func", "autograd"]),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) and v and v[0].startswith("--") else None,
 )

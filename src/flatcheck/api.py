@@ -100,7 +100,7 @@ def open_session(config: RunConfig) -> Session:
     num_classes = _check_fit(model, samples, spec, config)
     layout = ParamLayout.from_model(model, config.params)
     problem = Problem(model=model, loss=spec.loss, samples=samples, layout=layout, bn_mode=config.bn_mode)
-    backend = create_backend(config.backend, problem)
+    backend = create_backend(config.backend, problem, compile=config.compile)
     return Session(config, spec, checkpoint, model, samples, backend, device, num_classes, preprocess)
 
 
@@ -159,6 +159,7 @@ def _meta(s: Session, started: _dt.datetime, seconds: float) -> dict:
         "device": str(s.device) + (f" ({torch.cuda.get_device_name(s.device)})" if s.device.type == "cuda" else ""),
         "dtype": c.dtype,
         "backend": c.backend,
+        "compile": c.compile,
         "seed": c.seed,
         "bn_mode": c.bn_mode,
         "model": {

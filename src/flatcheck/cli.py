@@ -50,6 +50,8 @@ _COMMON: list[tuple[str, Any, Any]] = [
     ("backend", Annotated[str, typer.Option("--backend", help="product backend")], "autograd"),
     ("allow_tf32", Annotated[bool, typer.Option("--allow-tf32", help="allow TF32 matmuls on CUDA (off by default)")],
      False),
+    ("compile", Annotated[bool, typer.Option("--compile", help="torch.compile the Hessian-vector product "
+                                             "(--backend func; falls back to eager if it cannot)")], False),
     ("json_out", Annotated[Optional[str], typer.Option("--json", help="write the JSON report to PATH ('-' = stdout)")],
      None),
     ("quiet", Annotated[bool, typer.Option("--quiet", "-q", help="no progress or warnings on stderr")], False),

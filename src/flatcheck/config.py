@@ -41,6 +41,7 @@ class RunConfig:
     params: tuple[str, ...] = ()
     backend: str = "autograd"
     allow_tf32: bool = False
+    compile: bool = False  # torch.compile the HVP (func backends)
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):

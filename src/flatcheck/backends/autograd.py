@@ -37,11 +37,16 @@ class AutogradBackend:
     def _mode(self):
         return model_mode(self.problem.model, self.problem.bn_mode)
 
-    def _grad_with_graph(self, batch) -> Tensor:
+    def _grad_with_graph(self, batch) -> list[tuple[int, Tensor]]:
+        """(index, gradient with its graph) for each parameter the loss depends on.
+
+        Kept per tensor rather than concatenated: a flat copy would hold one more
+        parameter-sized tensor inside the kept graph.
+        """
         logits = self.problem.model(batch.x)
         loss = per_sample_loss(logits, batch.y, self.problem.loss).mean() * batch.weight
         grads = torch.autograd.grad(loss, self._params, create_graph=True, allow_unused=True)
-        return torch.cat([_or_zeros(g, p).reshape(-1) for g, p in zip(grads, self._params)])
+        return [(j, g) for j, g in enumerate(grads) if g is not None and g.requires_grad]
 
     def _pullback(self, output: Tensor, inputs, cotangents: Tensor) -> list[Tensor]:
         """VJPs of `output` for a block of cotangents (k, *output.shape), one backward each.
@@ -70,6 +75,8 @@ class AutogradBackend:
     def hvp(self, V: Tensor) -> Tensor:
         layout = self.problem.layout
         out = torch.zeros_like(V)
+        rows_out = [layout.split(out[i : i + 1]) for i in range(V.shape[0])]
+        rows_in = [layout.split(V[i : i + 1]) for i in range(V.shape[0])]
         with self._mode():
             if self.problem.samples.num_batches == 1:
                 if self._cached_grad is None:
@@ -78,7 +85,17 @@ class AutogradBackend:
             else:
                 grads = (self._grad_with_graph(b) for b in self.problem.samples)
             for g in grads:
-                out += layout.flatten(self._pullback(g, self._params, V), V.shape[0])
+                if not g:
+                    continue  # the loss is linear in every parameter here: H = 0
+                index, outputs = zip(*g)
+                # one backward per vector, added straight into its row of `out`: a block of
+                # products costs no (k, P) temporaries beyond V and the result
+                for i in range(V.shape[0]):
+                    hv = torch.autograd.grad(outputs, self._params, [rows_in[i][j][0] for j in index],
+                                             retain_graph=True, allow_unused=True)
+                    for acc, piece in zip(rows_out[i], hv):
+                        if piece is not None:
+                            acc.add_(piece.unsqueeze(0))
         return out
 
     def ggn_vp(self, V: Tensor) -> Tensor:

@@ -124,8 +124,11 @@ def list_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def create_backend(name: str, problem: Problem) -> Backend:
-    """`name` is a registered backend, or "distributed:INNER" to shard another one."""
+def create_backend(name: str, problem: Problem, *, compile: bool = False) -> Backend:
+    """`name` is a registered backend, or "distributed:INNER" to shard another one.
+
+    compile: torch.compile the Hessian-vector product (the func backend's pure function).
+    """
     _load_builtin()
     base, _, inner = name.partition(":")
     if base not in _BACKENDS or (inner and (base != "distributed" or inner not in _BACKENDS or inner == base)):
@@ -133,4 +136,9 @@ def create_backend(name: str, problem: Problem) -> Backend:
         raise ConfigError(f"--backend {name!r} is unknown; available: {', '.join(choices)}")
     if problem.bn_mode not in BN_MODES:
         raise ConfigError(f"--bn-mode must be one of {', '.join(BN_MODES)}, got {problem.bn_mode!r}")
-    return _BACKENDS[base](problem, inner) if inner else _BACKENDS[base](problem)
+    leaf = inner or ("autograd" if base == "distributed" else base)
+    if compile and leaf != "func":
+        raise ConfigError(f"--compile needs --backend func or distributed:func (it compiles their torch.func "
+                          f"product), got --backend {name}")
+    kwargs = {"compile": True} if compile else {}
+    return _BACKENDS[base](problem, inner, **kwargs) if inner else _BACKENDS[base](problem, **kwargs)

@@ -49,14 +49,14 @@ class ShardedSamples:
 class DistributedBackend:
     name = "distributed"
 
-    def __init__(self, problem: Problem, inner: str | None = None):
+    def __init__(self, problem: Problem, inner: str | None = None, compile: bool = False):
         self.problem = problem
         self.rank, self.world = ensure_process_group(problem.device)
         inner = inner or "autograd"
         self.inner_name = inner
         shard = replace(problem, samples=ShardedSamples(problem.samples, self.rank, self.world))
-        self._local = create_backend(inner, shard)
-        self._full = create_backend(inner, problem)
+        self._local = create_backend(inner, shard, compile=compile)
+        self._full = create_backend(inner, problem)  # only for `outputs`, which has no product
         self.capabilities = self._local.capabilities
 
     def _sum(self, t: Tensor) -> Tensor:

@@ -5,6 +5,8 @@
 - GGN-vector product: J v by jvp (vmapped), A(Jv) in output space, Jᵀ(·) by one vjp whose
   pullback is vmapped — no double backward.
 - Blocks are cut into chunks; a CUDA out-of-memory halves the chunk, says so, and retries.
+- compile=True (`--compile`) hands the per-batch HVP block to torch.compile; if compiling
+  or running the compiled code fails, the backend says why once and goes on eagerly.
 
 torch.func's second derivative through BatchNorm with batch statistics is wrong (~1.6 %
 against finite differences, torch 2.14.1), so in --bn-mode train a model with BatchNorm
@@ -32,11 +34,29 @@ class FuncBackend(AutogradBackend):
     name = "func"
     capabilities = AutogradBackend.capabilities
 
-    def __init__(self, problem: Problem, chunk: int = DEFAULT_CHUNK):
+    def __init__(self, problem: Problem, chunk: int = DEFAULT_CHUNK, compile: bool = False):
         super().__init__(problem)
         self.chunk = chunk
         has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in problem.model.modules())
         self.hvp_fallback = problem.bn_mode == "train" and has_bn
+        self._hv_eager = _hv_block_fn(problem.model, problem.loss)
+        # the batch weight is applied outside: a Python float argument would make
+        # torch.compile specialise (and recompile) on every distinct weight
+        self._hv = torch.compile(self._hv_eager) if compile and not self.hvp_fallback else None
+        self.compile_error: str | None = None
+
+    def _hv_block(self, params, frozen, x, y, W: dict[str, Tensor]) -> dict[str, Tensor]:
+        if self._hv is not None:
+            try:
+                return self._hv(params, frozen, x, y, W)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001  any compiler failure: fall back, say why
+                self._hv = None
+                self.compile_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                warnings.warn(f"--compile: torch.compile could not run the HVP ({self.compile_error[:200]}); "
+                              "continuing eagerly")
+        return self._hv_eager(params, frozen, x, y, W)
 
     def _as_dicts(self, V: Tensor) -> dict[str, Tensor]:
         return dict(zip(self.problem.layout.names, self.problem.layout.split(V)))
@@ -56,19 +76,14 @@ class FuncBackend(AutogradBackend):
     def hvp(self, V: Tensor) -> Tensor:
         if self.hvp_fallback:
             return super().hvp(V)
-        model, loss_spec, layout = self.problem.model, self.problem.loss, self.problem.layout
+        layout = self.problem.layout
         params, frozen = self._split_params()
 
         def block(W: Tensor) -> Tensor:
             out = torch.zeros_like(W)
             for batch in self.problem.samples:
-                def loss(p):
-                    logits = functional_call(model, (p, frozen), (batch.x,))
-                    return per_sample_loss(logits, batch.y, loss_spec).mean() * batch.weight
-
-                g = grad(loss)
-                hv = vmap(lambda v: jvp(g, (params,), (v,))[1])(self._as_dicts(W))
-                out += layout.flatten([hv[n] for n in layout.names], W.shape[0])
+                hv = self._hv_block(params, frozen, batch.x, batch.y, self._as_dicts(W))
+                out.add_(layout.flatten([hv[n] for n in layout.names], W.shape[0]), alpha=batch.weight)
             return out
 
         with self._mode():
@@ -93,3 +108,20 @@ class FuncBackend(AutogradBackend):
 
         with self._mode():
             return self._chunked(block, V)
+
+
+def _hv_block_fn(model: nn.Module, loss_spec):
+    """(params, frozen, x, y, {name: (k, *shape)}) → H_batch V for the batch-mean loss.
+
+    A pure function of its tensors (forward-over-reverse, vmapped over the k vectors), so
+    torch.compile can trace it whole.
+    """
+
+    def hv_block(params, frozen, x, y, W):
+        def loss(p):
+            return per_sample_loss(functional_call(model, (p, frozen), (x,)), y, loss_spec).mean()
+
+        g = grad(loss)
+        return vmap(lambda v: jvp(g, (params,), (v,))[1])(W)
+
+    return hv_block

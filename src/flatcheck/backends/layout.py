@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError
+from ..linalg.reduce import rowsum64
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,13 @@ class ParamLayout:
         """
         out: dict[str, Tensor] = {}
         for piece, group in zip(block.split(self.sizes, dim=1), self.groups):
-            s = piece.sum(dim=1, dtype=torch.float64)
+            s = rowsum64(piece)
             out[group] = out[group] + s if group in out else s
         return out
 
     def param_sums(self, block: Tensor) -> dict[str, Tensor]:
         """Sum a (k, P) block within each parameter tensor → {name: (k,)}, in float64."""
-        return {n: piece.sum(dim=1, dtype=torch.float64) for n, piece in zip(self.names, block.split(self.sizes, dim=1))}
+        return {n: rowsum64(piece) for n, piece in zip(self.names, block.split(self.sizes, dim=1))}
 
     def group_sizes(self) -> dict[str, int]:
         out: dict[str, int] = {}

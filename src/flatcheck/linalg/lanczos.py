@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from .random import gaussian
+from .reduce import rowsum64
 from .trace import Operator
 
 Progress = Callable[[int, int], None]
@@ -235,6 +236,6 @@ def _true_residuals(op: Operator, lz: Lanczos, S_top: np.ndarray) -> tuple[list[
     HY = op.matmat(Y)
     # the Rayleigh quotient is at least as accurate as θ, and the residual is then the
     # true one for exactly the value reported
-    values = (Y * HY).sum(1, dtype=torch.float64)
+    values = rowsum64(Y * HY)
     R = HY.to(torch.float64) - values.unsqueeze(1) * Y.to(torch.float64)
     return values.cpu().tolist(), torch.linalg.vector_norm(R, dim=1).cpu().tolist()

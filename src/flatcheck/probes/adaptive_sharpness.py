@@ -31,7 +31,7 @@ class AdaptiveSharpnessOptions:
     loss: str | None = None  # overrides the spec's loss for this probe only
     method: Literal["mc", "second-order", "both"] = "both"
     probes_max: int = 100  # Hutchinson probes of the second-order form
-    block_size: int = 8
+    block_size: int | None = None  # None: sized by memory, as for the trace probe
 
     def __post_init__(self):
         if not (math.isfinite(self.rho) and self.rho > 0):
@@ -42,7 +42,7 @@ class AdaptiveSharpnessOptions:
         if self.probes_max < 2:
             raise ConfigError(f"--probes-max must be at least 2 (a standard error needs two probes), "
                               f"got {self.probes_max}")
-        if self.block_size < 1:
+        if self.block_size is not None and self.block_size < 1:
             raise ConfigError(f"adaptive-sharpness.block_size must be a positive integer, got {self.block_size}")
         if self.loss is not None:
             try:

@@ -21,7 +21,7 @@ class TraceOptions:
     probes_max: int = 100
     rtol: float | None = None
     min_probes: int = 10
-    block_size: int = 8
+    block_size: int | None = None  # None: as many probes per block as fit 64 MiB, at most 8
     class_samples: int | None = None  # exact estimator: sample this many classes per sample (large C)
 
     def __post_init__(self):
@@ -35,7 +35,7 @@ class TraceOptions:
             raise ConfigError(f"--rtol must be positive, got {self.rtol}")
         if self.class_samples is not None and (self.estimator != "exact" or self.class_samples < 2):
             raise ConfigError("--class-samples needs --estimator exact and a value ≥ 2 (two draws give a standard error)")
-        if self.min_probes < 2 or self.block_size < 1:
+        if self.min_probes < 2 or (self.block_size is not None and self.block_size < 1):
             raise ConfigError("trace.min_probes must be ≥ 2 and trace.block_size ≥ 1")
 
     @property
