@@ -201,6 +201,11 @@ def build_setup(model: ModelCfg, data: DataCfg, device: str) -> Setup:
     pre = resolve_preprocess(spec, net)
     ds = create_dataset(model.data, split="train", preprocess=pre, num_classes=spec.num_classes, seed=0)
     dev = resolve_device(device)
+    if dev.type == "cuda":
+        # flatcheck's default (TF32 rounds to 10 mantissa bits); torch leaves cuDNN's TF32 on,
+        # so without this the peers' convolutions would run in TF32 and flatcheck's would not
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     dtype = getattr(torch, data.dtype)
     net.to(device=dev, dtype=dtype).eval()
     samples = SampleSet(ds, samples=data.samples, batch_size=data.batch, device=dev, dtype=dtype)

@@ -57,7 +57,11 @@ def test_ggn_degeneracy_matches_exact_rank(kind):
     assert rank == N * 3  # generic: the batch bound N·(C − 1) is attained
     r = run_rank(kind, "ggn", steps=45)
     d = r.details
-    assert d["steps_taken"] == [rank + 1] * STARTS
+    # rank + 1 in exact arithmetic; a start with little weight on the smallest non-zero
+    # eigenvalues (here 6e-5·‖G‖) can leave β just above √eps·‖T‖ at that step (seen: 1.9e-8
+    # against a threshold of 1.6e-8 on one machine's BLAS), and one more step closes it
+    assert all(s in (rank + 1, rank + 2) for s in d["steps_taken"]), d["steps_taken"]
+    assert d["steps_taken"].count(rank + 1) >= STARTS - 1
     assert all(p["invariant"] and p["lower_bound_holds"] for p in d["per_start"])
     null, upper = bracket(kind, "ggn", r)
     assert upper == null
@@ -137,3 +141,20 @@ def test_mse_ggn_rank_is_n_times_c():
 def test_rank_options_are_validated(opts, flag):
     with pytest.raises(ConfigError, match=flag):
         probe_requests(["rank"], {"rank": opts})
+
+
+def test_origin_nodes_within_round_off_of_zero_are_one_node():
+    """A step on a residual just above the breakdown threshold leaves a weightless node beside
+    the true origin node (seen on the cnn case: nodes at −4e-21 with weight 1e-19 and at
+    2.5e-16 with weight 0.88); taking the nearest alone reported a null share of 1e-19."""
+    import numpy as np
+
+    from flatcheck.linalg.slq import Quadrature
+    from flatcheck.probes.rank import origin_mass
+
+    rule = Quadrature(np.array([-4e-21, 2.5e-16, 6e-5, 1.0]), np.array([1e-19, 0.88, 0.05, 0.07]), 4, True)
+    m = origin_mass(rule, 1, zero_tol=1.5e-8)
+    assert m.weight == pytest.approx(0.88, rel=1e-12) and m.window == (-math.inf, 6e-5) and m.lower_bound_holds
+    # a node beyond the tolerance stays outside the block and bounds the window
+    m = origin_mass(rule, 1, zero_tol=1e-16)
+    assert m.weight == pytest.approx(1e-19) and m.window == (-math.inf, 2.5e-16)

@@ -68,12 +68,23 @@ class OriginMass:
 
 def origin_mass(rule: Quadrature, nodes_at_origin: int, zero_tol: float) -> OriginMass:
     """The mass of the `nodes_at_origin` adjacent nodes nearest 0 (adjacent: the set of the
-    n points nearest any x on a line is contiguous in sorted order)."""
+    n points nearest any x on a line is contiguous in sorted order), widened to every
+    neighbouring node within `zero_tol` of 0.
+
+    Nodes that close to 0 cannot be told from it: a Lanczos step taken on a residual just
+    above the breakdown threshold adds a round-off direction whose node lands beside the
+    true origin node with almost no weight, and the nearest node alone would then miss the
+    null space's mass. The bracket holds for any contiguous block of nodes around 0.
+    """
     t, w = rule.nodes, rule.weights
     m = len(t)
     n = min(nodes_at_origin, m)
     nearest = sorted(np.argsort(np.abs(t), kind="stable")[:n])
     a, b = int(nearest[0]), int(nearest[-1])
+    while a > 0 and abs(t[a - 1]) <= zero_tol:
+        a -= 1
+    while b + 1 < m and abs(t[b + 1]) <= zero_tol:
+        b += 1
     weight = float(w[a : b + 1].sum())
     location = float((w[a : b + 1] * t[a : b + 1]).sum() / weight) if weight > 0 else float(t[a])
     lo = float(t[a - 1]) if a > 0 else -math.inf

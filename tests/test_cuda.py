@@ -1,0 +1,131 @@
+"""CUDA: every backend on the GPU against dense float64 ground truth computed on the CPU.
+
+Skipped where torch sees no GPU (the CI machine); run on a lent GPU machine with
+`python -m pytest tests/test_cuda.py`. The OOM-halving logic itself is tested on the CPU
+in test_conformance.py; here it meets a real CUDA out-of-memory error.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+from typer.testing import CliRunner
+
+from conftest import dense, make_case
+from flatcheck.backends import ParamLayout, Problem, create_backend, list_backends
+from flatcheck.cli import app
+from flatcheck.data.batches import SampleSet
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+ROOT = Path(__file__).resolve().parents[1]
+EPS64 = torch.finfo(torch.float64).eps
+EPS32 = torch.finfo(torch.float32).eps
+BACKENDS = [b for b in list_backends() if b != "distributed"]
+CASES = [("mlp", "cross_entropy", "eval"), ("cnn", "cross_entropy", "eval"), ("cnn", "mse", "eval"),
+         ("cnn", "cross_entropy", "train")]
+
+
+def _on_cuda(case, dtype=torch.float64) -> Problem:
+    """The same problem as `case` (model, data, batching, loss), moved to the GPU in `dtype`."""
+    model = case.model.to(device="cuda", dtype=dtype)
+    samples = SampleSet(TensorDataset(case.X, case.Y), samples=case.X.shape[0],
+                        batch_size=case.problem.samples.batch_size, device=torch.device("cuda"), dtype=dtype)
+    return Problem(model=model, loss=case.problem.loss, samples=samples, layout=ParamLayout.from_model(model),
+                   bn_mode=case.problem.bn_mode)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double().cpu() - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind,loss,bn_mode", CASES)
+def test_products_on_cuda_match_dense(backend, kind, loss, bn_mode):
+    case = make_case(kind, loss=loss, bn_mode=bn_mode)
+    H, G = dense(case)  # on the CPU, before the model moves
+    b = create_backend(backend, _on_cuda(case))
+    V = torch.randn(5, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    Vc = V.cuda()
+    assert _rel(b.hvp(Vc), V @ H) < 1e3 * EPS64
+    assert _rel(b.ggn_vp(Vc), V @ G) < 1e3 * EPS64
+    got = b.ggn_trace().per_param.sum().item()
+    assert abs(got - G.trace().item()) <= 1e3 * EPS64 * G.trace().item()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float32_on_cuda_is_float32_accurate(backend):
+    """TF32 (10 mantissa bits, ~5e-4 relative) is off unless asked for: products stay near float32 round-off."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    case = make_case("cnn")
+    H, _ = dense(case)
+    b = create_backend(backend, _on_cuda(case, torch.float32))
+    V = torch.randn(4, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    assert _rel(b.hvp(V.float().cuda()), V.float().double() @ H) < 1e3 * EPS32
+
+
+def test_compiled_hvp_on_cuda_matches_dense():
+    case = make_case("cnn")
+    H, _ = dense(case)
+    b = create_backend("func", _on_cuda(case), compile=True)
+    V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a silent eager fallback would hide a broken compile
+        got = b.hvp(V.cuda())
+    assert b.compile_error is None
+    assert _rel(got, V @ H) < 1e3 * EPS64
+
+
+def test_a_real_cuda_out_of_memory_halves_the_chunk():
+    """A block that does not fit in a capped allocator is cut until it does, and the result is unchanged."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Tanh(), torch.nn.Linear(2048, 10)).cuda()
+    X, Y = torch.randn(64, 2048), torch.randint(0, 10, (64,))
+    samples = SampleSet(TensorDataset(X, Y), samples=64, batch_size=64, device=torch.device("cuda"))
+    from flatcheck.models.spec import LossSpec
+
+    problem = Problem(model, LossSpec("cross_entropy"), samples, ParamLayout.from_model(model))
+    P = problem.layout.dim  # ~4.2M parameters: one vector is 17 MB, a 64-vector chunk several GB of tangents
+    V = torch.randn(64, P, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    ref = create_backend("autograd", problem).hvp(V[:2])
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    allowed = torch.cuda.memory_allocated() + 1.5 * 2**30
+    torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total))
+    try:
+        b = create_backend("func", problem)
+        b.chunk = 64
+        with pytest.warns(UserWarning, match="CUDA out of memory; retrying with \\d+ vectors per pass"):
+            out = b.hvp(V)
+        assert b.chunk < 64
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert _rel(out[:2], ref.double().cpu()) < 1e3 * EPS32
+
+
+def _trace_json(tmp_path, device: str, *extra: str) -> dict:
+    out = tmp_path / f"{device.replace(':', '_')}.json"
+    args = ["trace", str(ROOT / "demo/digits_cnn.safetensors"), "--spec", str(ROOT / "model_specs/demo_digits.yaml"),
+            "--data", "digits", "--samples", "200", "--batch-size", "64", "--dtype", "float64", "--device", device,
+            "--max-probes", "8", "--json", str(out), "-q", *extra]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cli_on_cuda_equals_cpu(tmp_path, backend):
+    """Same seed, same probes, same data: the GPU's trace is the CPU's to float64 round-off."""
+    cpu = _trace_json(tmp_path, "cpu", "--backend", backend)
+    gpu = _trace_json(tmp_path, "cuda", "--backend", backend)
+    a, b = cpu["results"]["trace"]["value"], gpu["results"]["trace"]["value"]
+    assert gpu["device"].startswith("cuda")
+    assert abs(a - b) <= 1e6 * EPS64 * abs(a)
+    assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
