@@ -388,7 +388,7 @@ def _timed(row: Row, setup: Setup, counter: Counter | Callable[[], int], fn: Cal
 def flatcheck_row(row: Row, setup: Setup, task: Task, tool: str, hints: dict) -> None:
     from flatcheck.backends import create_backend
     from flatcheck.linalg import density, hutchinson, lanczos_top, slq
-    from flatcheck.linalg.trace import auto_block
+    from flatcheck.linalg.trace import default_block
     from flatcheck.operators import CurvatureOperator
     from flatcheck.probes.trace import TraceOptions
 
@@ -406,11 +406,13 @@ def flatcheck_row(row: Row, setup: Setup, task: Task, tool: str, hints: dict) ->
         return state["op"]
 
     if task.kind == "trace":
-        block = TraceOptions().block_size or auto_block(p.layout.dim, setup.dtype)  # what `flatcheck trace` uses
         est = _timed(row, setup, op_count, lambda: hutchinson(make_op(), generator=gen, max_probes=o["probes"],
-                                                              block_size=block))
+                                                              block_size=TraceOptions().block_size))
+        # what `flatcheck trace` uses
+        block = TraceOptions().block_size or default_block(state["op"])
+        how = "vᵀHv streamed from int8 signs" if state["op"].streams_quadratic else "(k, P) products"
         row.value = f"{est.value:.5g} ± {est.stderr:.2g}"
-        row.notes = f"blocks of {block}; backend built inside the timing"
+        row.notes = f"blocks of {block}, {how}; backend built inside the timing"
         row.extra.update(value=est.value, stderr=est.stderr)
     elif task.kind == "eig":
         res = _timed(row, setup, op_count, lambda: lanczos_top(make_op(), o["k"], generator=gen, tol=o["tol"],

@@ -84,3 +84,46 @@ def test_every_probe_agrees_across_backends(probe):
         else:
             # same seed, same draws: only float64 round-off separates the backends
             assert math.isclose(value, ref, rel_tol=1e-8, abs_tol=1e-12), (backend, value, ref)
+
+
+STREAMING = [b for b in BACKENDS if "hvp_sums" in make_case("mlp").backend(b).capabilities]
+
+
+@pytest.mark.parametrize("backend", STREAMING)
+@pytest.mark.parametrize("kind,bn_mode", [("mlp", "eval"), ("cnn", "eval"), ("cnn", "train")])
+def test_streamed_hvp_sums_match_dense(backend, kind, bn_mode):
+    """Per-parameter sums of v ⊙ Hv without the (k, P) product, from float rows and from int8 signs."""
+    case = make_case(kind, bn_mode=bn_mode)
+    H, _ = dense(case)
+    b = case.backend(backend)
+    layout = case.problem.layout
+    S = torch.randint(0, 2, (4, H.shape[0]), generator=torch.Generator().manual_seed(7), dtype=torch.int8) * 2 - 1
+    V = S.to(torch.float64)
+    want = layout.param_sum_matrix(V * (V @ H))
+    scale = (V.abs() * (V @ H).abs()).sum().item()  # round-off is relative to the terms summed, not the sum
+    for block in (V, S):
+        got = b.hvp_sums(block)
+        assert got.shape == (4, len(layout.names)) and got.dtype == torch.float64
+        assert (got - want).abs().max().item() <= 1e3 * EPS * scale
+
+
+def test_func_halves_its_chunk_on_cuda_out_of_memory(monkeypatch):
+    """A block too large for the device: the chunk halves until it fits, says so, and the
+    products are unchanged (tests/test_cuda.py meets a real CUDA OOM where a GPU exists)."""
+    case = make_case("mlp")
+    H, _ = dense(case)
+    b = case.backend("func")
+    real = b._hv_block
+
+    def small_device(params, frozen, x, y, W):
+        if next(iter(W.values())).shape[0] > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return real(params, frozen, x, y, W)
+
+    monkeypatch.setattr(b, "_hv_block", small_device)
+    V = torch.randn(7, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with pytest.warns(UserWarning, match="CUDA out of memory; retrying with 8 vectors per pass") as record:
+        got = b.hvp(V)
+    assert [str(w.message) for w in record][-1].endswith("retrying with 2 vectors per pass")
+    assert b.chunk == 2
+    assert _rel(got, V @ H) < 1e3 * EPS

@@ -179,3 +179,33 @@ def test_class_samples_needs_exact():
 
     with pytest.raises(ConfigError, match="--class-samples"):
         probe_requests(["trace"], {"trace": {"class_samples": 4}})
+
+
+def test_streamed_hutchinson_equals_the_block_product_route():
+    """The autograd backend streams vᵀHv from int8 signs; forcing the (k, P) product route
+    gives the same probes, hence the same values and parts, to float64 round-off."""
+    from flatcheck.linalg.random import rademacher, rademacher_signs
+    from flatcheck.operators import CurvatureOperator, LayoutParts
+
+    g1, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    assert torch.equal(rademacher_signs(3, 50, g1, device="cpu").double(),
+                       rademacher(3, 50, g2, dtype=torch.float64, device="cpu"))
+
+    case = make_case("cnn")
+    op = CurvatureOperator(case.backend("autograd"))
+    assert op.streams_quadratic
+
+    class Unstreamed(CurvatureOperator):
+        streams_quadratic = False
+
+    ref = Unstreamed(case.backend("autograd"))
+    split = LayoutParts(case.problem.layout)
+    runs = [hutchinson(o, generator=torch.Generator().manual_seed(9), max_probes=12, block_size=5, split=split)
+            for o in (op, ref)]
+    a, b = runs
+    assert a.matvecs == b.matvecs == 12 and op.matvecs == ref.matvecs == 12
+    tol = 1e3 * torch.finfo(torch.float64).eps
+    assert math.isclose(a.value, b.value, rel_tol=tol) and math.isclose(a.stderr, b.stderr, rel_tol=1e-9)
+    assert a.groups.keys() == b.groups.keys()
+    for key in a.groups:
+        assert math.isclose(a.groups[key][0], b.groups[key][0], rel_tol=tol, abs_tol=tol * abs(a.value))

@@ -9,6 +9,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from .backends.base import Backend
+from .backends.layout import ParamLayout
+from .linalg.reduce import rowsum64
 from .errors import ConfigError
 
 MATRICES = ("hessian", "ggn")
@@ -33,3 +35,34 @@ class CurvatureOperator:
         """(k, P) → (k, P)."""
         self.matvecs += V.shape[0]
         return self._product(V)
+
+    @property
+    def streams_quadratic(self) -> bool:
+        """Whether `quadratic` gets its sums from the backend without a (k, P) product."""
+        return self.matrix == "hessian" and "hvp_sums" in self.backend.capabilities
+
+    def quadratic(self, S: Tensor, split: "LayoutParts | None" = None) -> tuple[Tensor, dict]:
+        """vᵀAv for every row v of S ((k, P), ±1 int8 signs or floats) in float64, and the
+        parts of V ⊙ AV that `split` defines; k matrix-vector products."""
+        self.matvecs += S.shape[0]
+        if self.streams_quadratic:
+            sums = self.backend.hvp_sums(S)
+            return sums.sum(1), (split.of_sums(sums) if split is not None else {})
+        V = S.to(self.dtype)
+        prod = self._product(V).mul_(V)
+        return rowsum64(prod), (split(prod) if split is not None else {})
+
+
+class LayoutParts:
+    """Module parts ("module", group) and parameter parts ("param", name) of a (k, P) block,
+    or of its per-parameter sums: both give the same float64 numbers."""
+
+    def __init__(self, layout: ParamLayout):
+        self.layout = layout
+
+    def __call__(self, block: Tensor) -> dict:
+        return self.of_sums(self.layout.param_sum_matrix(block))
+
+    def of_sums(self, sums: Tensor) -> dict:
+        modules = {("module", g): v for g, v in self.layout.group_sums_of(sums).items()}
+        return {**modules, **{("param", n): sums[:, j] for j, n in enumerate(self.layout.names)}}

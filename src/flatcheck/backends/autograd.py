@@ -16,6 +16,7 @@ from torch.func import functional_call, vjp, vmap
 
 from ..losses import apply_output_hessian, output_hessian_factors, per_sample_loss, sample_columns
 from .base import GGNTrace, Problem, model_mode, register_backend
+from ..linalg.reduce import rowsum64
 from .persample import layer_sqnorms
 
 # Memory allowed for one chunk of per-sample gradients in the exact GGN trace.
@@ -25,7 +26,7 @@ _PER_SAMPLE_BYTES = 256 * 2**20
 @register_backend("autograd")
 class AutogradBackend:
     name = "autograd"
-    capabilities = frozenset({"hvp", "ggn_vp", "ggn_trace", "outputs"})
+    capabilities = frozenset({"hvp", "hvp_sums", "ggn_vp", "ggn_trace", "outputs"})
 
     def __init__(self, problem: Problem, per_sample: str = "layers"):
         self.problem = problem
@@ -71,32 +72,60 @@ class AutogradBackend:
         frozen.update(dict(model.named_buffers()))
         return chosen, frozen
 
+    def _graphs(self) -> Iterator[tuple[tuple[int, ...], tuple[Tensor, ...]]]:
+        """(parameter indices, gradients with their graph) per batch, inside the model mode.
+
+        A one-batch sample set keeps its graph across calls. Batches where the loss is
+        linear in every parameter (H = 0) are skipped.
+        """
+        if self.problem.samples.num_batches == 1:
+            if self._cached_grad is None:
+                self._cached_grad = self._grad_with_graph(next(iter(self.problem.samples)))
+            grads = iter([self._cached_grad])
+        else:
+            grads = (self._grad_with_graph(b) for b in self.problem.samples)
+        for g in grads:
+            if g:
+                yield tuple(zip(*g))  # type: ignore[misc]
+
+    def _hv_row(self, index, outputs, v: list[Tensor]) -> tuple[Tensor | None, ...]:
+        """H_batch v for one vector given per parameter; None where a part is zero."""
+        return torch.autograd.grad(outputs, self._params, [v[j] for j in index], retain_graph=True,
+                                   allow_unused=True)
+
     # -- products ------------------------------------------------------------------------
     def hvp(self, V: Tensor) -> Tensor:
         layout = self.problem.layout
         out = torch.zeros_like(V)
         rows_out = [layout.split(out[i : i + 1]) for i in range(V.shape[0])]
-        rows_in = [layout.split(V[i : i + 1]) for i in range(V.shape[0])]
+        rows_in = [[t[0] for t in layout.split(V[i : i + 1])] for i in range(V.shape[0])]
         with self._mode():
-            if self.problem.samples.num_batches == 1:
-                if self._cached_grad is None:
-                    self._cached_grad = self._grad_with_graph(next(iter(self.problem.samples)))
-                grads = [self._cached_grad]
-            else:
-                grads = (self._grad_with_graph(b) for b in self.problem.samples)
-            for g in grads:
-                if not g:
-                    continue  # the loss is linear in every parameter here: H = 0
-                index, outputs = zip(*g)
+            for index, outputs in self._graphs():
                 # one backward per vector, added straight into its row of `out`: a block of
                 # products costs no (k, P) temporaries beyond V and the result
                 for i in range(V.shape[0]):
-                    hv = torch.autograd.grad(outputs, self._params, [rows_in[i][j][0] for j in index],
-                                             retain_graph=True, allow_unused=True)
-                    for acc, piece in zip(rows_out[i], hv):
+                    for acc, piece in zip(rows_out[i], self._hv_row(index, outputs, rows_in[i])):
                         if piece is not None:
                             acc.add_(piece.unsqueeze(0))
         return out
+
+    def hvp_sums(self, S: Tensor) -> Tensor:
+        """Σ over each parameter tensor of v ⊙ Hv, for every row v of S: (k, n_params) float64.
+
+        S may be an int8 block of ±1 signs. Only one float vector and its product exist at a
+        time, and each batch's forward and first-order graph serve the whole block, so a
+        Hutchinson block over many batches costs k·P bytes instead of 2·k·P floats.
+        """
+        layout, dtype = self.problem.layout, self.problem.dtype
+        sums = torch.zeros(S.shape[0], len(self._params), dtype=torch.float64, device=S.device)
+        with self._mode():
+            for index, outputs in self._graphs():
+                for i in range(S.shape[0]):
+                    v = [t[0] for t in layout.split(S[i : i + 1].to(dtype))]
+                    for j, piece in enumerate(self._hv_row(index, outputs, v)):
+                        if piece is not None:
+                            sums[i, j] += rowsum64(piece.mul_(v[j]).reshape(1, -1))[0]
+        return sums
 
     def ggn_vp(self, V: Tensor) -> Tensor:
         layout = self.problem.layout

@@ -66,6 +66,11 @@ class Backend(Protocol):
 
     def hvp(self, V: Tensor) -> Tensor: ...
 
+    # optional, with "hvp_sums" in capabilities: per-parameter-tensor sums of V ⊙ HV,
+    # (k, len(layout.names)) float64, for V given as a (k, P) block (int8 signs allowed)
+    # without forming the (k, P) product
+    # def hvp_sums(self, S: Tensor) -> Tensor: ...
+
     def ggn_vp(self, V: Tensor) -> Tensor: ...
 
     def ggn_trace(self, class_samples: int | None = None, generator: torch.Generator | None = None,

@@ -66,6 +66,9 @@ class DistributedBackend:
     def hvp(self, V: Tensor) -> Tensor:
         return self._sum(self._local.hvp(V))
 
+    def hvp_sums(self, S: Tensor) -> Tensor:
+        return self._sum(self._local.hvp_sums(S))
+
     def ggn_vp(self, V: Tensor) -> Tensor:
         return self._sum(self._local.ggn_vp(V))
 

@@ -32,7 +32,9 @@ DEFAULT_CHUNK = 16
 @register_backend("func")
 class FuncBackend(AutogradBackend):
     name = "func"
-    capabilities = AutogradBackend.capabilities
+    # hvp_sums would be the autograd reference's double backward: Hutchinson here takes
+    # vmapped (k, P) products instead
+    capabilities = AutogradBackend.capabilities - {"hvp_sums"}
 
     def __init__(self, problem: Problem, chunk: int = DEFAULT_CHUNK, compile: bool = False):
         super().__init__(problem)

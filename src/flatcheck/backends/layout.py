@@ -81,6 +81,17 @@ class ParamLayout:
         """Sum a (k, P) block within each parameter tensor → {name: (k,)}, in float64."""
         return {n: rowsum64(piece) for n, piece in zip(self.names, block.split(self.sizes, dim=1))}
 
+    def param_sum_matrix(self, block: Tensor) -> Tensor:
+        """(k, P) → (k, len(names)) float64 sums within each parameter tensor."""
+        return torch.stack([rowsum64(piece) for piece in block.split(self.sizes, dim=1)], dim=1)
+
+    def group_sums_of(self, sums: Tensor) -> dict[str, Tensor]:
+        """Per-parameter sums (k, len(names)) → {group: (k,)}, the same as group_sums of the block."""
+        out: dict[str, Tensor] = {}
+        for j, group in enumerate(self.groups):
+            out[group] = out[group] + sums[:, j] if group in out else sums[:, j].clone()
+        return out
+
     def group_sizes(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for size, group in zip(self.sizes, self.groups):

@@ -16,5 +16,11 @@ def rademacher(k: int, dim: int, generator: torch.Generator, *, dtype: torch.dty
     return bits.to(dtype).mul_(2).sub_(1).to(device)  # in place: one (k, dim) float block, not three
 
 
+def rademacher_signs(k: int, dim: int, generator: torch.Generator, *, device) -> Tensor:
+    """The same k vectors as `rademacher` with the same generator state, as int8 (4x smaller)."""
+    bits = torch.randint(0, 2, (k, dim), generator=generator, dtype=torch.int8)
+    return bits.mul_(2).sub_(1).to(device)
+
+
 def gaussian(k: int, dim: int, generator: torch.Generator, *, dtype: torch.dtype, device) -> Tensor:
     return torch.randn(k, dim, generator=generator, dtype=torch.float64).to(dtype=dtype, device=device)

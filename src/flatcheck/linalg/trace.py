@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from .random import rademacher
+from .random import rademacher, rademacher_signs
 from .reduce import rowsum64
 
 Split = Callable[[Tensor], dict[str, Tensor]]
@@ -44,16 +44,24 @@ MAX_BLOCK = 8
 
 
 def auto_block(dim: int, dtype: torch.dtype) -> int:
-    """Probes per block: as many as fit BLOCK_BYTES, between 1 and MAX_BLOCK.
+    """Probes per block: as many vectors of `dtype` as fit BLOCK_BYTES, between 1 and MAX_BLOCK.
 
-    A block shares each batch's forward (and gradient) across its vectors, but the
-    estimator holds the block and its product, 2·k·P numbers: for an 11M-parameter
-    ResNet-18 a block of 8 holds 700 MB where one vector at a time needs 90 MB, as
-    PyHessian does. Small models (the demo: 14k parameters) get blocks of 8; large ones
-    get 1 unless block_size asks for more (fewer forwards over many batches, more memory).
+    A block shares each batch's forward (and gradient) across its vectors. Given as
+    floats with their product, a block holds 2·k·P numbers: for an 11M-parameter
+    ResNet-18 a block of 8 would hold 700 MB where one vector at a time needs 90 MB, as
+    PyHessian does, so large models get 1. An operator that streams vᵀAv (the autograd
+    backend's Hessian) needs only the block's int8 signs and one float vector at a
+    time: 5 probes per block for ResNet-18, 8 for the demo.
     """
-    per_vector = dim * torch.finfo(dtype).bits // 8
+    per_vector = dim * (torch.finfo(dtype).bits if dtype.is_floating_point else torch.iinfo(dtype).bits) // 8
     return max(1, min(MAX_BLOCK, BLOCK_BYTES // max(per_vector, 1)))
+
+
+def default_block(op: Operator) -> int:
+    """hutchinson's block size when none is given (see auto_block)."""
+    if getattr(op, "streams_quadratic", False):
+        return auto_block(op.dim, torch.int8)  # a streamed block holds only its int8 signs
+    return auto_block(op.dim, op.dtype)
 
 
 def _mean_stderr(values: Tensor) -> tuple[float, float | None]:
@@ -84,15 +92,20 @@ def hutchinson(
     values: list[Tensor] = []
     parts: dict[str, list[Tensor]] = {}
     done, reason = 0, "max_probes"
-    block = block_size or auto_block(op.dim, op.dtype)
+    streams = getattr(op, "streams_quadratic", False)
+    block = block_size or default_block(op)
     while done < max_probes:
         k = min(block, max_probes - done)
-        V = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
-        prod = op.matmat(V).mul_(V)
-        values.append(rowsum64(prod).cpu())
-        if split is not None:
-            for name, v in split(prod).items():
-                parts.setdefault(name, []).append(v.to(torch.float64).cpu())
+        if streams:
+            S = rademacher_signs(k, op.dim, generator, device=op.device)
+            vals, pieces = op.quadratic(S, split)
+        else:
+            V = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
+            prod = op.matmat(V).mul_(V)
+            vals, pieces = rowsum64(prod), (split(prod) if split is not None else {})
+        values.append(vals.cpu())
+        for name, v in pieces.items():
+            parts.setdefault(name, []).append(v.to(torch.float64).cpu())
         done += k
         if progress is not None:
             progress(done, max_probes)

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from ..errors import ConfigError
 from ..linalg import hutchinson, hutchpp
-from ..operators import CurvatureOperator
+from ..operators import CurvatureOperator, LayoutParts
 from ..report.result import ProbeResult
 from .registry import ProbeContext, register_probe
 
@@ -71,10 +71,8 @@ class TraceProbe:
             if ctx.progress is not None:
                 ctx.progress(f"trace ({options.estimator})", done, total)
 
-        def split(block):
-            # module parts for the table, parameter parts for exact bookkeeping (e.g. invariance)
-            return {**{("module", g): v for g, v in layout.group_sums(block).items()},
-                    **{("param", n): v for n, v in layout.param_sums(block).items()}}
+        # module parts for the table, parameter parts for exact bookkeeping (e.g. invariance)
+        split = LayoutParts(layout)
 
         seed = ctx.seed
         if options.estimator == "exact":
