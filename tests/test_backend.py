@@ -104,3 +104,50 @@ def test_dropout_is_off():
     backend = create_backend("autograd", problem)
     V = torch.randn(1, problem.layout.dim, dtype=torch.float64)
     assert torch.equal(backend.hvp(V), backend.hvp(V))
+
+
+def _forwards(model) -> list[int]:
+    calls = [0]
+    model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_first_order_graphs_are_kept_across_products():
+    """Three batches whose graphs fit the budget: the second product runs no forward and
+    gives the same numbers as the first, which equal the dense Hessian's."""
+    from conftest import dense
+
+    case = make_case("cnn", n=23, batch_size=10)
+    H, _ = dense(case)
+    b = case.backend("autograd")
+    calls = _forwards(case.model)
+    V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    first = b.hvp(V)
+    assert calls[0] == 3 and len(b._kept) == 3
+    assert torch.equal(b.hvp(V), first) and calls[0] == 3
+    sums = b.problem.layout.param_sum_matrix(V * first)
+    assert torch.allclose(b.hvp_sums(V), sums, rtol=0, atol=1e3 * torch.finfo(torch.float64).eps * sums.abs().max().item())
+    assert calls[0] == 3
+    assert ((first - V @ H).norm() / (V @ H).norm()).item() < 1e3 * torch.finfo(torch.float64).eps
+
+
+def test_graphs_beyond_the_budget_are_rebuilt(monkeypatch):
+    import flatcheck.backends.autograd as ag
+    from conftest import dense
+
+    case = make_case("mlp", n=23, batch_size=10)
+    H, _ = dense(case)
+    probe = case.backend("autograd")
+    _, held = probe._grad_with_graph(next(iter(case.problem.samples)))
+    # every saved tensor and gradient of a 10-sample batch: at least the gradients themselves
+    assert held >= H.shape[0] * 8
+    monkeypatch.setattr(ag, "GRAPH_CACHE_BYTES", held + held // 2)  # room for one batch's graph, not two
+    b = case.backend("autograd")
+    calls = _forwards(case.model)
+    V = torch.randn(2, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    first = b.hvp(V)
+    assert len(b._kept) == 1 and calls[0] == 3
+    second = b.hvp(V)
+    assert calls[0] == 5  # batches 1 and 2 again, batch 0 from its kept graph
+    assert torch.allclose(second, first, rtol=0, atol=1e3 * torch.finfo(torch.float64).eps * first.abs().max().item())
+    assert ((second - V @ H).norm() / (V @ H).norm()).item() < 1e3 * torch.finfo(torch.float64).eps

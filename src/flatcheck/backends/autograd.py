@@ -14,13 +14,17 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, vjp, vmap
 
+from ..linalg.reduce import rowsum64
 from ..losses import apply_output_hessian, output_hessian_factors, per_sample_loss, sample_columns
 from .base import GGNTrace, Problem, model_mode, register_backend
-from ..linalg.reduce import rowsum64
 from .persample import layer_sqnorms
 
 # Memory allowed for one chunk of per-sample gradients in the exact GGN trace.
 _PER_SAMPLE_BYTES = 256 * 2**20
+# First-order graphs kept across products, beyond the first batch's (always kept): their
+# saved activations and gradients, counted as they are built. Each kept batch saves its
+# forward and gradient (about a third of an HVP's cost) in every later product.
+GRAPH_CACHE_BYTES = 1024 * 2**20
 
 
 @register_backend("autograd")
@@ -32,22 +36,42 @@ class AutogradBackend:
         self.problem = problem
         self.per_sample = per_sample  # "layers" or "vmap": how the exact GGN trace gets ‖J_nᵀu‖²
         self._params = problem.layout.params(problem.model)
-        self._cached_grad: Tensor | None = None
+        self._kept: list[list[tuple[int, Tensor]]] = []  # graphs of batches 0, 1, … kept across calls
+        self._kept_bytes = 0
+        self._keeping = True  # False once a batch did not fit GRAPH_CACHE_BYTES
 
     # -- helpers -------------------------------------------------------------------------
     def _mode(self):
         return model_mode(self.problem.model, self.problem.bn_mode)
 
-    def _grad_with_graph(self, batch) -> list[tuple[int, Tensor]]:
-        """(index, gradient with its graph) for each parameter the loss depends on.
+    def _grad_with_graph(self, batch) -> tuple[list[tuple[int, Tensor]], int]:
+        """(index, gradient with its graph) for each parameter the loss depends on, and the
+        bytes the graph holds (saved tensors other than parameters and buffers, and the
+        gradients), so that the caller can decide whether to keep it.
 
         Kept per tensor rather than concatenated: a flat copy would hold one more
         parameter-sized tensor inside the kept graph.
         """
-        logits = self.problem.model(batch.x)
-        loss = per_sample_loss(logits, batch.y, self.problem.loss).mean() * batch.weight
-        grads = torch.autograd.grad(loss, self._params, create_graph=True, allow_unused=True)
-        return [(j, g) for j, g in enumerate(grads) if g is not None and g.requires_grad]
+        model = self.problem.model
+        owned = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+        seen: set[int] = set()
+        held = 0
+
+        def count(t: Tensor) -> Tensor:
+            nonlocal held
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr not in owned and ptr not in seen:
+                seen.add(ptr)
+                held += storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+            logits = model(batch.x)
+            loss = per_sample_loss(logits, batch.y, self.problem.loss).mean() * batch.weight
+            grads = torch.autograd.grad(loss, self._params, create_graph=True, allow_unused=True)
+        kept = [(j, g) for j, g in enumerate(grads) if g is not None and g.requires_grad]
+        return kept, held + sum(g.numel() * g.element_size() for _, g in kept)
 
     def _pullback(self, output: Tensor, inputs, cotangents: Tensor) -> list[Tensor]:
         """VJPs of `output` for a block of cotangents (k, *output.shape), one backward each.
@@ -73,18 +97,32 @@ class AutogradBackend:
         return chosen, frozen
 
     def _graphs(self) -> Iterator[tuple[tuple[int, ...], tuple[Tensor, ...]]]:
-        """(parameter indices, gradients with their graph) per batch, inside the model mode.
+        """(parameter indices, gradients with their graph) per batch; the caller holds the model mode.
 
-        A one-batch sample set keeps its graph across calls. Batches where the loss is
-        linear in every parameter (H = 0) are skipped.
+        Graphs are kept across calls for batches 0, 1, … while they fit GRAPH_CACHE_BYTES
+        together (a single batch's always); later products only backpropagate through them.
+        The rest are rebuilt on every call. Batches where the loss is linear in every
+        parameter (H = 0) yield nothing.
         """
-        if self.problem.samples.num_batches == 1:
-            if self._cached_grad is None:
-                self._cached_grad = self._grad_with_graph(next(iter(self.problem.samples)))
-            grads = iter([self._cached_grad])
+        n_kept = len(self._kept)
+        if n_kept == self.problem.samples.num_batches:
+            batches: Iterator = iter(())  # every graph is kept: the data is not read again
         else:
-            grads = (self._grad_with_graph(b) for b in self.problem.samples)
-        for g in grads:
+            batches = iter(self.problem.samples)
+        for i in range(self.problem.samples.num_batches):
+            if i < n_kept:
+                g = self._kept[i]
+                if n_kept < self.problem.samples.num_batches:
+                    next(batches)  # skip its data
+            else:
+                g, held = self._grad_with_graph(next(batches))
+                # one batch: its graph is needed for every product anyway, so it is always kept
+                alone = self.problem.samples.num_batches == 1
+                if self._keeping and (alone or self._kept_bytes + held <= GRAPH_CACHE_BYTES):
+                    self._kept.append(g)
+                    self._kept_bytes += held
+                else:
+                    self._keeping = False
             if g:
                 yield tuple(zip(*g))  # type: ignore[misc]
 
@@ -124,7 +162,7 @@ class AutogradBackend:
                     v = [t[0] for t in layout.split(S[i : i + 1].to(dtype))]
                     for j, piece in enumerate(self._hv_row(index, outputs, v)):
                         if piece is not None:
-                            sums[i, j] += rowsum64(piece.mul_(v[j]).reshape(1, -1))[0]
+                            sums[i, j] += rowsum64((piece * v[j]).reshape(1, -1))[0]
         return sums
 
     def ggn_vp(self, V: Tensor) -> Tensor:
