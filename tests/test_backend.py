@@ -113,8 +113,9 @@ def _forwards(model) -> list[int]:
 
 
 def test_first_order_graphs_are_kept_across_products():
-    """Three batches whose graphs fit the budget: the second product runs no forward and
-    gives the same numbers as the first, which equal the dense Hessian's."""
+    """Three batches whose graphs fit the budget: none is kept by the first call (a single
+    pass would hold them for nothing), all by the second, and the third runs no forward;
+    every call gives the same numbers, which equal the dense Hessian's."""
     from conftest import dense
 
     case = make_case("cnn", n=23, batch_size=10)
@@ -123,11 +124,12 @@ def test_first_order_graphs_are_kept_across_products():
     calls = _forwards(case.model)
     V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     first = b.hvp(V)
-    assert calls[0] == 3 and len(b._kept) == 3
-    assert torch.equal(b.hvp(V), first) and calls[0] == 3
+    assert calls[0] == 3 and len(b._kept) == 0
+    assert torch.equal(b.hvp(V), first) and calls[0] == 6 and len(b._kept) == 3
+    assert torch.equal(b.hvp(V), first) and calls[0] == 6
     sums = b.problem.layout.param_sum_matrix(V * first)
     assert torch.allclose(b.hvp_sums(V), sums, rtol=0, atol=1e3 * torch.finfo(torch.float64).eps * sums.abs().max().item())
-    assert calls[0] == 3
+    assert calls[0] == 6
     assert ((first - V @ H).norm() / (V @ H).norm()).item() < 1e3 * torch.finfo(torch.float64).eps
 
 
@@ -146,8 +148,10 @@ def test_graphs_beyond_the_budget_are_rebuilt(monkeypatch):
     calls = _forwards(case.model)
     V = torch.randn(2, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     first = b.hvp(V)
-    assert len(b._kept) == 1 and calls[0] == 3
+    assert len(b._kept) == 0 and calls[0] == 3
+    b.hvp(V)
+    assert len(b._kept) == 1 and calls[0] == 6
     second = b.hvp(V)
-    assert calls[0] == 5  # batches 1 and 2 again, batch 0 from its kept graph
+    assert calls[0] == 8  # batches 1 and 2 again, batch 0 from its kept graph
     assert torch.allclose(second, first, rtol=0, atol=1e3 * torch.finfo(torch.float64).eps * first.abs().max().item())
     assert ((second - V @ H).norm() / (V @ H).norm()).item() < 1e3 * torch.finfo(torch.float64).eps

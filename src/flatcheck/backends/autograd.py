@@ -39,6 +39,7 @@ class AutogradBackend:
         self._kept: list[list[tuple[int, Tensor]]] = []  # graphs of batches 0, 1, … kept across calls
         self._kept_bytes = 0
         self._keeping = True  # False once a batch did not fit GRAPH_CACHE_BYTES
+        self._passes = 0  # calls of _graphs so far
 
     # -- helpers -------------------------------------------------------------------------
     def _mode(self):
@@ -101,9 +102,11 @@ class AutogradBackend:
 
         Graphs are kept across calls for batches 0, 1, … while they fit GRAPH_CACHE_BYTES
         together (a single batch's always); later products only backpropagate through them.
-        The rest are rebuilt on every call. Batches where the loss is linear in every
-        parameter (H = 0) yield nothing.
+        The rest are rebuilt on every call. Over several batches keeping starts with the
+        second call: a single pass (one Hutchinson block) would hold the memory for nothing.
+        Batches where the loss is linear in every parameter (H = 0) yield nothing.
         """
+        self._passes += 1
         n_kept = len(self._kept)
         if n_kept == self.problem.samples.num_batches:
             batches: Iterator = iter(())  # every graph is kept: the data is not read again
@@ -118,11 +121,12 @@ class AutogradBackend:
                 g, held = self._grad_with_graph(next(batches))
                 # one batch: its graph is needed for every product anyway, so it is always kept
                 alone = self.problem.samples.num_batches == 1
-                if self._keeping and (alone or self._kept_bytes + held <= GRAPH_CACHE_BYTES):
+                fits = self._passes > 1 and self._kept_bytes + held <= GRAPH_CACHE_BYTES
+                if self._keeping and (alone or fits):
                     self._kept.append(g)
                     self._kept_bytes += held
-                else:
-                    self._keeping = False
+                elif self._passes > 1:
+                    self._keeping = False  # the budget is spent: only a prefix of batches is kept
             if g:
                 yield tuple(zip(*g))  # type: ignore[misc]
 
