@@ -10,7 +10,6 @@ from torch import Tensor
 
 from .backends.base import Backend
 from .backends.layout import ParamLayout
-from .linalg.reduce import rowsum64
 from .errors import ConfigError
 
 MATRICES = ("hessian", "ggn")
@@ -43,14 +42,11 @@ class CurvatureOperator:
 
     def quadratic(self, S: Tensor, split: "LayoutParts | None" = None) -> tuple[Tensor, dict]:
         """vᵀAv for every row v of S ((k, P), ±1 int8 signs or floats) in float64, and the
-        parts of V ⊙ AV that `split` defines; k matrix-vector products."""
+        parts of V ⊙ AV that `split` defines; k matrix-vector products. Only where
+        `streams_quadratic`; elsewhere estimators take `matmat`."""
         self.matvecs += S.shape[0]
-        if self.streams_quadratic:
-            sums = self.backend.hvp_sums(S)
-            return sums.sum(1), (split.of_sums(sums) if split is not None else {})
-        V = S.to(self.dtype)
-        prod = self._product(V).mul_(V)
-        return rowsum64(prod), (split(prod) if split is not None else {})
+        sums = self.backend.hvp_sums(S)
+        return sums.sum(1), (split.of_sums(sums) if split is not None else {})
 
 
 class LayoutParts:

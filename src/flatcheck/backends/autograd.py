@@ -8,6 +8,7 @@ calls when the sample set is a single batch.
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Iterator
 
 import torch
@@ -38,7 +39,6 @@ class AutogradBackend:
         self._params = problem.layout.params(problem.model)
         self._kept: list[list[tuple[int, Tensor]]] = []  # graphs of batches 0, 1, … kept across calls
         self._kept_bytes = 0
-        self._keeping = True  # False once a batch did not fit GRAPH_CACHE_BYTES
         self._passes = 0  # calls of _graphs so far
 
     # -- helpers -------------------------------------------------------------------------
@@ -107,26 +107,21 @@ class AutogradBackend:
         Batches where the loss is linear in every parameter (H = 0) yield nothing.
         """
         self._passes += 1
-        n_kept = len(self._kept)
-        if n_kept == self.problem.samples.num_batches:
-            batches: Iterator = iter(())  # every graph is kept: the data is not read again
-        else:
-            batches = iter(self.problem.samples)
-        for i in range(self.problem.samples.num_batches):
-            if i < n_kept:
-                g = self._kept[i]
-                if n_kept < self.problem.samples.num_batches:
-                    next(batches)  # skip its data
-            else:
-                g, held = self._grad_with_graph(next(batches))
-                # one batch: its graph is needed for every product anyway, so it is always kept
-                alone = self.problem.samples.num_batches == 1
-                fits = self._passes > 1 and self._kept_bytes + held <= GRAPH_CACHE_BYTES
-                if self._keeping and (alone or fits):
-                    self._kept.append(g)
-                    self._kept_bytes += held
-                elif self._passes > 1:
-                    self._keeping = False  # the budget is spent: only a prefix of batches is kept
+        n = self.problem.samples.num_batches
+        for g in self._kept:
+            if g:
+                yield tuple(zip(*g))  # type: ignore[misc]
+        if len(self._kept) == n:
+            return  # every graph is kept: the data is not read again
+        start = len(self._kept)
+        for i, batch in enumerate(itertools.islice(self.problem.samples, start, None), start):
+            g, held = self._grad_with_graph(batch)
+            # only right after the kept prefix, so that the kept graphs stay batches 0, 1, …;
+            # a single batch's graph is needed for every product anyway and is always kept
+            fits = self._passes > 1 and self._kept_bytes + held <= GRAPH_CACHE_BYTES
+            if i == len(self._kept) and (n == 1 or fits):
+                self._kept.append(g)
+                self._kept_bytes += held
             if g:
                 yield tuple(zip(*g))  # type: ignore[misc]
 

@@ -65,28 +65,16 @@ class ParamLayout:
         """Per-parameter (k, *shape) tensors → (k, P)."""
         return torch.cat([p.reshape(k, -1) for p in pieces], dim=1)
 
-    def group_sums(self, block: Tensor) -> dict[str, Tensor]:
-        """Sum a (k, P) block within each module group → {group: (k,)}, in float64.
-
-        Totals are accumulated in float64 too, so the parts add up to the total
-        whatever the working dtype.
-        """
-        out: dict[str, Tensor] = {}
-        for piece, group in zip(block.split(self.sizes, dim=1), self.groups):
-            s = rowsum64(piece)
-            out[group] = out[group] + s if group in out else s
-        return out
-
-    def param_sums(self, block: Tensor) -> dict[str, Tensor]:
-        """Sum a (k, P) block within each parameter tensor → {name: (k,)}, in float64."""
-        return {n: rowsum64(piece) for n, piece in zip(self.names, block.split(self.sizes, dim=1))}
-
     def param_sum_matrix(self, block: Tensor) -> Tensor:
-        """(k, P) → (k, len(names)) float64 sums within each parameter tensor."""
+        """(k, P) → (k, len(names)) sums within each parameter tensor, in float64.
+
+        Accumulated in float64 (and group sums from these), so the parts add up to the
+        total whatever the working dtype.
+        """
         return torch.stack([rowsum64(piece) for piece in block.split(self.sizes, dim=1)], dim=1)
 
     def group_sums_of(self, sums: Tensor) -> dict[str, Tensor]:
-        """Per-parameter sums (k, len(names)) → {group: (k,)}, the same as group_sums of the block."""
+        """Per-parameter sums (k, len(names)) → {group: (k,)}."""
         out: dict[str, Tensor] = {}
         for j, group in enumerate(self.groups):
             out[group] = out[group] + sums[:, j] if group in out else sums[:, j].clone()

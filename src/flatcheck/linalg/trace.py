@@ -53,7 +53,7 @@ def auto_block(dim: int, dtype: torch.dtype) -> int:
     backend's Hessian) needs only the block's int8 signs and one float vector at a
     time: 5 probes per block for ResNet-18, 8 for the demo.
     """
-    per_vector = dim * (torch.finfo(dtype).bits if dtype.is_floating_point else torch.iinfo(dtype).bits) // 8
+    per_vector = dim * dtype.itemsize
     return max(1, min(MAX_BLOCK, BLOCK_BYTES // max(per_vector, 1)))
 
 
