@@ -393,10 +393,11 @@ def flatcheck_row(row: Row, setup: Setup, task: Task, tool: str, hints: dict) ->
     from flatcheck.backends import create_backend
     from flatcheck.linalg import density, hutchinson, lanczos_top, slq
     from flatcheck.linalg.trace import default_block
-    from flatcheck.operators import CurvatureOperator
+    from flatcheck.operators import CurvatureOperator, LayoutParts
     from flatcheck.probes.trace import TraceOptions
 
-    name, _, flag = tool.split(":", 1)[1].partition("+")  # "func+compile": the func backend, torch.compiled
+    # "func+compile": the func backend, torch.compiled; "autograd+parts": a trace with per-layer parts
+    name, _, flag = tool.split(":", 1)[1].partition("+")
     compile_ = flag == "compile"
     o, p = task.opts, setup.problem
     gen = torch.Generator().manual_seed(0)
@@ -410,11 +411,26 @@ def flatcheck_row(row: Row, setup: Setup, task: Task, tool: str, hints: dict) ->
         return state["op"]
 
     if task.kind == "trace":
-        est = _timed(row, setup, op_count, lambda: hutchinson(make_op(), generator=gen, max_probes=o["probes"],
-                                                              block_size=TraceOptions().block_size))
-        # what `flatcheck trace` uses
-        block = TraceOptions().block_size or default_block(state["op"])
-        how = "vᵀHv streamed from int8 signs" if state["op"].streams_quadratic else "(k, P) products"
+        parts = flag == "parts"
+
+        def go():
+            op = make_op()
+            return hutchinson(op, generator=gen, max_probes=o["probes"], block_size=TraceOptions().block_size,
+                              split=LayoutParts(op.layout) if parts else None)
+
+        est = _timed(row, setup, op_count, go)
+        # what `flatcheck trace` uses (with --no-layers for the rows without parts)
+        op = state["op"]
+        block = TraceOptions().block_size or default_block(op, parts=parts)
+        if parts:
+            how = ("per-layer parts (`flatcheck trace`): vᵀHv and its parts by double-backward HVPs from int8 signs"
+                   if op.streams_quadratic else "per-layer parts: (k, P) products")
+        elif "vhv" in op.backend.capabilities and op.streams_total:
+            why = getattr(op.backend, "vhv_error", None)
+            how = ("total only (`--no-layers`): vᵀHv by forward tangents against first-order adjoints, no HVP"
+                   if why is None else f"total only: vᵀHv by HVPs, forward tangents FAILED: {why}")
+        else:
+            how = "total only: (k, P) products"
         row.value = f"{est.value:.5g} ± {est.stderr:.2g}"
         row.notes = f"blocks of {block}, {how}; backend built inside the timing"
         row.extra.update(value=est.value, stderr=est.stderr)
@@ -748,6 +764,10 @@ def peer_available(peer: str) -> str | None:
 
 def tools_for(task: Task, backends: list[str], peers: list[str]) -> list[str]:
     tools = [f"flatcheck:{b}" for b in backends]
+    if task.kind == "trace" and "autograd" in backends:
+        # `flatcheck trace` with its per-layer table: parts need Hv, so HVPs (the plain rows
+        # are `--no-layers`, the total alone, which takes vᵀHv by forward tangents)
+        tools.insert(backends.index("autograd") + 1, "flatcheck:autograd+parts")
     if task.kind == "hvpgrad" and task.opts.get("compile") and "func" in backends:
         tools.append("flatcheck:func+compile")
     if task.kind in ("hvpgrad", "block", "ggn"):

@@ -63,8 +63,10 @@ def make_case(kind: str, *, loss: str = "cross_entropy", n: int = 23, batch_size
     return Case(model, problem, X, Y)
 
 
-def dense(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense float64 Hessian and GGN of L(θ) = (1/N) Σ ℓ_n, computed on the whole set at once."""
+def dense(case: Case, reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense float64 Hessian and GGN of L(θ) = (1/N) Σ ℓ_n, computed on the whole set at once.
+
+    reverse: the Hessian by reverse-over-reverse autograd even in eval mode (see below)."""
     model, layout, problem = case.model, case.problem.layout, case.problem
     buffers = dict(model.named_buffers())
     theta0 = torch.cat([p.detach().reshape(-1) for p in layout.params(model)])
@@ -86,7 +88,7 @@ def dense(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
         # torch.func's second derivative through batch norm with batch statistics is off
         # by ~1.6% (torch 2.14.1, checked against finite differences on a tanh CNN), so
         # train mode uses plain autograd; eval mode the vectorised (fast) transform.
-        if problem.bn_mode == "train":
+        if problem.bn_mode == "train" or reverse:
             H = torch.autograd.functional.hessian(total_loss, theta0, vectorize=True)
         else:
             H = torch.func.hessian(total_loss)(theta0)

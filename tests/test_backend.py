@@ -124,8 +124,8 @@ def test_first_order_graphs_are_kept_across_products():
     calls = _forwards(case.model)
     V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     first = b.hvp(V)
-    assert calls[0] == 3 and len(b._kept) == 0
-    assert torch.equal(b.hvp(V), first) and calls[0] == 6 and len(b._kept) == 3
+    assert calls[0] == 3 and len(b._graph_cache.items) == 0
+    assert torch.equal(b.hvp(V), first) and calls[0] == 6 and len(b._graph_cache.items) == 3
     assert torch.equal(b.hvp(V), first) and calls[0] == 6
     sums = b.problem.layout.param_sum_matrix(V * first)
     assert torch.allclose(b.hvp_sums(V), sums, rtol=0, atol=1e3 * torch.finfo(torch.float64).eps * sums.abs().max().item())
@@ -148,9 +148,9 @@ def test_graphs_beyond_the_budget_are_rebuilt(monkeypatch):
     calls = _forwards(case.model)
     V = torch.randn(2, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     first = b.hvp(V)
-    assert len(b._kept) == 0 and calls[0] == 3
+    assert len(b._graph_cache.items) == 0 and calls[0] == 3
     b.hvp(V)
-    assert len(b._kept) == 1 and calls[0] == 6
+    assert len(b._graph_cache.items) == 1 and calls[0] == 6
     second = b.hvp(V)
     assert calls[0] == 8  # batches 1 and 2 again, batch 0 from its kept graph
     assert torch.allclose(second, first, rtol=0, atol=1e3 * torch.finfo(torch.float64).eps * first.abs().max().item())

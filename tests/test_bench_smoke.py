@@ -47,7 +47,8 @@ def test_every_backend_every_task(inline_run):
     assert "autograd" in backends and "distributed" not in backends
     assert not broken, f"flatcheck backends failed to import: {broken}"
     fc = [r for r in rows if r.is_flatcheck]
-    assert {r.tool for r in fc} == {f"flatcheck[{b}]" for b in backends}
+    # plus the trace with per-layer parts (HVPs), beside the autograd total (forward tangents)
+    assert {r.tool for r in fc} == {f"flatcheck[{b}]" for b in backends} | {"flatcheck[autograd+parts]"}
     for r in fc:
         assert r.error is None, f"{r.tool} {r.task}: {r.error}"
         assert r.seconds is not None and r.seconds > 0
@@ -64,7 +65,11 @@ def test_every_backend_every_task(inline_run):
     # backends agree: same seed, same probes
     traces = {r.tool: r.extra["value"] for r in fc if r.task_kind == "trace" and "1 batch" in r.task}
     ref = traces["flatcheck[autograd]"]
+    assert len(traces) == len(backends) + 1
     assert all(abs(v - ref) <= 1e-3 * abs(ref) + 1e-6 for v in traces.values()), traces
+    routes = {r.tool: r.notes for r in fc if r.task_kind == "trace"}
+    assert "forward tangents" in routes["flatcheck[autograd]"] and "FAILED" not in routes["flatcheck[autograd]"]
+    assert "double-backward HVPs" in routes["flatcheck[autograd+parts]"]
 
 
 def test_peers_are_rows_not_crashes(inline_run):

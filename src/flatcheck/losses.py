@@ -25,12 +25,19 @@ def per_sample_loss(logits: Tensor, y: Tensor, loss: LossSpec) -> Tensor:
         return F.cross_entropy(logits, y, reduction="none")
     if loss.name == "label_smoothing":
         return F.cross_entropy(logits, y, reduction="none", label_smoothing=loss.alpha)
-    target = F.one_hot(y, logits.shape[-1]).to(logits.dtype)
+    target = one_hot(y, logits)
     if loss.name == "mse":
         return 0.5 * (logits - target).pow(2).sum(-1)
     if loss.name == "sigmoid_mse":
         return 0.5 * (torch.sigmoid(logits) - target).pow(2).sum(-1)
     raise ValueError(f"unknown loss {loss.name!r}")  # spec validation makes this unreachable
+
+
+def one_hot(y: Tensor, logits: Tensor) -> Tensor:
+    """e_y in the logits' shape and dtype. A comparison rather than F.one_hot, which reads
+    the labels' range back to Python and so cannot be traced (flatcheck.backends.quadform)."""
+    classes = torch.arange(logits.shape[-1], device=y.device)
+    return (y.unsqueeze(-1) == classes).to(logits.dtype)
 
 
 def output_hessian_factors(logits: Tensor, y: Tensor, loss: LossSpec) -> tuple[Tensor, Tensor]:
@@ -70,7 +77,7 @@ def _sigmoid_mse_curvature(logits: Tensor, y: Tensor) -> Tensor:
     # The second term makes A indefinite away from interpolation; we keep it because
     # the SPEC defines A as the exact loss Hessian in logit space.
     s = torch.sigmoid(logits)
-    t = F.one_hot(y, logits.shape[-1]).to(logits.dtype)
+    t = one_hot(y, logits)
     ds = s * (1 - s)
     return ds * ds + (s - t) * ds * (1 - 2 * s)
 

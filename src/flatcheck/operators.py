@@ -37,14 +37,22 @@ class CurvatureOperator:
 
     @property
     def streams_quadratic(self) -> bool:
-        """Whether `quadratic` gets its sums from the backend without a (k, P) product."""
+        """Whether `quadratic` gets vᵀAv and its parts from the backend without a (k, P) product."""
         return self.matrix == "hessian" and "hvp_sums" in self.backend.capabilities
+
+    @property
+    def streams_total(self) -> bool:
+        """Whether `quadratic` without parts gets vᵀAv without a (k, P) product."""
+        return self.matrix == "hessian" and bool({"vhv", "hvp_sums"} & self.backend.capabilities)
 
     def quadratic(self, S: Tensor, split: "LayoutParts | None" = None) -> tuple[Tensor, dict]:
         """vᵀAv for every row v of S ((k, P), ±1 int8 signs or floats) in float64, and the
         parts of V ⊙ AV that `split` defines; k matrix-vector products. Only where
-        `streams_quadratic`; elsewhere estimators take `matmat`."""
+        `streams_quadratic` (or, without `split`, `streams_total`); elsewhere estimators take
+        `matmat`. Without parts the backend may take a cheaper route than an HVP (`vhv`)."""
         self.matvecs += S.shape[0]
+        if split is None and "vhv" in self.backend.capabilities:
+            return self.backend.vhv(S), {}
         sums = self.backend.hvp_sums(S)
         return sums.sum(1), (split.of_sums(sums) if split is not None else {})
 

@@ -9,6 +9,7 @@ calls when the sample set is a single batch.
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Callable, Iterator
 
 import torch
@@ -19,6 +20,7 @@ from ..linalg.reduce import rowsum64
 from ..losses import apply_output_hessian, output_hessian_factors, per_sample_loss, sample_columns
 from .base import GGNTrace, Problem, model_mode, register_backend
 from .persample import layer_sqnorms
+from .quadform import QuadraticForms
 
 # Memory allowed for one chunk of per-sample gradients in the exact GGN trace.
 _PER_SAMPLE_BYTES = 256 * 2**20
@@ -31,15 +33,18 @@ GRAPH_CACHE_BYTES = 1024 * 2**20
 @register_backend("autograd")
 class AutogradBackend:
     name = "autograd"
-    capabilities = frozenset({"hvp", "hvp_sums", "ggn_vp", "ggn_trace", "outputs"})
+    capabilities = frozenset({"hvp", "hvp_sums", "vhv", "ggn_vp", "ggn_trace", "outputs"})
 
     def __init__(self, problem: Problem, per_sample: str = "layers"):
         self.problem = problem
         self.per_sample = per_sample  # "layers" or "vmap": how the exact GGN trace gets ‖J_nᵀu‖²
         self._params = problem.layout.params(problem.model)
-        self._kept: list[list[tuple[int, Tensor]]] = []  # graphs of batches 0, 1, … kept across calls
-        self._kept_bytes = 0
-        self._passes = 0  # calls of _graphs so far
+        # first-order graphs and vᵀHv primals of batches 0, 1, … kept across calls, one budget
+        pool = _Pool()
+        self._graph_cache = _KeptPrefix(pool)
+        self._primal_cache = _KeptPrefix(pool)
+        self._quadforms: QuadraticForms | None = None
+        self.vhv_error: str | None = None  # why vhv fell back to the HVP route, if it did
 
     # -- helpers -------------------------------------------------------------------------
     def _mode(self):
@@ -100,28 +105,11 @@ class AutogradBackend:
     def _graphs(self) -> Iterator[tuple[tuple[int, ...], tuple[Tensor, ...]]]:
         """(parameter indices, gradients with their graph) per batch; the caller holds the model mode.
 
-        Graphs are kept across calls for batches 0, 1, … while they fit GRAPH_CACHE_BYTES
-        together (a single batch's always); later products only backpropagate through them.
-        The rest are rebuilt on every call. Over several batches keeping starts with the
-        second call: a single pass (one Hutchinson block) would hold the memory for nothing.
-        Batches where the loss is linear in every parameter (H = 0) yield nothing.
+        Graphs of batches 0, 1, … are kept across calls within GRAPH_CACHE_BYTES (_KeptPrefix);
+        later products only backpropagate through them. Batches where the loss is linear in
+        every parameter (H = 0) yield nothing.
         """
-        self._passes += 1
-        n = self.problem.samples.num_batches
-        for g in self._kept:
-            if g:
-                yield tuple(zip(*g))  # type: ignore[misc]
-        if len(self._kept) == n:
-            return  # every graph is kept: the data is not read again
-        start = len(self._kept)
-        for i, batch in enumerate(itertools.islice(self.problem.samples, start, None), start):
-            g, held = self._grad_with_graph(batch)
-            # only right after the kept prefix, so that the kept graphs stay batches 0, 1, …;
-            # a single batch's graph is needed for every product anyway and is always kept
-            fits = self._passes > 1 and self._kept_bytes + held <= GRAPH_CACHE_BYTES
-            if i == len(self._kept) and (n == 1 or fits):
-                self._kept.append(g)
-                self._kept_bytes += held
+        for g in self._graph_cache.each(self.problem.samples, self._grad_with_graph):
             if g:
                 yield tuple(zip(*g))  # type: ignore[misc]
 
@@ -163,6 +151,44 @@ class AutogradBackend:
                         if piece is not None:
                             sums[i, j] += rowsum64((piece * v[j]).reshape(1, -1))[0]
         return sums
+
+    def vhv(self, S: Tensor) -> Tensor:
+        """vᵀHv for every row v of S ((k, P), int8 signs allowed): (k,) float64, the total only.
+
+        By forward tangents against first-order adjoints (flatcheck.backends.quadform): about
+        half the work of a double-backward HVP per vector, one float vector at a time. Where
+        the loss's graph cannot be traced or taken that way, it says why once and sums
+        `hvp_sums` instead.
+        """
+        if self.vhv_error is None:
+            try:
+                return self._vhv(S)
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001  any op the tangent pass cannot take: the HVP route
+                self.vhv_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                self._primal_cache.clear()
+                warnings.warn(f"vᵀHv by forward tangents is not available for this model ({self.vhv_error[:200]}); "
+                              "using Hessian-vector products")
+        return self.hvp_sums(S).sum(1)
+
+    def _vhv(self, S: Tensor) -> Tensor:
+        layout, dtype = self.problem.layout, self.problem.dtype
+        if self._quadforms is None:
+            self._quadforms = QuadraticForms(self.problem)
+        quad = self._quadforms
+
+        def build(batch):
+            primal = quad.primal(batch.x, batch.y)
+            return (primal, batch.weight), primal.nbytes
+
+        out = torch.zeros(S.shape[0], dtype=torch.float64, device=S.device)
+        with self._mode():
+            for primal, weight in self._primal_cache.each(self.problem.samples, build):
+                for i in range(S.shape[0]):
+                    v = [t[0] for t in layout.split(S[i : i + 1].to(dtype))]
+                    out[i] += weight * primal.second_derivative(v)
+        return out
 
     def ggn_vp(self, V: Tensor) -> Tensor:
         layout = self.problem.layout
@@ -269,3 +295,47 @@ class AutogradBackend:
 
 def _or_zeros(g: Tensor | None, like: Tensor) -> Tensor:
     return g if g is not None else torch.zeros_like(like)
+
+
+class _Pool:
+    """Bytes held by the kept per-batch state of one backend, against GRAPH_CACHE_BYTES."""
+
+    def __init__(self):
+        self.used = 0
+
+
+class _KeptPrefix:
+    """Per-batch state (a first-order graph, a vᵀHv primal) kept across calls for batches
+    0, 1, … while it fits GRAPH_CACHE_BYTES with the rest of its pool; the rest is rebuilt on
+    every call. A single batch's is always kept, since every product needs it. Over several
+    batches keeping starts with the second call: a single pass (one Hutchinson block) would
+    hold the memory for nothing.
+    """
+
+    def __init__(self, pool: _Pool):
+        self.pool = pool
+        self.items: list = []
+        self.bytes = 0
+        self.passes = 0
+
+    def each(self, samples, build: Callable) -> Iterator:
+        """build(batch) → (item, bytes it holds); yields every batch's item, kept or rebuilt."""
+        self.passes += 1
+        n = samples.num_batches
+        yield from self.items
+        if len(self.items) == n:
+            return  # every batch's is kept: the data is not read again
+        start = len(self.items)
+        for i, batch in enumerate(itertools.islice(samples, start, None), start):
+            item, held = build(batch)
+            fits = self.passes > 1 and self.pool.used + held <= GRAPH_CACHE_BYTES
+            # only right after the kept prefix, so that the kept items stay batches 0, 1, …
+            if i == len(self.items) and (n == 1 or fits):
+                self.items.append(item)
+                self.bytes += held
+                self.pool.used += held
+            yield item
+
+    def clear(self) -> None:
+        self.pool.used -= self.bytes
+        self.items, self.bytes = [], 0

@@ -71,6 +71,10 @@ class Backend(Protocol):
     # without forming the (k, P) product
     # def hvp_sums(self, S: Tensor) -> Tensor: ...
 
+    # optional, with "vhv" in capabilities: vᵀHv for every row of S, (k,) float64, the
+    # total only (no split over parameters), by whatever route is cheapest
+    # def vhv(self, S: Tensor) -> Tensor: ...
+
     def ggn_vp(self, V: Tensor) -> Tensor: ...
 
     def ggn_trace(self, class_samples: int | None = None, generator: torch.Generator | None = None,

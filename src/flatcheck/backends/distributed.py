@@ -69,6 +69,13 @@ class DistributedBackend:
     def hvp_sums(self, S: Tensor) -> Tensor:
         return self._sum(self._local.hvp_sums(S))
 
+    def vhv(self, S: Tensor) -> Tensor:
+        return self._sum(self._local.vhv(S))
+
+    @property
+    def vhv_error(self) -> str | None:
+        return getattr(self._local, "vhv_error", None)
+
     def ggn_vp(self, V: Tensor) -> Tensor:
         return self._sum(self._local.ggn_vp(V))
 

@@ -32,9 +32,9 @@ DEFAULT_CHUNK = 16
 @register_backend("func")
 class FuncBackend(AutogradBackend):
     name = "func"
-    # hvp_sums would be the autograd reference's double backward: Hutchinson here takes
-    # vmapped (k, P) products instead
-    capabilities = AutogradBackend.capabilities - {"hvp_sums"}
+    # hvp_sums would be the autograd reference's double backward and vhv its tangent pass:
+    # Hutchinson here takes vmapped (k, P) products instead
+    capabilities = AutogradBackend.capabilities - {"hvp_sums", "vhv"}
 
     def __init__(self, problem: Problem, chunk: int = DEFAULT_CHUNK, compile: bool = False):
         super().__init__(problem)

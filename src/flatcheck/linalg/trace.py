@@ -57,9 +57,10 @@ def auto_block(dim: int, dtype: torch.dtype) -> int:
     return max(1, min(MAX_BLOCK, BLOCK_BYTES // max(per_vector, 1)))
 
 
-def default_block(op: Operator) -> int:
-    """hutchinson's block size when none is given (see auto_block)."""
-    if getattr(op, "streams_quadratic", False):
+def default_block(op: Operator, parts: bool = True) -> int:
+    """hutchinson's block size when none is given (see auto_block); `parts`: whether the
+    per-group parts are asked for."""
+    if getattr(op, "streams_quadratic" if parts else "streams_total", False):
         return auto_block(op.dim, torch.int8)  # a streamed block holds only its int8 signs
     return auto_block(op.dim, op.dtype)
 
@@ -92,8 +93,8 @@ def hutchinson(
     values: list[Tensor] = []
     parts: dict[str, list[Tensor]] = {}
     done, reason = 0, "max_probes"
-    streams = getattr(op, "streams_quadratic", False)
-    block = block_size or default_block(op)
+    streams = getattr(op, "streams_quadratic" if split is not None else "streams_total", False)
+    block = block_size or default_block(op, parts=split is not None)
     while done < max_probes:
         k = min(block, max_probes - done)
         if streams:

@@ -1,0 +1,371 @@
+"""vᵀHv without a Hessian-vector product: forward tangents against first-order adjoints.
+
+Along θ + εv every intermediate value z_n of the loss's computation moves as
+z_n + ε z′_n + ½ε² z″_n. The second-order parts propagate linearly, so
+
+    vᵀHv = d²L/dε² = Σ_n ⟨λ_n, s_n⟩,
+
+with λ_n = ∂L/∂z_n the ordinary backprop adjoint of node n and s_n its local source: the
+second directional derivative of node n's op along the tangents of its inputs. It is zero
+for ops linear in their moving inputs (views, sums, additions, ReLU, pooling),
+2·op(a′, b′) for bilinear ones (convolutions, matrix products, products), and taken by
+nested forward-mode differentiation of the single op for the rest (softmax, GELU, norms).
+
+Per batch one forward and one input-only backward give every λ_n for the whole block. Per
+vector one tangent pass and one source product per bilinear op remain: three forward-costs
+for a convolution against the six of a double-backward HVP, and no create_graph gradient.
+
+Only the total vᵀHv comes out, not its split over parameter tensors (which needs Hv): the
+per-layer parts of a trace keep the HVP route.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, fx
+from torch.func import functional_call, jvp
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..losses import per_sample_loss
+from .base import Problem
+
+aten = torch.ops.aten
+
+# The normalisations are traced as their primitive parts: mean and variance, rsqrt and
+# products, each with an exact rule here.
+_DECOMPOSE = (aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+              aten._native_batch_norm_legit_functional, aten.native_layer_norm)
+
+# Ops linear in their first argument with the other arguments held: tangent = op(a′, …), no source.
+_LINEAR_FIRST = {
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default, aten.transpose.int,
+    aten.permute.default, aten.expand.default, aten.clone.default, aten.select.int, aten.slice.Tensor,
+    aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default, aten.mean.dim,
+    aten.mean.default, aten.sum.dim_IntList, aten.sum.default, aten.neg.default, aten.alias.default,
+    aten.unbind.int, aten.split.Tensor, aten.split_with_sizes.default, aten.constant_pad_nd.default,
+    aten.avg_pool2d.default, aten._adaptive_avg_pool2d.default, aten.unfold.default, aten.flip.default,
+    aten.roll.default, aten.index_select.default, aten.gather.default, aten.repeat.default,
+}
+# Ops of several tensors linear in them jointly: a missing tangent counts as zero.
+_LINEAR_JOINT = {aten.cat.default, aten.stack.default}
+# Bilinear in (argument i, argument j): tangent op(a′, b) + op(a, b′), source 2·op(a′, b′).
+_BILINEAR = {
+    aten.convolution.default: (0, 1), aten.mm.default: (0, 1), aten.bmm.default: (0, 1),
+    aten.mul.Tensor: (0, 1), aten.addmm.default: (1, 2), aten.baddbmm.default: (1, 2),
+}
+# Piecewise linear: the tangent is masked by where the input is, the source is zero (as
+# autograd's second derivative is).
+_PIECEWISE = {aten.relu.default, aten.leaky_relu.default, aten.hardtanh.default}
+
+
+class UnsupportedGraph(RuntimeError):
+    """The loss's graph has something the tangent pass cannot take (a mutation, say)."""
+
+
+def trace_loss(problem: Problem, x: Tensor, y: Tensor) -> tuple[fx.GraphModule, list[str]]:
+    """The batch-mean loss as an aten graph of (probed parameters…, frozen tensors…, x, y)."""
+    from torch._decomp import get_decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    model, layout = problem.model, problem.layout
+    names = list(layout.names)
+    params = layout.params(model)
+    frozen = {n: t.detach() for n, t in model.named_parameters() if n not in set(names)}
+    frozen.update(dict(model.named_buffers()))
+    frozen_names = list(frozen)
+
+    def loss(*args):
+        p = dict(zip(names, args[: len(names)]))
+        f = dict(zip(frozen_names, args[len(names) : len(names) + len(frozen_names)]))
+        logits = functional_call(model, (p, f), (args[-2],))
+        return per_sample_loss(logits, args[-1], problem.loss).mean()
+
+    inputs = [p.detach() for p in params] + [frozen[n] for n in frozen_names] + [x, y]
+    gm = make_fx(loss, decomposition_table=get_decompositions(list(_DECOMPOSE)), tracing_mode="fake")(*inputs)
+    gm.graph.eliminate_dead_code()
+    _out_of_place(gm.graph)
+    gm.recompile()
+    return gm, frozen_names
+
+
+def _out_of_place(graph: fx.Graph) -> None:
+    """In-place ops (torchvision's ReLU(inplace=True), label smoothing's masked_fill_) become
+    their out-of-place forms where the mutated tensor is a private intermediate: made by an
+    op that is not a view, and used by nothing else, so no other reader can see the change.
+    Anything else that mutates is refused."""
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        name = schema.name.split("::")[-1]
+        pure = getattr(getattr(aten, name[:-1], None), node.target._overloadname, None) if name.endswith("_") else None
+        first = node.args[0] if node.args else None
+        private = (isinstance(first, fx.Node) and first.op == "call_function" and len(first.users) == 1
+                   and not _is_view(first.target))
+        if pure is None or not private:
+            raise UnsupportedGraph(f"the loss's graph mutates a tensor ({node.target})")
+        node.target = pure
+
+
+def _is_view(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return True  # getitem of a tuple, say: not known to own its storage
+    return any(r.alias_info is not None for r in schema.returns)
+
+
+class QuadraticForms:
+    """Per batch: the traced loss graph (one per batch shape), its forward and adjoints."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self._graphs: dict[tuple, tuple[fx.GraphModule, list[str]]] = {}
+        with warnings.catch_warnings():
+            # torch loads its forward-AD decompositions on the first jvp, through the
+            # deprecated torch.jit.script: a FutureWarning that is torch's, not the user's
+            warnings.simplefilter("ignore", FutureWarning)
+            jvp(torch.sin, (torch.zeros(1),), (torch.ones(1),))
+
+    def primal(self, x: Tensor, y: Tensor) -> "Primal":
+        """The batch-mean loss's forward and adjoints on (x, y); the caller holds the model mode."""
+        key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype)
+        if key not in self._graphs:
+            self._graphs[key] = trace_loss(self.problem, x, y)
+        gm, frozen_names = self._graphs[key]
+        model = self.problem.model
+        named = dict(model.named_parameters())
+        named.update(dict(model.named_buffers()))
+        params = [p.detach() for p in self.problem.layout.params(model)]
+        return Primal(gm, params, [named[n].detach() for n in frozen_names] + [x, y])
+
+
+class Primal:
+    """One batch's forward: every node's value, and the adjoints λ_n of the nodes with a source."""
+
+    def __init__(self, gm: fx.GraphModule, params: list[Tensor], rest: list[Tensor]):
+        self.gm = gm
+        self.nodes = [n for n in gm.graph.nodes if n.op != "output"]
+        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        self.params = placeholders[: len(params)]
+        moving = set(self.params)
+        for node in self.nodes:
+            if node.op == "call_function" and any(a in moving for a in _arg_nodes(node)):
+                moving.add(node)
+        self.moving = [n for n in self.nodes if n in moving and n.op == "call_function"]
+        sources = [n for n in self.moving if _has_source(n, moving)]
+        self.last_use = _last_uses(self.nodes)
+        value, self.adjoint = self._forward(params, rest, sources)
+        # only what the tangent pass reads is kept: about the inputs of the bilinear and
+        # nonlinear ops, not every intermediate
+        read = {a for n in self.moving for a in _values_read(n, moving)}
+        self.value = {n: v for n, v in value.items() if n in read}
+        owned = [v for n, v in self.value.items() if n.op != "placeholder"] + list(self.adjoint.values())
+        self.nbytes = sum(t.numel() * t.element_size() for t in tree_flatten(owned)[0] if isinstance(t, Tensor))
+
+    def _forward(self, params: list[Tensor], rest: list[Tensor], sources: list[fx.Node]) -> tuple[dict, dict]:
+        value: dict[fx.Node, Any] = {}
+        args = iter([p.detach().requires_grad_() for p in params] + rest)
+        with torch.enable_grad():
+            for node in self.nodes:
+                if node.op == "placeholder":
+                    value[node] = next(args)
+                elif node.op == "get_attr":
+                    value[node] = getattr(self.gm, node.target)
+                else:
+                    a, kw = _fill(node, value)
+                    value[node] = node.target(*a, **kw)
+            loss = value[next(n for n in self.gm.graph.nodes if n.op == "output").args[0]]
+            wanted = [(n, i, t) for n in sources for i, t in enumerate(tree_flatten(value[n])[0])
+                      if isinstance(t, Tensor) and t.requires_grad]
+            # input-only backward: no parameter is asked for, so no weight gradient is made
+            grads = torch.autograd.grad(loss, [t for _, _, t in wanted], allow_unused=True) if wanted else []
+        adjoint: dict[fx.Node, dict[int, Tensor]] = {}
+        for (n, i, _), g in zip(wanted, grads):
+            if g is not None:
+                adjoint.setdefault(n, {})[i] = g
+        value = {n: tree_map(lambda t: t.detach() if isinstance(t, Tensor) else t, v) for n, v in value.items()}
+        return value, adjoint
+
+    def second_derivative(self, param_tangents: list[Tensor]) -> float:
+        """vᵀ H_batch v = Σ_n ⟨λ_n, s_n⟩ for the direction v given per parameter tensor."""
+        tangent: dict[fx.Node, Any] = dict(zip(self.params, param_tangents))
+        total = torch.zeros((), dtype=torch.float64, device=param_tangents[0].device)
+        with torch.no_grad():
+            for node in self.moving:
+                lam = self.adjoint.get(node)
+                t_out, source = _rule(node, self.value, tangent, want_source=lam is not None)
+                tangent[node] = t_out
+                if source is not None:
+                    for i, s in enumerate(tree_flatten(source)[0]):
+                        if i in lam and isinstance(s, Tensor):
+                            total += (lam[i] * s).sum(dtype=torch.float64)
+                for dead in self.last_use.get(node, ()):
+                    tangent.pop(dead, None)
+        return total.item()
+
+
+def _arg_nodes(node: fx.Node) -> list[fx.Node]:
+    return [a for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, fx.Node)]
+
+
+def _fill(node: fx.Node, env: dict) -> tuple[tuple, dict]:
+    return tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, (node.args, node.kwargs))
+
+
+def _last_uses(nodes: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
+    """node → the values whose last user it is (their tangents can be freed after it)."""
+    last: dict[fx.Node, fx.Node] = {}
+    for node in nodes:
+        for a in _arg_nodes(node):
+            last[a] = node
+    out: dict[fx.Node, list[fx.Node]] = {}
+    for value, user in last.items():
+        out.setdefault(user, []).append(value)
+    return out
+
+
+def _values_read(node: fx.Node, moving: set) -> list[fx.Node]:
+    """The nodes whose primal values `_rule` reads for `node`."""
+    t = node.target
+    args = _arg_nodes(node)
+    if t is operator.getitem or t in (aten.add.Tensor, aten.sub.Tensor):
+        return []
+    if (t in _LINEAR_FIRST and args[0] in moving) or t in _LINEAR_JOINT:
+        return [a for a in args if a not in moving]
+    if t == aten.relu.default or t == aten.max_pool2d_with_indices.default:
+        return [node]  # ReLU's mask from its output (the next op's input anyway), pooling's indices
+    if t in _BILINEAR:
+        i, j = _BILINEAR[t]
+        a, b = node.args[i], node.args[j]
+        # op(a′, b) reads b, op(a, b′) reads a
+        return [x for x, other in ((a, b), (b, a)) if isinstance(x, fx.Node) and other in moving]
+    return args
+
+
+def _has_source(node: fx.Node, moving: set) -> bool:
+    t = node.target
+    if t is operator.getitem or t in _LINEAR_FIRST or t in _LINEAR_JOINT or t in _PIECEWISE:
+        return False
+    if t == aten.max_pool2d_with_indices.default:
+        return False
+    if t in (aten.add.Tensor, aten.sub.Tensor):
+        return False
+    if t in _BILINEAR:
+        i, j = _BILINEAR[t]
+        return all(isinstance(node.args[k], fx.Node) and node.args[k] in moving for k in (i, j))
+    if t == aten.div.Tensor:
+        return isinstance(node.args[1], fx.Node) and node.args[1] in moving
+    return True
+
+
+def _rule(node: fx.Node, value: dict, tangent: dict, want_source: bool) -> tuple[Any, Any]:
+    """(tangent of node's output, its source s_n or None) from its inputs' values and tangents."""
+    t, args, kwargs = node.target, node.args, node.kwargs
+
+    def val(a):
+        return value[a] if isinstance(a, fx.Node) else a
+
+    def tan(a):
+        return tangent.get(a) if isinstance(a, fx.Node) else None
+
+    if t is operator.getitem:
+        parent = tan(args[0])
+        return (None if parent is None else parent[args[1]]), None
+    if t in _LINEAR_FIRST and all(tan(a) is None for a in _arg_nodes(node)[1:]):
+        rest, kw = tree_map(val, (args[1:], kwargs))
+        return t(tan(args[0]), *rest, **kw), None
+    if t in _LINEAR_JOINT:
+        parts = [tan(a) if tan(a) is not None else torch.zeros_like(val(a)) for a in args[0]]
+        rest, kw = tree_map(val, (args[1:], kwargs))
+        return t(parts, *rest, **kw), None
+    if t in (aten.add.Tensor, aten.sub.Tensor):
+        a, b = tan(args[0]), tan(args[1])
+        if b is not None:
+            alpha = kwargs.get("alpha", 1)
+            b = b * (alpha if t == aten.add.Tensor else -alpha)
+        return (b if a is None else a if b is None else a + b), None
+    if t in _PIECEWISE and tan(args[0]) is not None:
+        x = value[node] if t == aten.relu.default else val(args[0])
+        return tan(args[0]) * _slope(t, x, [val(a) for a in args[1:]]), None
+    if t == aten.max_pool2d_with_indices.default:
+        idx = value[node][1]
+        picked = tan(args[0]).flatten(-2).gather(-1, idx.flatten(-2)).view(idx.shape)
+        return (picked, None), None
+    if t in _BILINEAR:
+        return _bilinear(node, val, tan, want_source)
+    if t == aten.div.Tensor and tan(args[1]) is None:
+        return t(tan(args[0]), val(args[1])), None
+    return _generic(node, val, tan, want_source)
+
+
+def _slope(t: Any, x: Tensor, rest: list) -> Tensor:
+    """The derivative of a piecewise-linear op where autograd takes it (0 at ReLU's kink);
+    for ReLU `x` is its output, which is positive exactly where its input is."""
+    if t == aten.relu.default:
+        return (x > 0).to(x.dtype)
+    if t == aten.leaky_relu.default:
+        neg = rest[0] if rest else 0.01
+        return torch.where(x > 0, torch.ones_like(x), torch.full_like(x, neg))
+    lo, hi = (rest + [-1.0, 1.0])[:2] if len(rest) < 2 else rest[:2]
+    return ((x > lo) & (x < hi)).to(x.dtype)
+
+
+def _bilinear(node: fx.Node, val: Callable, tan: Callable, want_source: bool) -> tuple[Any, Any]:
+    """op(a, b) bilinear: tangent op(a′, b) + op(a, b′) (+ the bias's tangent), source 2·op(a′, b′)."""
+    t, args, kwargs = node.target, node.args, node.kwargs
+    scale, extra = 1, None
+    if t == aten.convolution.default:
+        a, b = args[0], args[1]
+        rest = [val(x) for x in args[3:]]
+        if tan(args[2]) is not None:
+            extra = tan(args[2]).reshape((-1,) + (1,) * (val(a).dim() - 2))
+
+        def apply(x, y):
+            return t(x, y, None, *rest)
+    elif t in (aten.addmm.default, aten.baddbmm.default):
+        a, b = args[1], args[2]
+        scale = kwargs.get("alpha", 1)
+        if tan(args[0]) is not None:
+            extra = tan(args[0]) * kwargs.get("beta", 1)
+        base = aten.mm.default if t == aten.addmm.default else aten.bmm.default
+
+        def apply(x, y):
+            return base(x, y)
+    else:
+        a, b = args[0], args[1]
+
+        def apply(x, y):
+            return t(x, y)
+
+    ta, tb = tan(a), tan(b)
+    terms = ([apply(ta, val(b))] if ta is not None else []) + ([apply(val(a), tb)] if tb is not None else [])
+    out = sum(terms[1:], terms[0]) if terms else None
+    if out is not None and scale != 1:
+        out = out * scale
+    if extra is not None:
+        out = extra if out is None else out + extra
+    source = None
+    if want_source and ta is not None and tb is not None:
+        source = apply(ta, tb) * (2 * scale)
+    return out, source
+
+
+def _generic(node: fx.Node, val: Callable, tan: Callable, want_source: bool) -> tuple[Any, Any]:
+    """Tangent and second directional derivative of one op by nested jvp of that op alone."""
+    keys = list(dict.fromkeys(a for a in _arg_nodes(node) if tan(a) is not None))
+    order = {a: k for k, a in enumerate(keys)}
+
+    def op(*xs):
+        args, kwargs = tree_map(lambda a: xs[order[a]] if a in order else val(a), (node.args, node.kwargs))
+        return node.target(*args, **kwargs)
+
+    primals = tuple(val(a) for a in keys)
+    tangents = tuple(tan(a) for a in keys)
+    if not want_source:
+        return jvp(op, primals, tangents)[1], None
+    (_, t_out), (_, source) = jvp(lambda *p: jvp(op, p, tangents), primals, tangents)
+    return t_out, source
