@@ -332,6 +332,19 @@ def test_probe_long_option_and_table():
     assert_only_tables(result.stdout)
 
 
+def test_no_layers_takes_forward_tangents_with_the_same_probes():
+    """`--no-layers` asks for the total alone, which the autograd backend takes by forward
+    tangents: same seed, same probes, so the same trace to float32 round-off (the per-probe
+    values are sums over the 14k parameters in float32, each product accurate to ~1e-6)."""
+    full = as_json(trace("--probes-max", "6", "--json", "-"))["results"]["trace"]
+    fast = as_json(trace("--probes-max", "6", "--no-layers", "--json", "-"))["results"]["trace"]
+    assert "forward tangents" in fast["notes"] and "forward tangents" not in full["notes"]
+    assert fast["details"]["parts"] is False and fast["details"]["layers"] == {}
+    assert full["details"]["layers"] and fast["matvecs"] == full["matvecs"] == 6
+    assert abs(fast["value"] - full["value"]) <= 1e-4 * abs(full["value"])
+    assert abs(fast["stderr"] - full["stderr"]) <= 1e-4 * full["stderr"]
+
+
 def test_trace_max_probes_alias():
     d = as_json(trace("--max-probes", "4", "--params", "head.*", "--json", "-"))
     assert d["results"]["trace"]["matvecs"] == 4

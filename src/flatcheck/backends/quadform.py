@@ -21,6 +21,7 @@ per-layer parts of a trace keep the HVP route.
 
 from __future__ import annotations
 
+import math
 import operator
 import warnings
 from typing import Any, Callable
@@ -124,11 +125,7 @@ class QuadraticForms:
     def __init__(self, problem: Problem):
         self.problem = problem
         self._graphs: dict[tuple, tuple[fx.GraphModule, list[str]]] = {}
-        with warnings.catch_warnings():
-            # torch loads its forward-AD decompositions on the first jvp, through the
-            # deprecated torch.jit.script: a FutureWarning that is torch's, not the user's
-            warnings.simplefilter("ignore", FutureWarning)
-            jvp(torch.sin, (torch.zeros(1),), (torch.ones(1),))
+        preload()
 
     def primal(self, x: Tensor, y: Tensor) -> "Primal":
         """The batch-mean loss's forward and adjoints on (x, y); the caller holds the model mode."""
@@ -141,6 +138,20 @@ class QuadraticForms:
         named.update(dict(model.named_buffers()))
         params = [p.detach() for p in self.problem.layout.params(model)]
         return Primal(gm, params, [named[n].detach() for n in frozen_names] + [x, y])
+
+
+def preload() -> None:
+    """Import what tracing and the first jvp load: make_fx imports torch._inductor's config,
+    and with it torch._dynamo, ~3 s on this CPU in a process that has not imported them yet
+    (importing timm does; a model of flatcheck's own zoo alone does not)."""
+    import torch._inductor.config  # noqa: F401
+    from torch.fx.experimental.proxy_tensor import make_fx  # noqa: F401
+
+    with warnings.catch_warnings():
+        # torch loads its forward-AD decompositions on the first jvp, through the
+        # deprecated torch.jit.script: a FutureWarning that is torch's, not the user's
+        warnings.simplefilter("ignore", FutureWarning)
+        jvp(torch.sin, (torch.zeros(1),), (torch.ones(1),))
 
 
 class Primal:
@@ -158,17 +169,20 @@ class Primal:
         self.moving = [n for n in self.nodes if n in moving and n.op == "call_function"]
         sources = [n for n in self.moving if _has_source(n, moving)]
         self.last_use = _last_uses(self.nodes)
-        value, self.adjoint = self._forward(params, rest, sources)
         # only what the tangent pass reads is kept: about the inputs of the bilinear and
         # nonlinear ops, not every intermediate
         read = {a for n in self.moving for a in _values_read(n, moving)}
+        value, self.adjoint = self._forward(params, rest, sources, keep=read | set(sources))
         self.value = {n: v for n, v in value.items() if n in read}
         owned = [v for n, v in self.value.items() if n.op != "placeholder"] + list(self.adjoint.values())
         self.nbytes = sum(t.numel() * t.element_size() for t in tree_flatten(owned)[0] if isinstance(t, Tensor))
 
-    def _forward(self, params: list[Tensor], rest: list[Tensor], sources: list[fx.Node]) -> tuple[dict, dict]:
+    def _forward(self, params: list[Tensor], rest: list[Tensor], sources: list[fx.Node],
+                 keep: set) -> tuple[dict, dict]:
         value: dict[fx.Node, Any] = {}
         args = iter([p.detach().requires_grad_() for p in params] + rest)
+        out = next(n for n in self.gm.graph.nodes if n.op == "output").args[0]
+        keep = keep | {out}
         with torch.enable_grad():
             for node in self.nodes:
                 if node.op == "placeholder":
@@ -178,7 +192,10 @@ class Primal:
                 else:
                     a, kw = _fill(node, value)
                     value[node] = node.target(*a, **kw)
-            loss = value[next(n for n in self.gm.graph.nodes if n.op == "output").args[0]]
+                for dead in self.last_use.get(node, ()):
+                    if dead not in keep:
+                        del value[dead]  # what autograd saved of it stays alive there
+            loss = value[out]
             wanted = [(n, i, t) for n in sources for i, t in enumerate(tree_flatten(value[n])[0])
                       if isinstance(t, Tensor) and t.requires_grad]
             # input-only backward: no parameter is asked for, so no weight gradient is made
@@ -236,6 +253,8 @@ def _values_read(node: fx.Node, moving: set) -> list[fx.Node]:
         return []
     if (t in _LINEAR_FIRST and args[0] in moving) or t in _LINEAR_JOINT:
         return [a for a in args if a not in moving]
+    if t in _EXPLICIT:
+        return args + [node]  # the written-out rules use f(x) as well as x
     if t == aten.relu.default or t == aten.max_pool2d_with_indices.default:
         return [node]  # ReLU's mask from its output (the next op's input anyway), pooling's indices
     if t in _BILINEAR:
@@ -299,7 +318,100 @@ def _rule(node: fx.Node, value: dict, tangent: dict, want_source: bool) -> tuple
         return _bilinear(node, val, tan, want_source)
     if t == aten.div.Tensor and tan(args[1]) is None:
         return t(tan(args[0]), val(args[1])), None
+    if t in _EXPLICIT and _explicit_applies(node, tan):
+        return _EXPLICIT[t](node, val, tan, want_source)
     return _generic(node, val, tan, want_source)
+
+
+# Ops common enough that nested jvp's overhead shows (log-softmax was 18 % of a demo probe):
+# their tangent f′(x)x′ and source f″(x)[x′, x′] written out. Each is checked against the
+# nested-jvp rule in the tests.
+def _unary(df: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]):
+    """An elementwise f, given (x, f(x)) → (f′(x), f″(x))."""
+
+    def rule(node, val, tan, want_source):
+        x, x1 = val(node.args[0]), tan(node.args[0])
+        d1, d2 = df(x, val(node))
+        return d1 * x1, (d2 * x1 * x1 if want_source else None)
+
+    return rule
+
+
+def _gelu(x: Tensor, _y: Tensor) -> tuple[Tensor, Tensor]:
+    pdf = torch.exp(-0.5 * x * x) * (2 * math.pi) ** -0.5
+    cdf = 0.5 * (1 + torch.erf(x * 0.5**0.5))
+    return cdf + x * pdf, pdf * (2 - x * x)
+
+
+def _log_softmax(node, val, tan, want_source):
+    dim = node.args[1]
+    x1 = tan(node.args[0])
+    p = val(node).exp()
+    m1 = (p * x1).sum(dim, keepdim=True)
+    # log-softmax = x − logsumexp(x): the second derivative is −Var_p(x′) in every component
+    source = None
+    if want_source:
+        source = ((p * x1 * x1).sum(dim, keepdim=True) - m1 * m1).neg().expand_as(p)
+    return x1 - m1, source
+
+
+def _softmax(node, val, tan, want_source):
+    dim = node.args[1]
+    x1, p = tan(node.args[0]), val(node)
+    c = x1 - (p * x1).sum(dim, keepdim=True)
+    p1 = p * c
+    source = (p1 * c - p * (p1 * x1).sum(dim, keepdim=True)) if want_source else None
+    return p1, source
+
+
+def _var_mean(node, val, tan, want_source):
+    """(var, mean) over dims with a correction: var = Σ(x − μ)²/(n − c), a quadratic form."""
+    x, x1 = val(node.args[0]), tan(node.args[0])
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    correction = node.kwargs.get("correction", 1)
+    keepdim = node.kwargs.get("keepdim", False)
+    if dims is None:
+        dims = list(range(x.dim()))
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    scale = 2.0 / (n - correction)
+    mean1 = x1.mean(dims, keepdim=True)
+    c1 = x1 - mean1
+    xc = x - x.mean(dims, keepdim=True)
+    var1 = (xc * c1).sum(dims, keepdim=keepdim) * scale
+    mean1 = mean1 if keepdim else mean1.squeeze(dims)
+    source = ((c1 * c1).sum(dims, keepdim=keepdim) * scale, None) if want_source else None
+    return (var1, mean1), source
+
+
+def _explicit_applies(node: fx.Node, tan: Callable) -> bool:
+    """Only the first argument moves, and the op is in the form the rule is written for."""
+    if any(tan(a) is not None for a in _arg_nodes(node)[1:]):
+        return False
+    t = node.target
+    if t == aten.gelu.default:
+        return node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") == "none"
+    if t in (aten._softmax.default, aten._log_softmax.default):
+        return not node.args[2]  # half_to_float
+    if t == aten.var_mean.correction:
+        return isinstance(node.kwargs.get("correction", 1), (int, float))
+    return True
+
+
+_EXPLICIT = {
+    aten._log_softmax.default: _log_softmax,
+    aten._softmax.default: _softmax,
+    aten.var_mean.correction: _var_mean,
+    aten.gelu.default: _unary(_gelu),
+    aten.exp.default: _unary(lambda x, y: (y, y)),
+    aten.log.default: _unary(lambda x, y: (x.reciprocal(), -x.reciprocal().square())),
+    aten.rsqrt.default: _unary(lambda x, y: (-0.5 * y / x, 0.75 * y / (x * x))),
+    aten.sqrt.default: _unary(lambda x, y: (0.5 / y, -0.25 / (y * x))),
+    aten.tanh.default: _unary(lambda x, y: (1 - y * y, -2 * y * (1 - y * y))),
+    aten.sigmoid.default: _unary(lambda x, y: (y * (1 - y), y * (1 - y) * (1 - 2 * y))),
+    aten.reciprocal.default: _unary(lambda x, y: (-y * y, 2 * y * y * y)),
+}
 
 
 def _slope(t: Any, x: Tensor, rest: list) -> Tensor:
