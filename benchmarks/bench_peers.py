@@ -1041,8 +1041,10 @@ def markdown(models, rows, machine, command: str) -> str:
         f"- device: {machine['device']}, {machine['threads']} torch threads, Python {machine['python']}; "
         f"load average at the end of the run {machine['load']} (other work on the machine slows every row)",
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-        "- one run; time includes building each tool's operator (and PyHessian's kept graph), not loading data;",
-        "  HVPs are whole-sample-set Hessian-vector products; peak memory is the rise during the timed work "
+        "- one run; time includes building each tool's operator (and PyHessian's kept graph, flatcheck's traced "
+        "graph), not loading data or importing;",
+        "  HVPs are whole-sample-set Hessian-vector products (in the total-only trace rows of flatcheck[autograd]: "
+        "vᵀHv products, one per probe, as in every other trace row); peak memory is the rise during the timed work "
         "(RSS high-water mark on CPU, max_memory_allocated on CUDA).",
         "- ratio column: peer time ÷ flatcheck time (> 1: flatcheck faster), per flatcheck backend.",
         "",

@@ -69,3 +69,14 @@ def test_distributed_without_launcher_is_bad_input(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     result = CliRunner().invoke(app, ["trace", *ARGS[:7], "--backend", "distributed", "--probes-max", "2", "--quiet"])
     assert result.exit_code == 2 and "torchrun" in result.stderr
+
+
+def test_trace_total_by_forward_tangents_is_sharded_and_summed(tmp_path):
+    """`--no-layers` takes vᵀHv by forward tangents on each rank; the sums are all-reduced."""
+    args = ["trace", *ARGS[:9], "--probes-max", "6", "--no-layers", "--quiet"]
+    dist = _torchrun([*args, "--backend", "distributed"], tmp_path / "t.json")
+    single = _single(args)
+    got, want = dist["results"]["trace"], single["results"]["trace"]
+    assert "forward tangents" in got["notes"] and "forward tangents" in want["notes"]
+    assert got["value"] == pytest.approx(want["value"], rel=1e-10)
+    assert got["stderr"] == pytest.approx(want["stderr"], rel=1e-8)

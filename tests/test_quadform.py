@@ -50,8 +50,8 @@ def test_vhv_matches_dense(kind, loss, bn_mode):
 
 class Mixer(nn.Module):
     """The ops transformers and convnets bring, each moving with θ: max pooling, leaky ReLU,
-    layer norm, softmax attention (matrix products of two moving tensors), GELU, hardtanh,
-    concatenation and a division by a moving tensor."""
+    constant padding, layer norm, softmax attention (matrix products of two moving tensors),
+    GELU, hardtanh with its own bounds, concatenation and a division by a moving tensor."""
 
     def __init__(self):
         super().__init__()
@@ -63,10 +63,11 @@ class Mixer(nn.Module):
 
     def forward(self, x):
         h = F.max_pool2d(F.leaky_relu(self.conv(x), 0.1), 2)  # (B, 4, 3, 3)
-        t = self.ln(h.flatten(2).transpose(1, 2))  # (B, 9, 4)
+        h = F.pad(h, (0, 1), value=0.3)  # padding with a constant is affine: (B, 4, 3, 4)
+        t = self.ln(h.flatten(2).transpose(1, 2))  # (B, 12, 4)
         q, k, v = self.qkv(t).chunk(3, -1)
         o = torch.softmax(q @ k.transpose(1, 2) / 2.0, -1) @ v
-        z = torch.cat([o.mean(1), F.hardtanh(t).mean(1)], -1)
+        z = torch.cat([o.mean(1), F.hardtanh(t, -0.5, 0.7).mean(1)], -1)
         z = F.gelu(z) / (1 + z.pow(2).sum(-1, keepdim=True)).sqrt()
         return self.fc(z)
 

@@ -296,6 +296,8 @@ def _rule(node: fx.Node, value: dict, tangent: dict, want_source: bool) -> tuple
         return (None if parent is None else parent[args[1]]), None
     if t in _LINEAR_FIRST and all(tan(a) is None for a in _arg_nodes(node)[1:]):
         rest, kw = tree_map(val, (args[1:], kwargs))
+        if t == aten.constant_pad_nd.default:
+            rest = rest[:1]  # padding with c is affine: its tangent pads with zeros
         return t(tan(args[0]), *rest, **kw), None
     if t in _LINEAR_JOINT:
         parts = [tan(a) if tan(a) is not None else torch.zeros_like(val(a)) for a in args[0]]
@@ -309,7 +311,7 @@ def _rule(node: fx.Node, value: dict, tangent: dict, want_source: bool) -> tuple
         return (b if a is None else a if b is None else a + b), None
     if t in _PIECEWISE and tan(args[0]) is not None:
         x = value[node] if t == aten.relu.default else val(args[0])
-        return tan(args[0]) * _slope(t, x, [val(a) for a in args[1:]]), None
+        return tan(args[0]) * _slope(t, x, args[1:], kwargs), None
     if t == aten.max_pool2d_with_indices.default:
         idx = value[node][1]
         picked = tan(args[0]).flatten(-2).gather(-1, idx.flatten(-2)).view(idx.shape)
@@ -414,15 +416,16 @@ _EXPLICIT = {
 }
 
 
-def _slope(t: Any, x: Tensor, rest: list) -> Tensor:
+def _slope(t: Any, x: Tensor, args: tuple, kwargs: dict) -> Tensor:
     """The derivative of a piecewise-linear op where autograd takes it (0 at ReLU's kink);
     for ReLU `x` is its output, which is positive exactly where its input is."""
     if t == aten.relu.default:
         return (x > 0).to(x.dtype)
     if t == aten.leaky_relu.default:
-        neg = rest[0] if rest else 0.01
+        neg = args[0] if args else kwargs.get("negative_slope", 0.01)
         return torch.where(x > 0, torch.ones_like(x), torch.full_like(x, neg))
-    lo, hi = (rest + [-1.0, 1.0])[:2] if len(rest) < 2 else rest[:2]
+    lo = args[0] if len(args) > 0 else kwargs.get("min_val", -1.0)
+    hi = args[1] if len(args) > 1 else kwargs.get("max_val", 1.0)
     return ((x > lo) & (x < hi)).to(x.dtype)
 
 

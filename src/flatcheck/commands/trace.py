@@ -19,7 +19,7 @@ def trace_cmd(
     class_samples: Annotated[Optional[int], typer.Option("--class-samples", help="exact GGN trace for many classes: "
                                                          "sample K classes ∝ p per sample (unbiased, with stderr)")] = None,
     layers: Annotated[bool, typer.Option("--layers/--no-layers", help="per-layer parts; without them the "
-                                         "Hessian trace takes a route about twice as fast (autograd backend)")] = True,
+                                         "Hessian trace takes a route up to twice as fast (autograd backend)")] = True,
 ):
     opts = {"matrix": matrix, "estimator": estimator, "probes_max": probes_max, "rtol": rtol,
             "class_samples": class_samples, "parts": layers}

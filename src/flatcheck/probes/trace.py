@@ -24,7 +24,7 @@ class TraceOptions:
     block_size: int | None = None  # None: as many probes per block as fit 64 MiB, at most 8
     class_samples: int | None = None  # exact estimator: sample this many classes per sample (large C)
     # per-layer and per-parameter parts of a Hutchinson/Hutch++ trace; without them the
-    # autograd backend takes vᵀHv by forward tangents, about twice as fast as an HVP
+    # autograd backend takes vᵀHv by forward tangents, up to twice as fast as an HVP
     parts: bool = True
 
     def __post_init__(self):
