@@ -58,6 +58,19 @@ def test_products_on_cuda_match_dense(backend, kind, loss, bn_mode):
     assert abs(got - G.trace().item()) <= 1e3 * EPS64 * G.trace().item()
 
 
+@pytest.mark.parametrize("kind,loss,bn_mode", CASES)
+def test_vhv_by_forward_tangents_on_cuda_matches_dense(kind, loss, bn_mode):
+    """The total-only trace route (backends/quadform.py) traced and run on the GPU."""
+    case = make_case(kind, loss=loss, bn_mode=bn_mode)
+    H, _ = dense(case)
+    b = create_backend("autograd", _on_cuda(case))
+    S = (torch.randint(0, 2, (4, H.shape[0]), generator=torch.Generator().manual_seed(3)) * 2 - 1).to(torch.int8)
+    got = b.vhv(S.cuda())
+    assert b.vhv_error is None
+    want = ((S.double() @ H) * S.double()).sum(1)
+    assert (got.cpu() - want).abs().max().item() <= 1e3 * EPS64 * H.abs().sum().item()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_float32_on_cuda_is_float32_accurate(backend):
     """TF32 (10 mantissa bits, ~5e-4 relative) is off unless asked for: products stay near float32 round-off."""
