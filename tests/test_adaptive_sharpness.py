@@ -136,3 +136,27 @@ def test_bad_options_name_their_flag(bad, flag):
 def test_loss_names_are_normalised():
     assert parse_options("adaptive-sharpness", {"loss": "Sigmoid-MSE"}).loss == "sigmoid_mse"
     assert LossSpec("sigmoid_mse").name == "sigmoid_mse"
+
+
+def test_second_order_by_forward_tangents_equals_the_product_route():
+    """The autograd backend takes (|w|⊙v)ᵀH(|w|⊙v) by forward tangents; forcing the (k, P)
+    product route gives the same probes, so the same value and stderr to round-off."""
+    from flatcheck.linalg import hutchinson
+    from flatcheck.operators import CurvatureOperator
+
+    case = make_case("cnn", bn_mode="train")
+    H, _ = dense(case)
+    op = CurvatureOperator(case.backend("autograd"))
+    w = torch.cat([p.detach().abs().reshape(-1) for p in case.problem.layout.params(case.model)])
+    fast = mod._ScaledOperator(op, w)
+    assert fast.streams_total
+    slow = mod._ScaledOperator(CurvatureOperator(case.backend("autograd")), w)
+    slow.streams_total = False
+    a, b = (hutchinson(o, generator=torch.Generator().manual_seed(5), max_probes=9, block_size=4)
+            for o in (fast, slow))
+    assert op.matvecs == 9 and a.matvecs == b.matvecs == 9
+    # each probe value is a sum of P² terms no larger than |w_i H_ij w_j|
+    tol = 1e3 * torch.finfo(torch.float64).eps * (w[:, None] * H * w[None, :]).abs().sum().item()
+    assert math.isclose(a.value, b.value, abs_tol=tol) and math.isclose(a.stderr, b.stderr, abs_tol=tol)
+    assert case.backend("func").capabilities.isdisjoint({"vhv"})
+    assert not mod._ScaledOperator(CurvatureOperator(case.backend("func")), w).streams_total

@@ -156,6 +156,22 @@ def test_untraceable_loss_falls_back_to_hvps_and_says_why(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once
         backend.vhv(S)
+        w = torch.linspace(0.5, 2.0, H.shape[0], dtype=torch.float64)  # a diagonal scale (adaptive sharpness's |w|)
+        Vw = S.double() * w
+        scaled = backend.vhv(S, w)
+    assert (scaled - ((Vw @ H) * Vw).sum(1)).abs().max().item() <= 1e3 * EPS * 4 * H.abs().sum().item()  # |w_i w_j| ≤ 4
+
+
+def test_scaled_rows_match_dense():
+    case = make_case("cnn", loss="mse")
+    H, _ = dense(case)
+    backend = case.backend("autograd")
+    S = _signs(3, H.shape[0], seed=4)
+    w = torch.linspace(0.5, 2.0, H.shape[0], dtype=torch.float64)
+    Vw = S.double() * w
+    got = backend.vhv(S, w)
+    assert backend.vhv_error is None
+    assert (got - ((Vw @ H) * Vw).sum(1)).abs().max().item() <= 1e3 * EPS * 4 * H.abs().sum().item()
 
 
 def test_mutation_of_a_shared_tensor_is_refused():
@@ -196,7 +212,7 @@ def test_hutchinson_without_parts_takes_vhv_with_the_same_probes(monkeypatch):
     backend = case.backend("autograd")
     calls = []
     real = backend.vhv
-    monkeypatch.setattr(backend, "vhv", lambda S: calls.append(S.shape[0]) or real(S))
+    monkeypatch.setattr(backend, "vhv", lambda S, scale=None: calls.append(S.shape[0]) or real(S, scale))
     fast = hutchinson(CurvatureOperator(backend), generator=torch.Generator().manual_seed(9), max_probes=12,
                       block_size=5)
     assert calls == [5, 5, 2] and fast.matvecs == 12 and fast.groups == {}

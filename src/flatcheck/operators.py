@@ -41,18 +41,27 @@ class CurvatureOperator:
         return self.matrix == "hessian" and "hvp_sums" in self.backend.capabilities
 
     @property
+    def streams_scaled(self) -> bool:
+        """Whether `quadratic` without parts takes a diagonal `scale` of its rows."""
+        return self.matrix == "hessian" and "vhv" in self.backend.capabilities
+
+    @property
     def streams_total(self) -> bool:
         """Whether `quadratic` without parts gets vᵀAv without a (k, P) product."""
         return self.matrix == "hessian" and bool({"vhv", "hvp_sums"} & self.backend.capabilities)
 
-    def quadratic(self, S: Tensor, split: "LayoutParts | None" = None) -> tuple[Tensor, dict]:
+    def quadratic(self, S: Tensor, split: "LayoutParts | None" = None,
+                  scale: Tensor | None = None) -> tuple[Tensor, dict]:
         """vᵀAv for every row v of S ((k, P), ±1 int8 signs or floats) in float64, and the
         parts of V ⊙ AV that `split` defines; k matrix-vector products. Only where
         `streams_quadratic` (or, without `split`, `streams_total`); elsewhere estimators take
-        `matmat`. Without parts the backend may take a cheaper route than an HVP (`vhv`)."""
+        `matmat`. Without parts the backend may take a cheaper route than an HVP (`vhv`),
+        which also takes the rows times a diagonal `scale` (with `streams_scaled`)."""
         self.matvecs += S.shape[0]
         if split is None and "vhv" in self.backend.capabilities:
-            return self.backend.vhv(S), {}
+            return self.backend.vhv(S, scale), {}
+        if scale is not None:
+            raise ValueError("quadratic: scale needs a backend with vhv")  # streams_scaled says so first
         sums = self.backend.hvp_sums(S)
         return sums.sum(1), (split.of_sums(sums) if split is not None else {})
 

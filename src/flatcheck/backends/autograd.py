@@ -152,8 +152,9 @@ class AutogradBackend:
                             sums[i, j] += rowsum64((piece * v[j]).reshape(1, -1))[0]
         return sums
 
-    def vhv(self, S: Tensor) -> Tensor:
-        """vᵀHv for every row v of S ((k, P), int8 signs allowed): (k,) float64, the total only.
+    def vhv(self, S: Tensor, scale: Tensor | None = None) -> Tensor:
+        """vᵀHv for v = s ⊙ scale, every row s of S ((k, P), int8 signs allowed; scale (P,) or
+        None): (k,) float64, the total only.
 
         By forward tangents against first-order adjoints (flatcheck.backends.quadform): about
         half the work of a double-backward HVP per vector, one float vector at a time. Where
@@ -162,7 +163,7 @@ class AutogradBackend:
         """
         if self.vhv_error is None:
             try:
-                return self._vhv(S)
+                return self._vhv(S, scale)
             except torch.cuda.OutOfMemoryError:
                 raise
             except Exception as exc:  # noqa: BLE001  any op the tangent pass cannot take: the HVP route
@@ -170,9 +171,12 @@ class AutogradBackend:
                 self._primal_cache.clear()
                 warnings.warn(f"vᵀHv by forward tangents is not available for this model ({self.vhv_error[:200]}); "
                               "using Hessian-vector products")
-        return self.hvp_sums(S).sum(1)
+        if scale is None:
+            return self.hvp_sums(S).sum(1)
+        V = S.to(self.problem.dtype) * scale
+        return rowsum64(self.hvp(V).mul_(V))
 
-    def _vhv(self, S: Tensor) -> Tensor:
+    def _vhv(self, S: Tensor, scale: Tensor | None) -> Tensor:
         layout, dtype = self.problem.layout, self.problem.dtype
         if self._quadforms is None:
             self._quadforms = QuadraticForms(self.problem)
@@ -186,7 +190,8 @@ class AutogradBackend:
         with self._mode():
             for primal, weight in self._primal_cache.each(self.problem.samples, build):
                 for i in range(S.shape[0]):
-                    v = [t[0] for t in layout.split(S[i : i + 1].to(dtype))]
+                    row = S[i : i + 1].to(dtype)
+                    v = [t[0] for t in layout.split(row if scale is None else row * scale)]
                     out[i] += weight * primal.second_derivative(v)
         return out
 

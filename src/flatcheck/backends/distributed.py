@@ -69,8 +69,8 @@ class DistributedBackend:
     def hvp_sums(self, S: Tensor) -> Tensor:
         return self._sum(self._local.hvp_sums(S))
 
-    def vhv(self, S: Tensor) -> Tensor:
-        return self._sum(self._local.vhv(S))
+    def vhv(self, S: Tensor, scale: Tensor | None = None) -> Tensor:
+        return self._sum(self._local.vhv(S, scale))
 
     @property
     def vhv_error(self) -> str | None:

@@ -169,14 +169,19 @@ _SECOND_ORDER_STREAM = 0x9E3779B9
 
 
 class _ScaledOperator:
-    """diag|w| · M · diag|w| for a curvature operator M."""
+    """diag|w| · M · diag|w| for a curvature operator M. Its quadratic form is M's at |w| ⊙ v,
+    which the autograd backend takes by forward tangents (no Hessian-vector product)."""
 
     def __init__(self, op: CurvatureOperator, scale: Tensor):
         self.op, self.scale = op, scale
         self.dim, self.dtype, self.device = op.dim, op.dtype, op.device
+        self.streams_total = op.streams_scaled
 
     def matmat(self, V: Tensor) -> Tensor:
         return self.op.matmat(V * self.scale) * self.scale
+
+    def quadratic(self, S: Tensor, split=None) -> tuple[Tensor, dict]:
+        return self.op.quadratic(S, None, scale=self.scale)
 
 
 def second_order(backend: Backend, options: AdaptiveSharpnessOptions, ctx: ProbeContext) -> dict:
