@@ -8,8 +8,9 @@ z_n + ε z′_n + ½ε² z″_n. The second-order parts propagate linearly, so
 with λ_n = ∂L/∂z_n the ordinary backprop adjoint of node n and s_n its local source: the
 second directional derivative of node n's op along the tangents of its inputs. It is zero
 for ops linear in their moving inputs (views, sums, additions, ReLU, pooling),
-2·op(a′, b′) for bilinear ones (convolutions, matrix products, products), and taken by
-nested forward-mode differentiation of the single op for the rest (softmax, GELU, norms).
+2·op(a′, b′) for bilinear ones (convolutions, matrix products, products), written out for
+the common nonlinear ones (softmax, log-softmax, var_mean, GELU, elementwise functions),
+and taken by nested forward-mode differentiation of the single op for any other.
 
 Per batch one forward and one input-only backward give every λ_n for the whole block. Per
 vector one tangent pass and one source product per bilinear op remain: three forward-costs
