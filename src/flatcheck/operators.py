@@ -41,8 +41,9 @@ class CurvatureOperator:
         return self.matrix == "hessian" and "hvp_sums" in self.backend.capabilities
 
     @property
-    def streams_scaled(self) -> bool:
-        """Whether `quadratic` without parts takes a diagonal `scale` of its rows."""
+    def takes_vhv(self) -> bool:
+        """Whether `quadratic` without parts goes to the backend's vhv, which needs no HVP and
+        also takes a diagonal `scale` of the rows."""
         return self.matrix == "hessian" and "vhv" in self.backend.capabilities
 
     @property
@@ -56,12 +57,12 @@ class CurvatureOperator:
         parts of V ⊙ AV that `split` defines; k matrix-vector products. Only where
         `streams_quadratic` (or, without `split`, `streams_total`); elsewhere estimators take
         `matmat`. Without parts the backend may take a cheaper route than an HVP (`vhv`),
-        which also takes the rows times a diagonal `scale` (with `streams_scaled`)."""
+        which also takes the rows times a diagonal `scale` (where `takes_vhv`)."""
         self.matvecs += S.shape[0]
         if split is None and "vhv" in self.backend.capabilities:
             return self.backend.vhv(S, scale), {}
         if scale is not None:
-            raise ValueError("quadratic: scale needs a backend with vhv")  # streams_scaled says so first
+            raise ValueError("quadratic: scale needs a backend with vhv (see takes_vhv)")
         sums = self.backend.hvp_sums(S)
         return sums.sum(1), (split.of_sums(sums) if split is not None else {})
 

@@ -175,7 +175,7 @@ class _ScaledOperator:
     def __init__(self, op: CurvatureOperator, scale: Tensor):
         self.op, self.scale = op, scale
         self.dim, self.dtype, self.device = op.dim, op.dtype, op.device
-        self.streams_total = op.streams_scaled
+        self.streams_total = op.takes_vhv
 
     def matmat(self, V: Tensor) -> Tensor:
         return self.op.matmat(V * self.scale) * self.scale

@@ -106,7 +106,7 @@ class TraceProbe:
             notes = f"hutchpp, {op.matvecs} matvecs"
         else:
             notes = f"hutchinson, {probes} probes (stop: {stop})"
-            if not options.parts and "vhv" in ctx.backend.capabilities and op.matrix == "hessian":
+            if not options.parts and op.takes_vhv:
                 why = getattr(ctx.backend, "vhv_error", None)
                 notes += ", vᵀHv by forward tangents" if why is None else f", vᵀHv by HVPs ({why})"
         return ProbeResult(
