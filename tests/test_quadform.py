@@ -303,3 +303,25 @@ def test_written_out_rules_equal_nested_jvp(name):
         for a, b in zip(parts(mine), parts(ref)):
             a = torch.zeros_like(b) if a is None else a  # no source written for a linear part
             assert torch.allclose(a, b, rtol=1e-12, atol=1e-12 * b.abs().max().item()), name
+
+
+def test_hutchpp_without_parts_takes_quadratic_forms_for_two_thirds(monkeypatch):
+    """Hutch++ without parts: the sketch by products, Tr(QᵀHQ) and the residual by vᵀHv
+    (float rows), the same estimate as with parts to round-off, within its error of Tr(H)."""
+    from flatcheck.linalg import hutchpp
+
+    case = make_case("cnn", bn_mode="train")
+    H, _ = dense(case)
+    backend = case.backend("autograd")
+    rows = []
+    real = backend.vhv
+    monkeypatch.setattr(backend, "vhv", lambda S, scale=None: rows.append(S.shape[0]) or real(S, scale))
+    op = CurvatureOperator(backend)
+    fast = hutchpp(op, generator=torch.Generator().manual_seed(2), matvecs=30)
+    assert rows == [10, 10] and op.matvecs == 30 and fast.matvecs == 30 and fast.groups == {}
+    ref = hutchpp(CurvatureOperator(case.backend("autograd")), generator=torch.Generator().manual_seed(2),
+                  matvecs=30, split=LayoutParts(case.problem.layout))
+    tol = 1e3 * EPS * H.abs().sum().item()
+    assert math.isclose(fast.value, ref.value, abs_tol=tol) and math.isclose(fast.stderr, ref.stderr, abs_tol=tol)
+    # z = 4.5 standard errors of its Hutchinson part
+    assert abs(fast.value - torch.trace(H).item()) <= 4.5 * fast.stderr

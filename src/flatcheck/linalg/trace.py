@@ -135,6 +135,9 @@ def hutchpp(
     the Hutchinson part given Q. Per-group parts also carry the cross term 2·diag(QQᵀAP⊥),
     estimated from the same probes at no extra cost, so each group's part is unbiased for
     that group's diagonal block and the parts sum to the total.
+
+    Without parts, only the sketch A·S needs products: Tr(QᵀAQ) and the residual's gᵀAg are
+    quadratic forms, which an operator that streams them (`streams_total`) takes without one.
     """
     k = matvecs // 3
     if k < 2:
@@ -143,11 +146,22 @@ def hutchpp(
     AS = op.matmat(S)
     Q, _ = torch.linalg.qr(AS.T)  # (P, k)
     Q = Q.T.contiguous()  # rows are basis vectors
-    AQ = op.matmat(Q)
+    forms = split is None and getattr(op, "streams_total", False)
+    if forms:
+        head_values, _ = op.quadratic(Q)
+    else:
+        AQ = op.matmat(Q)
     if progress is not None:
         progress(2 * k, 3 * k)
     G = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
     G = G - (G @ Q.T) @ Q
+    if forms:
+        # gᵀAg alone: the cross term below sums to zero over all entries (Qg = 0)
+        resid_values, _ = op.quadratic(G)
+        if progress is not None:
+            progress(3 * k, 3 * k)
+        r_mean, r_se = _mean_stderr(resid_values.cpu())
+        return TraceEstimate(head_values.sum().item() + r_mean, r_se, 3 * k, 2 * k, "matvecs", {})
     AG = op.matmat(G)
     if progress is not None:
         progress(3 * k, 3 * k)
