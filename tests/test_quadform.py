@@ -325,3 +325,86 @@ def test_hutchpp_without_parts_takes_quadratic_forms_for_two_thirds(monkeypatch)
     assert math.isclose(fast.value, ref.value, abs_tol=tol) and math.isclose(fast.stderr, ref.stderr, abs_tol=tol)
     # z = 4.5 standard errors of its Hutchinson part
     assert abs(fast.value - torch.trace(H).item()) <= 4.5 * fast.stderr
+
+
+class _SqueezeExcite(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.down, self.up = nn.Conv2d(c, 4, 1), nn.Conv2d(4, c, 1)
+
+    def forward(self, x):
+        return x * F.hardsigmoid(self.up(torch.relu(self.down(x.mean((2, 3), keepdim=True)))))
+
+
+def _mobile_net() -> nn.Module:
+    """MobileNetV3's and EfficientNet's activations: hardswish (in place, as torchvision has
+    it), a squeeze-excite gate through hardsigmoid, SiLU, and a depthwise convolution."""
+    torch.manual_seed(4)
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 3), nn.BatchNorm2d(6), nn.Hardswish(inplace=True), _SqueezeExcite(6),
+        nn.Conv2d(6, 6, 3, groups=6), nn.SiLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 4),
+    ).double()
+
+
+def test_vhv_through_activations_without_second_derivatives_matches_finite_differences():
+    """torch has no second derivative of hardsigmoid, so neither dense H nor the HVP route
+    exists for this model; ground truth is a central difference of the gradient along v.
+    Its error is estimated from two step sizes (h and h/2: error ∝ h²), and the test
+    requires the two to agree first, i.e. that no activation kink lies within the steps."""
+    from torch.func import functional_call
+
+    model = _mobile_net()
+    g = torch.Generator().manual_seed(6)
+    X = 2 * torch.randn(8, 1, 7, 7, generator=g, dtype=torch.float64)
+    Y = torch.randint(0, 4, (8,), generator=g)
+    samples = SampleSet(TensorDataset(X, Y), samples=8, batch_size=8, dtype=torch.float64)
+    problem = Problem(model, LossSpec("cross_entropy"), samples, ParamLayout.from_model(model))
+    backend = create_backend("autograd", problem)
+    with pytest.raises(RuntimeError, match="hardsigmoid_backward"):
+        backend.hvp(torch.ones(1, problem.layout.dim, dtype=torch.float64))
+    S = _signs(2, problem.layout.dim, seed=3)
+    got = backend.vhv(S)
+    assert backend.vhv_error is None
+    layout, params = problem.layout, problem.layout.params(model)
+    model.eval()
+
+    def directional_gradient(v, h):
+        moved = {n: (p.detach() + h * d).requires_grad_() for n, p, d in zip(layout.names, params, v)}
+        loss = F.cross_entropy(functional_call(model, moved, (X,)), Y)
+        return sum((gi * d).sum() for gi, d in zip(torch.autograd.grad(loss, list(moved.values())), v)).item()
+
+    for i in range(2):
+        v = [t[0] for t in layout.split(S[i : i + 1].double())]
+        fd = [(directional_gradient(v, h) - directional_gradient(v, -h)) / (2 * h) for h in (1e-4, 5e-5)]
+        err = abs(fd[0] - fd[1])  # ≈ 3/4 of fd[0]'s error, 3× fd[1]'s
+        assert err <= 1e-5 * abs(fd[1])  # the steps cross no kink
+        assert abs(got[i].item() - fd[1]) <= max(err, 1e-9 * abs(fd[1]))
+
+
+def test_fused_attention_is_decomposed_and_equals_the_unfused_hvp_route():
+    """timm's fused attention (scaled_dot_product_attention) has no double backward on the CPU,
+    so the HVP route needs it unfused; the tangent route traces it into its primitive parts."""
+    timm = pytest.importorskip("timm")
+    from timm.layers import set_fused_attn
+
+    def problem(fused: bool):
+        set_fused_attn(fused)
+        try:
+            torch.manual_seed(0)
+            model = timm.create_model("test_vit", pretrained=False, num_classes=5, img_size=8, patch_size=4).double()
+        finally:
+            set_fused_attn(False)
+        g = torch.Generator().manual_seed(1)
+        X = torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64)
+        Y = torch.randint(0, 5, (4,), generator=g)
+        samples = SampleSet(TensorDataset(X, Y), samples=4, batch_size=4, dtype=torch.float64)
+        return Problem(model, LossSpec("cross_entropy"), samples, ParamLayout.from_model(model))
+
+    fused, plain = problem(True), problem(False)
+    assert any(getattr(m, "fused_attn", False) for m in fused.model.modules())
+    S = _signs(2, fused.layout.dim, seed=8)
+    got_backend = create_backend("autograd", fused)
+    got = got_backend.vhv(S)
+    assert got_backend.vhv_error is None
+    sums = create_backend("autograd", plain).hvp_sums(S)
+    assert ((got - sums.sum(1)).abs() <= 1e4 * EPS * sums.abs().sum(1)).all()

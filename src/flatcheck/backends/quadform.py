@@ -38,9 +38,11 @@ from .base import Problem
 aten = torch.ops.aten
 
 # The normalisations are traced as their primitive parts: mean and variance, rsqrt and
-# products, each with an exact rule here.
+# products, each with an exact rule here; so is fused CPU attention, which has neither a
+# second derivative nor a forward-mode one through its backward.
 _DECOMPOSE = (aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
-              aten._native_batch_norm_legit_functional, aten.native_layer_norm)
+              aten._native_batch_norm_legit_functional, aten.native_layer_norm,
+              aten._scaled_dot_product_flash_attention_for_cpu)
 
 # Ops linear in their first argument with the other arguments held: tangent = op(a′, …), no source.
 _LINEAR_FIRST = {
@@ -61,7 +63,7 @@ _BILINEAR = {
 }
 # Piecewise linear: the tangent is masked by where the input is, the source is zero (as
 # autograd's second derivative is).
-_PIECEWISE = {aten.relu.default, aten.leaky_relu.default, aten.hardtanh.default}
+_PIECEWISE = {aten.relu.default, aten.leaky_relu.default, aten.hardtanh.default, aten.hardsigmoid.default}
 
 
 class UnsupportedGraph(RuntimeError):
@@ -346,6 +348,11 @@ def _gelu(x: Tensor, _y: Tensor) -> tuple[Tensor, Tensor]:
     return cdf + x * pdf, pdf * (2 - x * x)
 
 
+def _silu(x: Tensor, _y: Tensor) -> tuple[Tensor, Tensor]:
+    s = torch.sigmoid(x)
+    return s * (1 + x * (1 - s)), s * (1 - s) * (2 + x * (1 - 2 * s))
+
+
 def _log_softmax(node, val, tan, want_source):
     dim = node.args[1]
     x1 = tan(node.args[0])
@@ -414,6 +421,12 @@ _EXPLICIT = {
     aten.tanh.default: _unary(lambda x, y: (1 - y * y, -2 * y * (1 - y * y))),
     aten.sigmoid.default: _unary(lambda x, y: (y * (1 - y), y * (1 - y) * (1 - 2 * y))),
     aten.reciprocal.default: _unary(lambda x, y: (-y * y, 2 * y * y * y)),
+    # x·relu6(x + 3)/6, with autograd's one-sided derivatives at ±3; torch has no second
+    # derivative of hardswish or hardsigmoid, so nested jvp cannot take them
+    aten.silu.default: _unary(_silu),
+    aten.hardswish.default: _unary(lambda x, y: (
+        torch.where(x < -3, 0.0, torch.where(x <= 3, x / 3 + 0.5, 1.0)).to(x.dtype),
+        ((x >= -3) & (x <= 3)).to(x.dtype) / 3)),
 }
 
 
@@ -425,6 +438,8 @@ def _slope(t: Any, x: Tensor, args: tuple, kwargs: dict) -> Tensor:
     if t == aten.leaky_relu.default:
         neg = args[0] if args else kwargs.get("negative_slope", 0.01)
         return torch.where(x > 0, torch.ones_like(x), torch.full_like(x, neg))
+    if t == aten.hardsigmoid.default:  # relu6(x + 3)/6
+        return ((x > -3) & (x < 3)).to(x.dtype) / 6
     lo = args[0] if len(args) > 0 else kwargs.get("min_val", -1.0)
     hi = args[1] if len(args) > 1 else kwargs.get("max_val", 1.0)
     return ((x > lo) & (x < hi)).to(x.dtype)
