@@ -15,6 +15,7 @@ from torch.utils.data import TensorDataset
 from conftest import dense, make_case
 from flatcheck.backends import ParamLayout, Problem, create_backend
 from flatcheck.data.batches import SampleSet
+from flatcheck.errors import ModelError
 from flatcheck.linalg import hutchinson
 from flatcheck.models.spec import LossSpec
 from flatcheck.operators import CurvatureOperator, LayoutParts
@@ -360,8 +361,9 @@ def test_vhv_through_activations_without_second_derivatives_matches_finite_diffe
     samples = SampleSet(TensorDataset(X, Y), samples=8, batch_size=8, dtype=torch.float64)
     problem = Problem(model, LossSpec("cross_entropy"), samples, ParamLayout.from_model(model))
     backend = create_backend("autograd", problem)
-    with pytest.raises(RuntimeError, match="hardsigmoid_backward"):
+    with pytest.raises(ModelError, match=r"uses aten::hardsigmoid, which torch cannot differentiate twice.*--no-layers"):
         backend.hvp(torch.ones(1, problem.layout.dim, dtype=torch.float64))
+    assert ModelError.exit_code == 2
     S = _signs(2, problem.layout.dim, seed=3)
     got = backend.vhv(S)
     assert backend.vhv_error is None

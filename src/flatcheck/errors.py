@@ -36,6 +36,10 @@ class ConfigError(InputError):
     """A command-line option or run configuration is invalid."""
 
 
+class ModelError(InputError):
+    """The model cannot give what a probe needs, e.g. an op torch cannot differentiate twice."""
+
+
 class InternalError(FlatcheckError):
     """An invariant of flatcheck itself was violated. Exit code 101."""
 

@@ -9,6 +9,7 @@ calls when the sample set is a single batch.
 from __future__ import annotations
 
 import itertools
+import re
 import warnings
 from typing import Callable, Iterator
 
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, vjp, vmap
 
+from ..errors import ModelError
 from ..linalg.reduce import rowsum64
 from ..losses import apply_output_hessian, output_hessian_factors, per_sample_loss, sample_columns
 from .base import GGNTrace, Problem, model_mode, register_backend
@@ -115,8 +117,16 @@ class AutogradBackend:
 
     def _hv_row(self, index, outputs, v: list[Tensor]) -> tuple[Tensor | None, ...]:
         """H_batch v for one vector given per parameter; None where a part is zero."""
-        return torch.autograd.grad(outputs, self._params, [v[j] for j in index], retain_graph=True,
-                                   allow_unused=True)
+        try:
+            return torch.autograd.grad(outputs, self._params, [v[j] for j in index], retain_graph=True,
+                                       allow_unused=True)
+        except RuntimeError as exc:
+            missing = re.search(r"derivative for (\S+) is not implemented", str(exc))
+            if missing is None:
+                raise
+            raise ModelError(f"the model uses {missing.group(1).removesuffix('_backward')}, which torch cannot "
+                             "differentiate twice, so Hessian-vector products cannot be made; the Hessian "
+                             "trace's total can (flatcheck trace --no-layers), and so can GGN products") from None
 
     # -- products ------------------------------------------------------------------------
     def hvp(self, V: Tensor) -> Tensor:
