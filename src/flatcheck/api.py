@@ -22,7 +22,7 @@ from .data.batches import SampleSet
 from .dist import launched, local_cuda_device
 from .data.preprocess import Preprocess
 from .data.registry import create_dataset
-from .errors import ConfigError, DataError, InputError
+from .errors import ConfigError, DataError, InputError, first_line
 from .models.checkpoint import LoadedCheckpoint, apply_state_dict, load_checkpoint
 from .models.sources import build_model, resolve_preprocess
 from .models.spec import ModelSpec, load_spec
@@ -111,7 +111,7 @@ def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: Ru
         with model_mode(model, config.bn_mode), torch.no_grad():
             out = model(batch.x)
     except (RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc) or type(exc).__name__
         raise InputError(
             f"{spec.where}: model {spec.arch} cannot take data '{config.data}' samples of shape "
             f"{tuple(batch.x.shape[1:])} (check input_size in the spec): {first}"

@@ -8,6 +8,12 @@ is a bug in flatcheck and is reported as 101.
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message ("" when it has none), for one-line reports."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 class FlatcheckError(Exception):
     """Base class. Message is a single line shown to the user as-is."""
 

@@ -59,7 +59,7 @@ class CurvatureOperator:
         `matmat`. Without parts the backend may take a cheaper route than an HVP (`vhv`),
         which also takes the rows times a diagonal `scale` (where `takes_vhv`)."""
         self.matvecs += S.shape[0]
-        if split is None and "vhv" in self.backend.capabilities:
+        if split is None and self.takes_vhv:
             return self.backend.vhv(S, scale), {}
         if scale is not None:
             raise ValueError("quadratic: scale needs a backend with vhv (see takes_vhv)")

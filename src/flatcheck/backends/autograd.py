@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, vjp, vmap
 
-from ..errors import ModelError
+from ..errors import ModelError, first_line
 from ..linalg.reduce import rowsum64
 from ..losses import apply_output_hessian, output_hessian_factors, per_sample_loss, sample_columns
 from .base import GGNTrace, Problem, model_mode, register_backend
@@ -96,14 +96,6 @@ class AutogradBackend:
             rows.append([_or_zeros(g, x) for g, x in zip(grads, inputs)])
         return [torch.stack(col) for col in zip(*rows)]
 
-    def _split_params(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """(probed parameters, everything else the forward needs) for torch.func.functional_call."""
-        layout, model = self.problem.layout, self.problem.model
-        chosen = dict(zip(layout.names, (p.detach() for p in self._params)))
-        frozen = {n: t.detach() for n, t in model.named_parameters() if n not in chosen}
-        frozen.update(dict(model.named_buffers()))
-        return chosen, frozen
-
     def _graphs(self) -> Iterator[tuple[tuple[int, ...], tuple[Tensor, ...]]]:
         """(parameter indices, gradients with their graph) per batch; the caller holds the model mode.
 
@@ -133,7 +125,7 @@ class AutogradBackend:
         layout = self.problem.layout
         out = torch.zeros_like(V)
         rows_out = [layout.split(out[i : i + 1]) for i in range(V.shape[0])]
-        rows_in = [[t[0] for t in layout.split(V[i : i + 1])] for i in range(V.shape[0])]
+        rows_in = [layout.unflatten(V[i]) for i in range(V.shape[0])]
         with self._mode():
             for index, outputs in self._graphs():
                 # one backward per vector, added straight into its row of `out`: a block of
@@ -156,7 +148,7 @@ class AutogradBackend:
         with self._mode():
             for index, outputs in self._graphs():
                 for i in range(S.shape[0]):
-                    v = [t[0] for t in layout.split(S[i : i + 1].to(dtype))]
+                    v = layout.unflatten(S[i].to(dtype))
                     for j, piece in enumerate(self._hv_row(index, outputs, v)):
                         if piece is not None:
                             sums[i, j] += rowsum64((piece * v[j]).reshape(1, -1))[0]
@@ -177,7 +169,7 @@ class AutogradBackend:
             except torch.cuda.OutOfMemoryError:
                 raise
             except Exception as exc:  # noqa: BLE001  any op the tangent pass cannot take: the HVP route
-                self.vhv_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                self.vhv_error = f"{type(exc).__name__}: {first_line(exc)}"
                 self._primal_cache.clear()
                 warnings.warn(f"vᵀHv by forward tangents is not available for this model ({self.vhv_error[:200]}); "
                               "using Hessian-vector products")
@@ -200,8 +192,8 @@ class AutogradBackend:
         with self._mode():
             for primal, weight in self._primal_cache.each(self.problem.samples, build):
                 for i in range(S.shape[0]):
-                    row = S[i : i + 1].to(dtype)
-                    v = [t[0] for t in layout.split(row if scale is None else row * scale)]
+                    row = S[i].to(dtype)
+                    v = layout.unflatten(row if scale is None else row * scale)
                     out[i] += weight * primal.second_derivative(v)
         return out
 
@@ -273,7 +265,7 @@ class AutogradBackend:
 
     def _vmap_sqnorms(self, x: Tensor, U: Tensor) -> Tensor:
         model, layout = self.problem.model, self.problem.layout
-        chosen, frozen = self._split_params()
+        chosen, frozen = self.problem.split_params()
 
         def one(xn: Tensor, Un: Tensor) -> Tensor:
             def f(p):

@@ -38,6 +38,13 @@ class Problem:
     def device(self) -> torch.device:
         return self.layout.params(self.model)[0].device
 
+    def split_params(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """(probed parameters, everything else the forward needs) for torch.func.functional_call."""
+        chosen = dict(zip(self.layout.names, (p.detach() for p in self.layout.params(self.model))))
+        frozen = {n: t.detach() for n, t in self.model.named_parameters() if n not in chosen}
+        frozen.update(dict(self.model.named_buffers()))
+        return chosen, frozen
+
 
 @dataclass(frozen=True)
 class GGNTrace:

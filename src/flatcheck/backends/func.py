@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
+from ..errors import first_line
 from ..losses import apply_output_hessian, per_sample_loss
 from .autograd import AutogradBackend
 from .base import Problem, register_backend
@@ -55,7 +56,7 @@ class FuncBackend(AutogradBackend):
                 raise
             except Exception as exc:  # noqa: BLE001  any compiler failure: fall back, say why
                 self._hv = None
-                self.compile_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                self.compile_error = f"{type(exc).__name__}: {first_line(exc)}"
                 warnings.warn(f"--compile: torch.compile could not run the HVP ({self.compile_error[:200]}); "
                               "continuing eagerly")
         return self._hv_eager(params, frozen, x, y, W)
@@ -79,7 +80,7 @@ class FuncBackend(AutogradBackend):
         if self.hvp_fallback:
             return super().hvp(V)
         layout = self.problem.layout
-        params, frozen = self._split_params()
+        params, frozen = self.problem.split_params()
 
         def block(W: Tensor) -> Tensor:
             out = torch.zeros_like(W)
@@ -93,7 +94,7 @@ class FuncBackend(AutogradBackend):
 
     def ggn_vp(self, V: Tensor) -> Tensor:
         model, loss_spec, layout = self.problem.model, self.problem.loss, self.problem.layout
-        params, frozen = self._split_params()
+        params, frozen = self.problem.split_params()
 
         def block(W: Tensor) -> Tensor:
             out = torch.zeros_like(W)

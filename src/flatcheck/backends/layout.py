@@ -61,6 +61,10 @@ class ParamLayout:
         k = block.shape[0]
         return [piece.view(k, *shape) for piece, shape in zip(block.split(self.sizes, dim=1), self.shapes)]
 
+    def unflatten(self, v: Tensor) -> list[Tensor]:
+        """One vector (P,) → per-parameter views of shape `shape`."""
+        return [piece.view(shape) for piece, shape in zip(v.split(self.sizes), self.shapes)]
+
     def flatten(self, pieces: list[Tensor], k: int) -> Tensor:
         """Per-parameter (k, *shape) tensors → (k, P)."""
         return torch.cat([p.reshape(k, -1) for p in pieces], dim=1)

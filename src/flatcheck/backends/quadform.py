@@ -75,12 +75,9 @@ def trace_loss(problem: Problem, x: Tensor, y: Tensor) -> tuple[fx.GraphModule, 
     from torch._decomp import get_decompositions
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    model, layout = problem.model, problem.layout
-    names = list(layout.names)
-    params = layout.params(model)
-    frozen = {n: t.detach() for n, t in model.named_parameters() if n not in set(names)}
-    frozen.update(dict(model.named_buffers()))
-    frozen_names = list(frozen)
+    model = problem.model
+    chosen, frozen = problem.split_params()
+    names, frozen_names = list(chosen), list(frozen)
 
     def loss(*args):
         p = dict(zip(names, args[: len(names)]))
@@ -88,7 +85,7 @@ def trace_loss(problem: Problem, x: Tensor, y: Tensor) -> tuple[fx.GraphModule, 
         logits = functional_call(model, (p, f), (args[-2],))
         return per_sample_loss(logits, args[-1], problem.loss).mean()
 
-    inputs = [p.detach() for p in params] + [frozen[n] for n in frozen_names] + [x, y]
+    inputs = list(chosen.values()) + list(frozen.values()) + [x, y]
     gm = make_fx(loss, decomposition_table=get_decompositions(list(_DECOMPOSE)), tracing_mode="fake")(*inputs)
     gm.graph.eliminate_dead_code()
     _out_of_place(gm.graph)
@@ -136,11 +133,8 @@ class QuadraticForms:
         if key not in self._graphs:
             self._graphs[key] = trace_loss(self.problem, x, y)
         gm, frozen_names = self._graphs[key]
-        model = self.problem.model
-        named = dict(model.named_parameters())
-        named.update(dict(model.named_buffers()))
-        params = [p.detach() for p in self.problem.layout.params(model)]
-        return Primal(gm, params, [named[n].detach() for n in frozen_names] + [x, y])
+        chosen, frozen = self.problem.split_params()
+        return Primal(gm, list(chosen.values()), [frozen[n] for n in frozen_names] + [x, y])
 
 
 def preload() -> None:

@@ -57,10 +57,15 @@ def auto_block(dim: int, dtype: torch.dtype) -> int:
     return max(1, min(MAX_BLOCK, BLOCK_BYTES // max(per_vector, 1)))
 
 
+def _streams(op: Operator, parts: bool) -> bool:
+    """Whether `op.quadratic` gives vᵀAv (with per-group parts if `parts`) without a (k, P) product."""
+    return getattr(op, "streams_quadratic" if parts else "streams_total", False)
+
+
 def default_block(op: Operator, parts: bool = True) -> int:
     """hutchinson's block size when none is given (see auto_block); `parts`: whether the
     per-group parts are asked for."""
-    if getattr(op, "streams_quadratic" if parts else "streams_total", False):
+    if _streams(op, parts):
         return auto_block(op.dim, torch.int8)  # a streamed block holds only its int8 signs
     return auto_block(op.dim, op.dtype)
 
@@ -93,7 +98,7 @@ def hutchinson(
     values: list[Tensor] = []
     parts: dict[str, list[Tensor]] = {}
     done, reason = 0, "max_probes"
-    streams = getattr(op, "streams_quadratic" if split is not None else "streams_total", False)
+    streams = _streams(op, parts=split is not None)
     block = block_size or default_block(op, parts=split is not None)
     while done < max_probes:
         k = min(block, max_probes - done)
@@ -146,7 +151,7 @@ def hutchpp(
     AS = op.matmat(S)
     Q, _ = torch.linalg.qr(AS.T)  # (P, k)
     Q = Q.T.contiguous()  # rows are basis vectors
-    forms = split is None and getattr(op, "streams_total", False)
+    forms = split is None and _streams(op, parts=False)
     if forms:
         head_values, _ = op.quadratic(Q)
     else:
