@@ -19,10 +19,13 @@ it (CUDA). HVPs are products of the whole-sample-set Hessian with one vector (on
 8 batches is one HVP): flatcheck counts them in its operator; for the peers they are counted by
 wrapping the peer's own product function (PyHessian: hessian_vector_product and
 dataloader_hv_product; curvlinops: columns passed to _matmat; hessian-eigenthings:
-HessianOperator.matvec). A peer that fails is a row with its error, never dropped.
+HessianOperator.matvec). A peer that fails is a row with its error, never dropped. With
+--repeat N every row runs N times, the tools of a task taking turns, and each tool's row is its
+run of median time (ratios are then of medians) with the largest peak memory of its runs.
 
     python benchmarks/bench_peers.py [--models demo,resnet18,vit] [--device cpu|cuda|auto]
                                      [--full] [--save] [--backends autograd,func] [--peers ...]
+                                     [--repeat N]
 """
 
 from __future__ import annotations
@@ -855,26 +858,57 @@ def run_all(args, log: Callable[[str], None] = print,
             hints: dict[str, Any] = {}
             for name, why in broken.items():
                 rows.append(Row(m.key, task.title(), task.kind, f"flatcheck[{name}]", error=f"backend did not import: {why}"))
+            tools = []
             for tool in tools_for(task, backends, peers):
                 peer = tool.split(":")[0]
                 if peer in missing:
                     rows.append(Row(m.key, task.title(), task.kind, display_name(tool),
                                     error=f"not installed ({missing[peer]}); pip install '.[bench]'"))
-                    continue
-                row = runner(m, task, tool, args.device, hints)
-                rows.append(row)
-                if row.is_flatcheck and row.error is None:
-                    # peers get what flatcheck found where the comparison needs it (steps, boundaries)
-                    hints.setdefault("steps", row.extra.get("steps"))
-                    if "lo" in row.extra:
-                        hints.setdefault("bounds", (row.extra["lo"], row.extra["hi"]))
-                    hints = {k: v for k, v in hints.items() if v is not None}
-                log(f"  {m.key:<9} {task.title():<58} {row.tool:<24} "
-                    + (f"{row.seconds:8.2f} s" if row.seconds is not None else " " * 10)
-                    + (f"  ERROR {row.error}" if row.error else ""))
+                else:
+                    tools.append(tool)
+            # the repetitions take turns tool by tool, so a slow spell of the machine falls on
+            # every tool alike instead of on whichever ran then
+            runs: dict[str, list[Row]] = {tool: [] for tool in tools}
+            for rep in range(args.repeat):
+                for tool in tools:
+                    row = runner(m, task, tool, args.device, hints)
+                    runs[tool].append(row)
+                    if row.is_flatcheck and row.error is None:
+                        # peers get what flatcheck found where the comparison needs it (steps, boundaries)
+                        hints.setdefault("steps", row.extra.get("steps"))
+                        if "lo" in row.extra:
+                            hints.setdefault("bounds", (row.extra["lo"], row.extra["hi"]))
+                        hints = {k: v for k, v in hints.items() if v is not None}
+                    log(f"  {m.key:<9} {task.title():<58} {row.tool:<24} "
+                        + (f"{row.seconds:8.2f} s" if row.seconds is not None else " " * 10)
+                        + (f"  (run {rep + 1}/{args.repeat})" if args.repeat > 1 else "")
+                        + (f"  ERROR {row.error}" if row.error else ""))
+            rows += [median_row(runs[tool]) for tool in tools]
     add_ratios(rows)
     machine = machine_info(args.device, args.threads)
     return models, rows, machine
+
+
+def median_row(runs: list[Row]) -> Row:
+    """One tool's repetitions as one row: the run of median time (the lower of the middle two
+    for an even count), its peak memory raised to the largest of any run; the times of all runs
+    and any failures go to the notes."""
+    if len(runs) == 1:
+        return runs[0]
+    ok = sorted((r for r in runs if r.error is None and r.seconds is not None), key=lambda r: r.seconds)
+    if not ok:
+        return runs[0]
+    row = ok[(len(ok) - 1) // 2]
+    peaks = [r.peak_mib for r in ok if r.peak_mib is not None]
+    row.peak_mib = max(peaks) if peaks else None
+    times = [r.seconds for r in ok]
+    row.extra["repeat_seconds"] = times
+    what = f"median of {len(ok)} runs ({times[0]:.3g}–{times[-1]:.3g} s), peak memory the largest"
+    failed = [r.error for r in runs if r.error is not None]
+    if failed:
+        what += f"; {len(failed)} of {len(runs)} runs FAILED: {failed[0]}"
+    row.notes = f"{row.notes}; {what}" if row.notes else what
+    return row
 
 
 def add_ratios(rows: list[Row]) -> None:
@@ -1028,7 +1062,7 @@ def summary(rows: list[Row]) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def markdown(models, rows, machine, command: str) -> str:
+def markdown(models, rows, machine, command: str, repeat: int = 1) -> str:
     def esc(s: str) -> str:
         return s.replace("|", "\\|").replace("\n", " ")
 
@@ -1041,7 +1075,8 @@ def markdown(models, rows, machine, command: str) -> str:
         f"- device: {machine['device']}, {machine['threads']} torch threads, Python {machine['python']}; "
         f"load average at the end of the run {machine['load']} (other work on the machine slows every row)",
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-        "- one run; time includes building each tool's operator (and PyHessian's kept graph, flatcheck's traced "
+        ("- one run" if repeat == 1 else f"- one run of {repeat} repetitions per row, the tools taking turns; each "
+         "row shows its median time and its largest peak memory") + "; time includes building each tool's operator (and PyHessian's kept graph, flatcheck's traced "
         "graph), not loading data or importing;",
         "  HVPs are whole-sample-set Hessian-vector products (in the total-only trace rows of flatcheck[autograd]: "
         "vᵀHv products, one per probe, as in every other trace row); peak memory is the rise during the timed work "
@@ -1080,6 +1115,12 @@ def save(text: str, directory: Path, rows: list[Row]) -> Path:
     return target
 
 
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {text!r}")
+    return int(text)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1092,6 +1133,9 @@ def parse_args(argv=None):
     ap.add_argument("--backends", type=csv, default=None, help="flatcheck backends (default: all but distributed)")
     ap.add_argument("--peers", type=csv, default=list(PEERS), help="pyhessian,curvlinops,eigenthings (or none)")
     ap.add_argument("--tasks", type=csv, default=None, help="trace,eig,slq,hvpgrad,block,ggn (default: all)")
+    ap.add_argument("--repeat", type=positive_int, default=1,
+                    help="run every row N times, tools taking turns, and report each tool's median time "
+                         "(default 1)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     ap.add_argument("--row-timeout", type=float, default=600.0, help="seconds before a row is stopped")
     ap.add_argument("--inline", action="store_true", help="run rows in this process (no per-row memory isolation)")
@@ -1110,7 +1154,7 @@ def main(argv=None) -> int:
     print_tables(models, rows, machine)
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.save:
-        path = save(markdown(models, rows, machine, command), args.results_dir, rows)
+        path = save(markdown(models, rows, machine, command, args.repeat), args.results_dir, rows)
         print(f"saved {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return 0
 

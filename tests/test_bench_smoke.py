@@ -115,3 +115,35 @@ def test_subprocess_row_and_cli(tmp_path, capsys):
     text = (tmp_path / "latest.md").read_text()
     assert "flatcheck[autograd]" in text and "FAILED" not in text
     assert "--peers none" in text
+
+
+def _row(seconds, peak=None, error=None, notes="n"):
+    return bp.Row("demo", "t", "trace", "flatcheck[autograd]", seconds=seconds, peak_mib=peak, error=error, notes=notes)
+
+
+def test_median_row_picks_the_median_run_and_the_largest_peak():
+    runs = [_row(3.0, 10), _row(1.0, 30), _row(2.0, 20), _row(None, error="boom"), _row(9.0, 5)]
+    row = bp.median_row(runs)
+    # four that ran: 1, 2, 3, 9 → the lower middle one, 2
+    assert row.seconds == 2.0 and row.peak_mib == 30
+    assert row.extra["repeat_seconds"] == [1.0, 2.0, 3.0, 9.0]
+    assert "median of 4 runs (1–9 s)" in row.notes and "1 of 5 runs FAILED: boom" in row.notes
+    assert bp.median_row([_row(5.0)]).notes == "n"  # one run: the row as it was
+    failed = bp.median_row([_row(None, error="a"), _row(None, error="b")])
+    assert failed.error == "a"
+
+
+def test_repeat_runs_each_tool_n_times_and_reports_medians():
+    args = bp.parse_args(["--inline", "--models", "demo", "--peers", "none", "--backends", "autograd",
+                          "--repeat", "3"])
+    log = []
+    models, rows, machine = bp.run_all(args, log=log.append, models=toy_plan("trace1"))
+    assert [r.tool for r in rows] == ["flatcheck[autograd]", "flatcheck[autograd+parts]"]
+    for r in rows:
+        times = r.extra["repeat_seconds"]
+        assert len(times) == 3 and r.seconds == times[1] and "median of 3 runs" in r.notes
+    # the tools take turns: autograd, parts, autograd, parts, …
+    assert ["+parts" in line for line in log] == [False, True] * 3
+    assert "3 repetitions per row" in bp.markdown(models, rows, machine, "x", repeat=3)
+    with pytest.raises(SystemExit):
+        bp.parse_args(["--repeat", "0"])
