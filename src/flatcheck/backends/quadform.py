@@ -161,14 +161,15 @@ class Primal:
         self.params = placeholders[: len(params)]
         moving = set(self.params)
         for node in self.nodes:
-            if node.op == "call_function" and any(a in moving for a in _arg_nodes(node)):
+            if node.op == "call_function" and any(a in moving for a in _arg_nodes(node)) and _floating(node):
                 moving.add(node)
         self.moving = [n for n in self.nodes if n in moving and n.op == "call_function"]
-        sources = [n for n in self.moving if _has_source(n, moving)]
+        self.rules = {n: _choose(n, moving) for n in self.moving}
+        sources = [n for n, rule in self.rules.items() if rule.has_source(n, moving)]
         self.last_use = _last_uses(self.nodes)
         # only what the tangent pass reads is kept: about the inputs of the bilinear and
         # nonlinear ops, not every intermediate
-        read = {a for n in self.moving for a in _values_read(n, moving)}
+        read = {a for n, rule in self.rules.items() for a in rule.reads(n, moving)}
         value, self.adjoint = self._forward(params, rest, sources, keep=read | set(sources))
         self.value = {n: v for n, v in value.items() if n in read}
         owned = [v for n, v in self.value.items() if n.op != "placeholder"] + list(self.adjoint.values())
@@ -208,10 +209,17 @@ class Primal:
         """vᵀ H_batch v = Σ_n ⟨λ_n, s_n⟩ for the direction v given per parameter tensor."""
         tangent: dict[fx.Node, Any] = dict(zip(self.params, param_tangents))
         total = torch.zeros((), dtype=torch.float64, device=param_tangents[0].device)
+
+        def val(a):
+            return self.value[a] if isinstance(a, fx.Node) else a
+
+        def tan(a):
+            return tangent.get(a) if isinstance(a, fx.Node) else None
+
         with torch.no_grad():
             for node in self.moving:
                 lam = self.adjoint.get(node)
-                t_out, source = _rule(node, self.value, tangent, want_source=lam is not None)
+                t_out, source = self.rules[node](node, val, tan, want_source=lam is not None)
                 tangent[node] = t_out
                 if source is not None:
                     for i, s in enumerate(tree_flatten(source)[0]):
@@ -224,6 +232,13 @@ class Primal:
 
 def _arg_nodes(node: fx.Node) -> list[fx.Node]:
     return [a for a in tree_flatten((node.args, node.kwargs))[0] if isinstance(a, fx.Node)]
+
+
+def _floating(node: fx.Node) -> bool:
+    """Whether any of the node's outputs is a floating tensor (integers, indices and masks
+    do not move with θ), as the trace recorded it; unknown counts as floating."""
+    outs = [t for t in tree_flatten(node.meta.get("val"))[0] if isinstance(t, Tensor)]
+    return not outs or any(t.is_floating_point() or t.is_complex() for t in outs)
 
 
 def _fill(node: fx.Node, env: dict) -> tuple[tuple, dict]:
@@ -242,84 +257,131 @@ def _last_uses(nodes: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
     return out
 
 
-def _values_read(node: fx.Node, moving: set) -> list[fx.Node]:
-    """The nodes whose primal values `_rule` reads for `node`."""
-    t = node.target
-    args = _arg_nodes(node)
-    if t is operator.getitem or t in (aten.add.Tensor, aten.sub.Tensor):
-        return []
-    if (t in _LINEAR_FIRST and args[0] in moving) or t in _LINEAR_JOINT:
-        return [a for a in args if a not in moving]
-    if t in _EXPLICIT:
-        return args + [node]  # the written-out rules use f(x) as well as x
-    if t == aten.relu.default or t == aten.max_pool2d_with_indices.default:
-        return [node]  # ReLU's mask from its output (the next op's input anyway), pooling's indices
-    if t in _BILINEAR:
-        i, j = _BILINEAR[t]
-        a, b = node.args[i], node.args[j]
-        # op(a′, b) reads b, op(a, b′) reads a
-        return [x for x, other in ((a, b), (b, a)) if isinstance(x, fx.Node) and other in moving]
-    return args
+# ------------------------------------------------------------------ one rule per moving op
+# Chosen once per graph from which of the op's inputs move, a rule says which primal values
+# it reads (only those are kept), whether it has a source, and makes its tangent and source.
+
+Lookup = Callable[[Any], Any]  # a node (or constant) → its value / its tangent (None: still)
 
 
-def _has_source(node: fx.Node, moving: set) -> bool:
-    t = node.target
-    if t is operator.getitem or t in _LINEAR_FIRST or t in _LINEAR_JOINT or t in _PIECEWISE:
+class _Rule:
+    """By default: nested forward mode of the op alone; reads every input, has a source."""
+
+    def reads(self, node: fx.Node, moving: set) -> list[fx.Node]:
+        return _arg_nodes(node)
+
+    def has_source(self, node: fx.Node, moving: set) -> bool:
+        return True
+
+    def __call__(self, node: fx.Node, val: Lookup, tan: Lookup, want_source: bool) -> tuple[Any, Any]:
+        return _generic(node, val, tan, want_source)
+
+
+class _Linear(_Rule):
+    """Linear in its moving inputs: the tangent is the op of the tangents, no source; reads
+    only the inputs that stay still."""
+
+    def reads(self, node, moving):
+        if node.target is operator.getitem or node.target in (aten.add.Tensor, aten.sub.Tensor):
+            return []  # a still addend drops out of the tangent
+        return [a for a in _arg_nodes(node) if a not in moving]
+
+    def has_source(self, node, moving):
         return False
-    if t == aten.max_pool2d_with_indices.default:
-        return False
-    if t in (aten.add.Tensor, aten.sub.Tensor):
-        return False
-    if t in _BILINEAR:
-        i, j = _BILINEAR[t]
-        return all(isinstance(node.args[k], fx.Node) and node.args[k] in moving for k in (i, j))
-    if t == aten.div.Tensor:
-        return isinstance(node.args[1], fx.Node) and node.args[1] in moving
-    return True
 
-
-def _rule(node: fx.Node, value: dict, tangent: dict, want_source: bool) -> tuple[Any, Any]:
-    """(tangent of node's output, its source s_n or None) from its inputs' values and tangents."""
-    t, args, kwargs = node.target, node.args, node.kwargs
-
-    def val(a):
-        return value[a] if isinstance(a, fx.Node) else a
-
-    def tan(a):
-        return tangent.get(a) if isinstance(a, fx.Node) else None
-
-    if t is operator.getitem:
-        parent = tan(args[0])
-        return (None if parent is None else parent[args[1]]), None
-    if t in _LINEAR_FIRST and all(tan(a) is None for a in _arg_nodes(node)[1:]):
+    def __call__(self, node, val, tan, want_source):
+        t, args, kwargs = node.target, node.args, node.kwargs
+        if t is operator.getitem:
+            parent = tan(args[0])
+            return (None if parent is None else parent[args[1]]), None
+        if t in (aten.add.Tensor, aten.sub.Tensor):
+            a, b = tan(args[0]), tan(args[1])
+            if b is not None:
+                alpha = kwargs.get("alpha", 1)
+                b = b * (alpha if t == aten.add.Tensor else -alpha)
+            return (b if a is None else a if b is None else a + b), None
+        if t in _LINEAR_JOINT:  # a still part's tangent is zero
+            parts = [tan(a) if tan(a) is not None else torch.zeros_like(val(a)) for a in args[0]]
+            rest, kw = tree_map(val, (args[1:], kwargs))
+            return t(parts, *rest, **kw), None
         rest, kw = tree_map(val, (args[1:], kwargs))
         if t == aten.constant_pad_nd.default:
             rest = rest[:1]  # padding with c is affine: its tangent pads with zeros
-        return t(tan(args[0]), *rest, **kw), None
-    if t in _LINEAR_JOINT:
-        parts = [tan(a) if tan(a) is not None else torch.zeros_like(val(a)) for a in args[0]]
-        rest, kw = tree_map(val, (args[1:], kwargs))
-        return t(parts, *rest, **kw), None
-    if t in (aten.add.Tensor, aten.sub.Tensor):
-        a, b = tan(args[0]), tan(args[1])
-        if b is not None:
-            alpha = kwargs.get("alpha", 1)
-            b = b * (alpha if t == aten.add.Tensor else -alpha)
-        return (b if a is None else a if b is None else a + b), None
-    if t in _PIECEWISE and tan(args[0]) is not None:
-        x = value[node] if t == aten.relu.default else val(args[0])
-        return tan(args[0]) * _slope(t, x, args[1:], kwargs), None
-    if t == aten.max_pool2d_with_indices.default:
-        idx = value[node][1]
-        picked = tan(args[0]).flatten(-2).gather(-1, idx.flatten(-2)).view(idx.shape)
+        return t(tan(args[0]), *rest, **kw), None  # _LINEAR_FIRST, and division by a still tensor
+
+
+class _Piecewise(_Linear):
+    """Piecewise linear: the tangent masked by where the input is; no source (as autograd's
+    second derivative has none). ReLU reads its output, the others their input."""
+
+    def reads(self, node, moving):
+        return [node if node.target == aten.relu.default else node.args[0]]
+
+    def __call__(self, node, val, tan, want_source):
+        x = val(node if node.target == aten.relu.default else node.args[0])
+        return tan(node.args[0]) * _slope(node.target, x, node.args[1:], node.kwargs), None
+
+
+class _MaxPool(_Linear):
+    def reads(self, node, moving):
+        return [node]  # the indices
+
+    def __call__(self, node, val, tan, want_source):
+        idx = val(node)[1]
+        picked = tan(node.args[0]).flatten(-2).gather(-1, idx.flatten(-2)).view(idx.shape)
         return (picked, None), None
-    if t in _BILINEAR:
+
+
+class _Bilinear(_Rule):
+    def reads(self, node, moving):
+        i, j = _BILINEAR[node.target]
+        a, b = node.args[i], node.args[j]
+        # op(a′, b) reads b, op(a, b′) reads a
+        return [x for x, other in ((a, b), (b, a)) if isinstance(x, fx.Node) and other in moving]
+
+    def has_source(self, node, moving):
+        return all(node.args[k] in moving for k in _BILINEAR[node.target])
+
+    def __call__(self, node, val, tan, want_source):
         return _bilinear(node, val, tan, want_source)
-    if t == aten.div.Tensor and tan(args[1]) is None:
-        return t(tan(args[0]), val(args[1])), None
-    if t in _EXPLICIT and _explicit_applies(node, tan):
-        return _EXPLICIT[t](node, val, tan, want_source)
-    return _generic(node, val, tan, want_source)
+
+
+class _Explicit(_Rule):
+    """A written-out tangent and source; they use f(x) as well as x."""
+
+    def __init__(self, rule: Callable[[fx.Node, Lookup, Lookup, bool], tuple[Any, Any]]):
+        self.rule = rule
+
+    def reads(self, node, moving):
+        return _arg_nodes(node) + [node]
+
+    def __call__(self, node, val, tan, want_source):
+        return self.rule(node, val, tan, want_source)
+
+
+_NESTED, _LINEAR, _PIECEWISE_RULE, _MAXPOOL_RULE, _BILINEAR_RULE = _Rule(), _Linear(), _Piecewise(), _MaxPool(), _Bilinear()
+
+
+def _choose(node: fx.Node, moving: set) -> _Rule:
+    t = node.target
+    first = node.args[0] if node.args else None
+    first_only = (isinstance(first, fx.Node) and first in moving
+                  and not any(a in moving for a in _arg_nodes(node)[1:]))
+    if t is operator.getitem or t in (aten.add.Tensor, aten.sub.Tensor) or t in _LINEAR_JOINT:
+        return _LINEAR
+    if t in _LINEAR_FIRST and first_only:
+        return _LINEAR
+    if t == aten.div.Tensor and first_only:
+        return _LINEAR
+    if t in _PIECEWISE and first_only:
+        return _PIECEWISE_RULE
+    if t == aten.max_pool2d_with_indices.default:
+        return _MAXPOOL_RULE
+    if t in _BILINEAR:
+        return _BILINEAR_RULE
+    if t in _EXPLICIT and first_only and _explicit_form(node):
+        return _EXPLICIT[t]
+    return _NESTED
 
 
 # Ops common enough that nested jvp's overhead shows (log-softmax was 18 % of a demo probe):
@@ -389,10 +451,8 @@ def _var_mean(node, val, tan, want_source):
     return (var1, mean1), source
 
 
-def _explicit_applies(node: fx.Node, tan: Callable) -> bool:
-    """Only the first argument moves, and the op is in the form the rule is written for."""
-    if any(tan(a) is not None for a in _arg_nodes(node)[1:]):
-        return False
+def _explicit_form(node: fx.Node) -> bool:
+    """The op is in the form its written-out rule is for."""
     t = node.target
     if t == aten.gelu.default:
         return node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") == "none"
@@ -403,7 +463,7 @@ def _explicit_applies(node: fx.Node, tan: Callable) -> bool:
     return True
 
 
-_EXPLICIT = {
+_EXPLICIT = {op: _Explicit(rule) for op, rule in {
     aten._log_softmax.default: _log_softmax,
     aten._softmax.default: _softmax,
     aten.var_mean.correction: _var_mean,
@@ -421,7 +481,7 @@ _EXPLICIT = {
     aten.hardswish.default: _unary(lambda x, y: (
         torch.where(x < -3, 0.0, torch.where(x <= 3, x / 3 + 0.5, 1.0)).to(x.dtype),
         ((x >= -3) & (x <= 3)).to(x.dtype) / 3)),
-}
+}.items()}
 
 
 def _slope(t: Any, x: Tensor, args: tuple, kwargs: dict) -> Tensor:
