@@ -52,7 +52,8 @@ def test_vhv_matches_dense(kind, loss, bn_mode):
 class Mixer(nn.Module):
     """The ops transformers and convnets bring, each moving with θ: max pooling, leaky ReLU,
     constant padding, layer norm, softmax attention (matrix products of two moving tensors),
-    GELU, hardtanh with its own bounds, concatenation and a division by a moving tensor."""
+    GELU, hardtanh with its own bounds, concatenation, a division by a moving tensor and a
+    gather at an index the moving values choose."""
 
     def __init__(self):
         super().__init__()
@@ -68,7 +69,9 @@ class Mixer(nn.Module):
         t = self.ln(h.flatten(2).transpose(1, 2))  # (B, 12, 4)
         q, k, v = self.qkv(t).chunk(3, -1)
         o = torch.softmax(q @ k.transpose(1, 2) / 2.0, -1) @ v
-        z = torch.cat([o.mean(1), F.hardtanh(t, -0.5, 0.7).mean(1)], -1)
+        # the token picked by an index that the moving values choose: the index stays still
+        top = o.gather(1, o.sum(-1).argmax(1)[:, None, None].expand(-1, 1, o.shape[-1])).squeeze(1)
+        z = torch.cat([o.mean(1) + top, F.hardtanh(t, -0.5, 0.7).mean(1)], -1)
         z = F.gelu(z) / (1 + z.pow(2).sum(-1, keepdim=True)).sqrt()
         return self.fc(z)
 
