@@ -196,6 +196,9 @@ def test_gate_cli_passes_and_writes_junit_summary_json(passing):
     assert "✅ passed" in summary.read_text()
     data = json.loads(out.read_text())
     assert data["gate"]["passed"] and set(data["results"]) == {"trace", "gini"}
+    # no rule reads the trace's per-layer parts: the total alone, by vᵀHv
+    trace = data["results"]["trace"]
+    assert trace["details"]["parts"] is False and "forward tangents" in trace["notes"]
 
 
 def test_gate_cli_fails_with_exit_1_and_baseline(passing):
@@ -214,6 +217,15 @@ def test_gate_cli_bad_input_exits_2(tmp_path):
     cfg = write_gates(tmp_path, "rules:\n  - {field: gini.value, max_increase: 10%}\n")
     res = gate_cli(cfg)
     assert res.exit_code == 2 and "--baseline" in res.stderr
+
+
+def test_trace_parts_only_where_a_rule_reads_them_or_the_file_asks():
+    assert gate({"field": "trace.value", "max": 1}).probes["trace"] == {"parts": False}
+    layered = gate({"field": "trace.details.layers.head.value", "max": 1})
+    assert "parts" not in layered.probes["trace"]  # the probe's default: with parts
+    kept = gate({"field": "trace.value", "max": 1}, probes={"trace": {"parts": True, "probes_max": 8}})
+    assert kept.probes["trace"] == {"parts": True, "probes_max": 8}
+    assert "trace" not in gate({"field": "gini.value", "max": 1}).probes
 
 
 def test_example_gates_file_is_valid():

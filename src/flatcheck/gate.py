@@ -125,6 +125,9 @@ def load_gate_config(path: str | Path) -> GateConfig:
     return parse_gate_config(data, where=str(path))
 
 
+PART_FIELDS = ("trace.details.layers", "trace.details.per_parameter")
+
+
 def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
     def fail(field_: str, msg: str) -> ConfigError:
         return ConfigError(f"{where}: field '{field_}' {msg}")
@@ -196,6 +199,12 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
             label = rule.get("name") or fld
             name = f"{label} {kind} {shown}"
             bounds.append(Bound(name, fld.strip(), kind, limit, pol))
+    # A gate reads a trace's per-layer parts only where a rule names them; without them the
+    # total is the same number from the same probes, by vᵀHv (forward tangents) at about half
+    # an HVP's cost. `parts: true` under probes.trace keeps them in the report.
+    if "trace" in probes and "parts" not in probes["trace"] and not any(
+            b.field.startswith(PART_FIELDS) for b in bounds):
+        probes["trace"]["parts"] = False
     return GateConfig(tuple(bounds), probes, confidence, max_reruns, factor, where)
 
 
