@@ -21,7 +21,8 @@ wrapping the peer's own product function (PyHessian: hessian_vector_product and
 dataloader_hv_product; curvlinops: columns passed to _matmat; hessian-eigenthings:
 HessianOperator.matvec). A peer that fails is a row with its error, never dropped. With
 --repeat N every row runs N times, the tools of a task taking turns, and each tool's row is its
-run of median time (ratios are then of medians) with the largest peak memory of its runs.
+run of median time (ratios are then of medians; HVP ÷ gradient, block and GGN rows: of median
+ratio, speed-up, gradient-times) with the largest peak memory of its runs.
 
     python benchmarks/bench_peers.py [--models demo,resnet18,vit] [--device cpu|cuda|auto]
                                      [--full] [--save] [--backends autograd,func] [--peers ...]
@@ -889,21 +890,37 @@ def run_all(args, log: Callable[[str], None] = print,
     return models, rows, machine
 
 
+# the number a flatcheck-only row is read for (its time is only part of it)
+MEASURE = {"hvpgrad": ("ratio", "HVP ÷ gradient"), "block": ("speedup", "speed-up"),
+           "ggn": ("exact_in_grads", "gradient-times")}
+
+
 def median_row(runs: list[Row]) -> Row:
-    """One tool's repetitions as one row: the run of median time (the lower of the middle two
-    for an even count), its peak memory raised to the largest of any run; the times of all runs
-    and any failures go to the notes."""
+    """One tool's repetitions as one row: the run of median time (of median HVP ÷ gradient,
+    speed-up or gradient-times for the rows read for those), the lower of the middle two for an
+    even count; its peak memory raised to the largest of any run; every run's number and any
+    failures go to the notes."""
     if len(runs) == 1:
         return runs[0]
-    ok = sorted((r for r in runs if r.error is None and r.seconds is not None), key=lambda r: r.seconds)
+    ok = [r for r in runs if r.error is None and r.seconds is not None]
     if not ok:
         return runs[0]
+    key, label = MEASURE.get(ok[0].task_kind, ("", "time"))
+    if not all(key in r.extra for r in ok):
+        key, label = "", "time"
+
+    def measure(r: Row) -> float:
+        return r.extra[key] if key else r.seconds
+
+    ok.sort(key=measure)
     row = ok[(len(ok) - 1) // 2]
     peaks = [r.peak_mib for r in ok if r.peak_mib is not None]
     row.peak_mib = max(peaks) if peaks else None
-    times = [r.seconds for r in ok]
-    row.extra["repeat_seconds"] = times
-    what = f"median of {len(ok)} runs ({times[0]:.3g}–{times[-1]:.3g} s), peak memory the largest"
+    values = [measure(r) for r in ok]
+    row.extra["repeats"] = values
+    unit = " s" if not key else ""
+    what = (f"median {label} of {len(ok)} runs ({values[0]:.3g}–{values[-1]:.3g}{unit}), "
+            "peak memory the largest")
     failed = [r.error for r in runs if r.error is not None]
     if failed:
         what += f"; {len(failed)} of {len(runs)} runs FAILED: {failed[0]}"

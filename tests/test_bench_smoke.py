@@ -126,11 +126,16 @@ def test_median_row_picks_the_median_run_and_the_largest_peak():
     row = bp.median_row(runs)
     # four that ran: 1, 2, 3, 9 → the lower middle one, 2
     assert row.seconds == 2.0 and row.peak_mib == 30
-    assert row.extra["repeat_seconds"] == [1.0, 2.0, 3.0, 9.0]
-    assert "median of 4 runs (1–9 s)" in row.notes and "1 of 5 runs FAILED: boom" in row.notes
+    assert row.extra["repeats"] == [1.0, 2.0, 3.0, 9.0]
+    assert "median time of 4 runs (1–9 s)" in row.notes and "1 of 5 runs FAILED: boom" in row.notes
     assert bp.median_row([_row(5.0)]).notes == "n"  # one run: the row as it was
     failed = bp.median_row([_row(None, error="a"), _row(None, error="b")])
     assert failed.error == "a"
+    # a row read for its HVP ÷ gradient takes the run of median ratio, not of median time
+    runs = [bp.Row("demo", "t", "hvpgrad", "flatcheck[func]", seconds=s, extra={"ratio": q})
+            for s, q in ((1.0, 3.0), (2.0, 1.0), (3.0, 2.0))]
+    row = bp.median_row(runs)
+    assert row.seconds == 3.0 and row.extra["ratio"] == 2.0 and "median HVP ÷ gradient of 3 runs (1–3)" in row.notes
 
 
 def test_repeat_runs_each_tool_n_times_and_reports_medians():
@@ -140,8 +145,8 @@ def test_repeat_runs_each_tool_n_times_and_reports_medians():
     models, rows, machine = bp.run_all(args, log=log.append, models=toy_plan("trace1"))
     assert [r.tool for r in rows] == ["flatcheck[autograd]", "flatcheck[autograd+parts]"]
     for r in rows:
-        times = r.extra["repeat_seconds"]
-        assert len(times) == 3 and r.seconds == times[1] and "median of 3 runs" in r.notes
+        times = r.extra["repeats"]
+        assert len(times) == 3 and r.seconds == times[1] and "median time of 3 runs" in r.notes
     # the tools take turns: autograd, parts, autograd, parts, …
     assert ["+parts" in line for line in log] == [False, True] * 3
     assert "3 repetitions per row" in bp.markdown(models, rows, machine, "x", repeat=3)
