@@ -43,6 +43,22 @@ def test_products_match_dense(backend, kind, loss, bn_mode):
     assert abs(b.ggn_trace().per_param.sum().item() - G.trace().item()) <= 1e3 * EPS * G.trace().item()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_products_match_dense_through_layer_norm_attention_and_pooling(backend):
+    """The Mixer model of test_quadform (LayerNorm with an affine weight, attention, pooling,
+    an argmax-chosen token) against reverse-over-reverse dense H: torch.func.hessian of this
+    loss is itself wrong (README, "Things about torch worth knowing"), the jvp∘grad products
+    of the func backend are not."""
+    from test_quadform import _mixer_case
+
+    case = _mixer_case()
+    H, G = dense(case, reverse=True)
+    b = case.backend(backend)
+    V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    assert _rel(b.hvp(V), V @ H) < 1e3 * EPS
+    assert _rel(b.ggn_vp(V), V @ G) < 1e3 * EPS
+
+
 def test_func_chunks_blocks():
     case = make_case("mlp")
     H, _ = dense(case)

@@ -89,10 +89,10 @@ def _mixer_case(n: int = 11, batch_size: int = 4):
 
 
 def test_vhv_matches_dense_through_attention_norms_and_pooling():
-    """Dense H by reverse-over-reverse autograd here: torch.func.hessian (forward over
-    reverse) of this model's loss differs from it and from central finite differences by up
-    to 0.03 per entry (torch 2.14.1; vᵀHv −1.744 against −1.8487 and −1.8486 for the first
-    probe), while each op alone agrees. The func backend's products agree with autograd."""
+    """Dense H by reverse-over-reverse autograd here: torch.func.hessian of a loss through
+    layer norm with an affine weight is wrong on torch 2.14.1 (an asymmetric Hessian; see the
+    README's "Things about torch worth knowing"). The func backend's products agree with
+    autograd (tests/test_conformance.py)."""
     _check_against_dense(_mixer_case(), reverse=True)
 
 
