@@ -310,6 +310,59 @@ def test_written_out_rules_equal_nested_jvp(name):
             assert torch.allclose(a, b, rtol=1e-12, atol=1e-12 * b.abs().max().item()), name
 
 
+_LINEAR_OPS = {
+    "nll_loss_mean": lambda x, y: F.nll_loss(x[:, :, 0], y, ignore_index=2),
+    "nll_loss_none": lambda x, y: F.nll_loss(x[:, :, 0], y, reduction="none"),
+    "constant_pad": lambda x, y: F.pad(x, (1, 2), value=0.3),
+    "div_by_still": lambda x, y: x / (y.double() + 1.5)[:, None, None],
+}
+
+
+@pytest.mark.parametrize("name", list(_LINEAR_OPS))
+def test_linear_rules_equal_nested_jvp(name):
+    """Ops taken as linear in their moving input: the same tangent as nested forward mode, no source."""
+    import flatcheck.backends.quadform as qf
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
+    x1 = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
+    y = torch.tensor([1, 2, 3])
+    gm = make_fx(_LINEAR_OPS[name])(x, y)
+    xs = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    value, tangent = {}, {}
+    for n, v in zip([n for n in gm.graph.nodes if n.op == "placeholder"], (x, y)):
+        value[n] = v
+    moving = {xs}
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            args, kwargs = qf._fill(n, value)
+            value[n] = n.target(*args, **kwargs)
+            if any(a in moving for a in qf._arg_nodes(n)) and qf._floating(n):
+                moving.add(n)
+    # the op under test: the first moving one after the x[:, :, 0] that some cases take
+    target = next(n for n in gm.graph.nodes if n in moving and n is not xs and n.target != torch.ops.aten.select.int)
+
+    def val(a):
+        return value[a] if isinstance(a, torch.fx.Node) else a
+
+    def tan(a):
+        return tangent.get(a) if isinstance(a, torch.fx.Node) else None
+
+    # the tangent of the op's input, by forward mode from x′
+    first = target.args[0]
+    tangent[first] = torch.func.jvp(lambda t: t[:, :, 0] if first is not xs else t, (x,), (x1,))[1]
+    rule = qf._choose(target, moving)
+    assert rule is qf._LINEAR and not rule.has_source(target, moving)
+    got, source = rule(target, val, tan, True)
+    want, want_source = qf._NESTED(target, val, tan, True)
+    assert source is None
+    for a, b in zip(*(list(t) if isinstance(t, tuple) else [t] for t in (got, want))):
+        assert torch.allclose(a, b, rtol=1e-13, atol=1e-13), name
+    for s in (list(want_source) if isinstance(want_source, tuple) else [want_source]):
+        assert s is None or s.abs().max().item() == 0  # nested forward mode finds no source either
+
+
 def test_hutchpp_without_parts_takes_quadratic_forms_for_two_thirds(monkeypatch):
     """Hutch++ without parts: the sketch by products, Tr(QᵀHQ) and the residual by vᵀHv
     (float rows), the same estimate as with parts to round-off, within its error of Tr(H)."""

@@ -305,6 +305,9 @@ class _Linear(_Rule):
             rest, kw = tree_map(val, (args[1:], kwargs))
             return t(parts, *rest, **kw), None
         rest, kw = tree_map(val, (args[1:], kwargs))
+        if t == aten.nll_loss_forward.default:  # (loss, total weight): only the loss moves
+            out, total = t(tan(args[0]), *rest, **kw)
+            return (out, torch.zeros_like(total)), None
         if t == aten.constant_pad_nd.default:
             rest = rest[:1]  # padding with c is affine: its tangent pads with zeros
         return t(tan(args[0]), *rest, **kw), None  # _LINEAR_FIRST, and division by a still tensor
@@ -371,7 +374,7 @@ def _choose(node: fx.Node, moving: set) -> _Rule:
         return _LINEAR
     if t in _LINEAR_FIRST and first_only:
         return _LINEAR
-    if t == aten.div.Tensor and first_only:
+    if t in (aten.div.Tensor, aten.nll_loss_forward.default) and first_only:
         return _LINEAR
     if t in _PIECEWISE and first_only:
         return _PIECEWISE_RULE
