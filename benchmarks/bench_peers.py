@@ -1093,7 +1093,8 @@ def markdown(models, rows, machine, command: str, repeat: int = 1) -> str:
         f"load average at the end of the run {machine['load']} (other work on the machine slows every row)",
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
         ("- one run" if repeat == 1 else f"- one run of {repeat} repetitions per row, the tools taking turns; each "
-         "row shows its median time and its largest peak memory") + "; time includes building each tool's operator (and PyHessian's kept graph, flatcheck's traced "
+         "row shows its run of median time (of median ratio in the HVP ÷ gradient, block and GGN rows) and the "
+         "largest peak memory of its runs") + "; time includes building each tool's operator (and PyHessian's kept graph, flatcheck's traced "
         "graph), not loading data or importing;",
         "  HVPs are whole-sample-set Hessian-vector products (in the total-only trace rows of flatcheck[autograd]: "
         "vᵀHv products, one per probe, as in every other trace row); peak memory is the rise during the timed work "
