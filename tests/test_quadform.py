@@ -96,9 +96,10 @@ def test_vhv_matches_dense_through_attention_norms_and_pooling():
     _check_against_dense(_mixer_case(), reverse=True)
 
 
-@pytest.mark.parametrize("name", ["test_vit", "test_resnet"])
+@pytest.mark.parametrize("name", ["test_vit", "test_resnet", "test_efficientnet_gn"])
 def test_vhv_equals_the_reference_hvps_on_timm_models(name):
-    """Larger graphs than dense H allows: the double-backward reference, itself dense-tested."""
+    """Larger graphs than dense H allows: the double-backward reference, itself dense-tested.
+    test_efficientnet_gn: group norm (decomposed) with timm's in-place SiLU on its output."""
     timm = pytest.importorskip("timm")
     from timm.layers import set_fused_attn
 
@@ -179,8 +180,9 @@ def test_scaled_rows_match_dense():
 
 
 def test_mutation_of_a_shared_tensor_is_refused():
-    """An in-place op on a tensor something else uses (here a view of it) cannot become
-    out-of-place; one on a private intermediate can."""
+    """An in-place op on a tensor something else uses (a view of it, or its base) cannot
+    become out-of-place; one on a private intermediate (an op's output, an element of the
+    tuple an op returns, a view of a base nothing else reads) can."""
     import flatcheck.backends.quadform as qf
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -198,7 +200,16 @@ def test_mutation_of_a_shared_tensor_is_refused():
     def private(x):
         return (x * 2).add_(1).sum()
 
-    for f, ok in ((shared, False), (through_a_view, False), (private, True)):
+    def view_of_a_private_base(x):
+        return (x * 2).view(3, 1).add_(1).sum()  # nothing reads x * 2 but the view
+
+    def tuple_element(x):
+        var, mean = torch.var_mean(x.view(3, 1), 1)
+        return (var + mean.add_(1)).sum()  # var_mean's mean is its own tensor
+
+    cases = ((shared, False), (through_a_view, False), (private, True), (view_of_a_private_base, True),
+             (tuple_element, True))
+    for f, ok in cases:
         gm = make_fx(f)(torch.randn(3))
         assert any(str(n.target) == "aten.add_.Tensor" for n in gm.graph.nodes)
         if ok:

@@ -41,7 +41,7 @@ aten = torch.ops.aten
 # products, each with an exact rule here; so is fused CPU attention, which has neither a
 # second derivative nor a forward-mode one through its backward.
 _DECOMPOSE = (aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
-              aten._native_batch_norm_legit_functional, aten.native_layer_norm,
+              aten._native_batch_norm_legit_functional, aten.native_layer_norm, aten.native_group_norm,
               aten._scaled_dot_product_flash_attention_for_cpu)
 
 # Ops linear in their first argument with the other arguments held: tangent = op(a′, …), no source.
@@ -94,29 +94,36 @@ def trace_loss(problem: Problem, x: Tensor, y: Tensor) -> tuple[fx.GraphModule, 
 
 
 def _out_of_place(graph: fx.Graph) -> None:
-    """In-place ops (torchvision's ReLU(inplace=True), label smoothing's masked_fill_) become
-    their out-of-place forms where the mutated tensor is a private intermediate: made by an
-    op that is not a view, and used by nothing else, so no other reader can see the change.
-    Anything else that mutates is refused."""
+    """In-place ops (torchvision's ReLU(inplace=True), label smoothing's masked_fill_, timm's
+    fused norm + activation) become their out-of-place forms where the mutated tensor is a
+    private intermediate (see `_private`), so no other reader can see the change. Anything
+    else that mutates is refused."""
     for node in graph.nodes:
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None or not schema.is_mutable:
             continue
         name = schema.name.split("::")[-1]
         pure = getattr(getattr(aten, name[:-1], None), node.target._overloadname, None) if name.endswith("_") else None
-        first = node.args[0] if node.args else None
-        private = (isinstance(first, fx.Node) and first.op == "call_function" and len(first.users) == 1
-                   and not _is_view(first.target))
-        if pure is None or not private:
+        if pure is None or not _private(node.args[0] if node.args else None):
             raise UnsupportedGraph(f"the loss's graph mutates a tensor ({node.target})")
         node.target = pure
 
 
-def _is_view(target: Any) -> bool:
-    schema = getattr(target, "_schema", None)
+def _private(node: Any) -> bool:
+    """Only its one user can see the node's storage: an op's own output (an element of a
+    tuple it returns included), or a view of a private base."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or len(node.users) != 1:
+        return False
+    if node.target is operator.getitem:
+        parent, i = node.args
+        returns = getattr(getattr(parent.target, "_schema", None), "returns", ())
+        return isinstance(i, int) and i < len(returns) and returns[i].alias_info is None
+    schema = getattr(node.target, "_schema", None)
     if schema is None:
-        return True  # getitem of a tuple, say: not known to own its storage
-    return any(r.alias_info is not None for r in schema.returns)
+        return False
+    if any(r.alias_info is not None for r in schema.returns):
+        return _private(node.args[0])  # a view: the base has no reader but this view
+    return True
 
 
 class QuadraticForms:
