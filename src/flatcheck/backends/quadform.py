@@ -131,17 +131,18 @@ class QuadraticForms:
 
     def __init__(self, problem: Problem):
         self.problem = problem
-        self._graphs: dict[tuple, tuple[fx.GraphModule, list[str]]] = {}
+        self._graphs: dict[tuple, tuple[Plan, list[str]]] = {}
         preload()
 
     def primal(self, x: Tensor, y: Tensor) -> "Primal":
         """The batch-mean loss's forward and adjoints on (x, y); the caller holds the model mode."""
+        chosen, frozen = self.problem.split_params()
         key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype)
         if key not in self._graphs:
-            self._graphs[key] = trace_loss(self.problem, x, y)
-        gm, frozen_names = self._graphs[key]
-        chosen, frozen = self.problem.split_params()
-        return Primal(gm, list(chosen.values()), [frozen[n] for n in frozen_names] + [x, y])
+            gm, frozen_names = trace_loss(self.problem, x, y)
+            self._graphs[key] = (Plan(gm, len(chosen)), frozen_names)
+        plan, frozen_names = self._graphs[key]
+        return Primal(plan, list(chosen.values()), [frozen[n] for n in frozen_names] + [x, y])
 
 
 def preload() -> None:
@@ -158,50 +159,59 @@ def preload() -> None:
         jvp(torch.sin, (torch.zeros(1),), (torch.ones(1),))
 
 
-class Primal:
-    """One batch's forward: every node's value, and the adjoints λ_n of the nodes with a source."""
+class Plan:
+    """What one traced graph's tangent pass needs, worked out once per graph (not per batch):
+    the nodes that move with θ, the rule of each, the nodes with a source, which values the
+    rules read, and where each value is last used."""
 
-    def __init__(self, gm: fx.GraphModule, params: list[Tensor], rest: list[Tensor]):
+    def __init__(self, gm: fx.GraphModule, n_params: int):
         self.gm = gm
         self.nodes = [n for n in gm.graph.nodes if n.op != "output"]
-        placeholders = [n for n in self.nodes if n.op == "placeholder"]
-        self.params = placeholders[: len(params)]
+        self.out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        self.params = [n for n in self.nodes if n.op == "placeholder"][:n_params]
         moving = set(self.params)
         for node in self.nodes:
             if node.op == "call_function" and any(a in moving for a in _arg_nodes(node)) and _floating(node):
                 moving.add(node)
         self.moving = [n for n in self.nodes if n in moving and n.op == "call_function"]
         self.rules = {n: _choose(n, moving) for n in self.moving}
-        sources = [n for n, rule in self.rules.items() if rule.has_source(n, moving)]
+        self.sources = [n for n, rule in self.rules.items() if rule.has_source(n, moving)]
         self.last_use = _last_uses(self.nodes)
         # only what the tangent pass reads is kept: about the inputs of the bilinear and
         # nonlinear ops, not every intermediate
-        read = {a for n, rule in self.rules.items() for a in rule.reads(n, moving)}
-        value, self.adjoint = self._forward(params, rest, sources, keep=read | set(sources))
-        self.value = {n: v for n, v in value.items() if n in read}
+        self.read = {a for n, rule in self.rules.items() for a in rule.reads(n, moving)}
+
+
+class Primal:
+    """One batch's forward: the values its plan's rules read, and the adjoints λ_n of the
+    nodes with a source."""
+
+    def __init__(self, plan: Plan, params: list[Tensor], rest: list[Tensor]):
+        self.plan = plan
+        value, self.adjoint = self._forward(params, rest)
+        self.value = {n: v for n, v in value.items() if n in plan.read}
         owned = [v for n, v in self.value.items() if n.op != "placeholder"] + list(self.adjoint.values())
         self.nbytes = sum(t.numel() * t.element_size() for t in tree_flatten(owned)[0] if isinstance(t, Tensor))
 
-    def _forward(self, params: list[Tensor], rest: list[Tensor], sources: list[fx.Node],
-                 keep: set) -> tuple[dict, dict]:
+    def _forward(self, params: list[Tensor], rest: list[Tensor]) -> tuple[dict, dict]:
+        plan = self.plan
         value: dict[fx.Node, Any] = {}
         args = iter([p.detach().requires_grad_() for p in params] + rest)
-        out = next(n for n in self.gm.graph.nodes if n.op == "output").args[0]
-        keep = keep | {out}
+        keep = plan.read | set(plan.sources) | {plan.out}
         with torch.enable_grad():
-            for node in self.nodes:
+            for node in plan.nodes:
                 if node.op == "placeholder":
                     value[node] = next(args)
                 elif node.op == "get_attr":
-                    value[node] = getattr(self.gm, node.target)
+                    value[node] = getattr(plan.gm, node.target)
                 else:
                     a, kw = _fill(node, value)
                     value[node] = node.target(*a, **kw)
-                for dead in self.last_use.get(node, ()):
+                for dead in plan.last_use.get(node, ()):
                     if dead not in keep:
                         del value[dead]  # what autograd saved of it stays alive there
-            loss = value[out]
-            wanted = [(n, i, t) for n in sources for i, t in enumerate(tree_flatten(value[n])[0])
+            loss = value[plan.out]
+            wanted = [(n, i, t) for n in plan.sources for i, t in enumerate(tree_flatten(value[n])[0])
                       if isinstance(t, Tensor) and t.requires_grad]
             # input-only backward: no parameter is asked for, so no weight gradient is made
             grads = torch.autograd.grad(loss, [t for _, _, t in wanted], allow_unused=True) if wanted else []
@@ -214,7 +224,8 @@ class Primal:
 
     def second_derivative(self, param_tangents: list[Tensor]) -> float:
         """vᵀ H_batch v = Σ_n ⟨λ_n, s_n⟩ for the direction v given per parameter tensor."""
-        tangent: dict[fx.Node, Any] = dict(zip(self.params, param_tangents))
+        plan = self.plan
+        tangent: dict[fx.Node, Any] = dict(zip(plan.params, param_tangents))
         total = torch.zeros((), dtype=torch.float64, device=param_tangents[0].device)
 
         def val(a):
@@ -224,15 +235,15 @@ class Primal:
             return tangent.get(a) if isinstance(a, fx.Node) else None
 
         with torch.no_grad():
-            for node in self.moving:
+            for node in plan.moving:
                 lam = self.adjoint.get(node)
-                t_out, source = self.rules[node](node, val, tan, want_source=lam is not None)
+                t_out, source = plan.rules[node](node, val, tan, want_source=lam is not None)
                 tangent[node] = t_out
                 if source is not None:
                     for i, s in enumerate(tree_flatten(source)[0]):
                         if i in lam and isinstance(s, Tensor):
                             total += (lam[i] * s).sum(dtype=torch.float64)
-                for dead in self.last_use.get(node, ()):
+                for dead in plan.last_use.get(node, ()):
                     tangent.pop(dead, None)
         return total.item()
 
