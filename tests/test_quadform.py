@@ -204,7 +204,7 @@ def test_mutation_of_a_shared_tensor_is_refused():
         return (x * 2).view(3, 1).add_(1).sum()  # nothing reads x * 2 but the view
 
     def tuple_element(x):
-        var, mean = torch.var_mean(x.view(3, 1), 1)
+        var, mean = torch.var_mean(x.view(1, 3), 1)
         return (var + mean.add_(1)).sum()  # var_mean's mean is its own tensor
 
     cases = ((shared, False), (through_a_view, False), (private, True), (view_of_a_private_base, True),
