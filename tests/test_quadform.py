@@ -246,6 +246,12 @@ def test_ggn_operator_never_takes_vhv():
     assert not op.streams_total and not op.streams_quadratic
     func = CurvatureOperator(case.backend("func"))
     assert not func.streams_total
+    # asked anyway, they refuse rather than hand back the Hessian's sums
+    S = _signs(2, op.dim)
+    for o in (op, func):
+        with pytest.raises(ValueError, match="does not stream"):
+            o.quadratic(S)
+        assert o.matvecs == 0
 
 
 def test_trace_probe_without_parts_is_within_error_and_says_its_route():

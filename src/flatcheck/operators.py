@@ -58,11 +58,16 @@ class CurvatureOperator:
         `streams_quadratic` (or, without `split`, `streams_total`); elsewhere estimators take
         `matmat`. Without parts the backend may take a cheaper route than an HVP (`vhv`),
         which also takes the rows times a diagonal `scale` (where `takes_vhv`)."""
-        self.matvecs += S.shape[0]
-        if split is None and self.takes_vhv:
-            return self.backend.vhv(S, scale), {}
-        if scale is not None:
+        vhv = split is None and self.takes_vhv
+        if not vhv and scale is not None:
             raise ValueError("quadratic: scale needs a backend with vhv (see takes_vhv)")
+        if not vhv and not self.streams_quadratic:
+            # hvp_sums are the Hessian's: a GGN operator (or a backend without them) must not take them
+            raise ValueError(f"quadratic: the {self.matrix} operator of backend {self.backend.name} does not "
+                             "stream vᵀAv (see streams_quadratic); take matmat")
+        self.matvecs += S.shape[0]
+        if vhv:
+            return self.backend.vhv(S, scale), {}
         sums = self.backend.hvp_sums(S)
         return sums.sum(1), (split.of_sums(sums) if split is not None else {})
 
