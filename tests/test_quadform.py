@@ -17,6 +17,7 @@ from flatcheck.backends import ParamLayout, Problem, create_backend
 from flatcheck.data.batches import SampleSet
 from flatcheck.errors import ModelError
 from flatcheck.linalg import hutchinson
+from flatcheck.linalg.random import rademacher_signs
 from flatcheck.models.spec import LossSpec
 from flatcheck.operators import CurvatureOperator, LayoutParts
 
@@ -24,8 +25,7 @@ EPS = torch.finfo(torch.float64).eps
 
 
 def _signs(k: int, dim: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, 2, (k, dim), generator=g) * 2 - 1).to(torch.int8)
+    return rademacher_signs(k, dim, torch.Generator().manual_seed(seed), device="cpu")
 
 
 def _check_against_dense(case, k: int = 4, reverse: bool = False) -> None:
@@ -285,44 +285,60 @@ _ELEMENTARY = {
 }
 
 
-@pytest.mark.parametrize("name", list(_ELEMENTARY))
-def test_written_out_rules_equal_nested_jvp(name):
-    """Each op with a written-out tangent and source gives what nested forward-mode gives."""
+def _evaluate(fn, *inputs):
+    """fn traced to aten ops, every node's value, and the nodes that move with the first input."""
     import flatcheck.backends.quadform as qf
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
-    x1 = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
-    gm = make_fx(_ELEMENTARY[name])(x)
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    target = next(n for n in nodes if n.target in qf._EXPLICIT)
-    value, tangent = {}, {}
-    for n in gm.graph.nodes:  # values of every node, the tangent of the explicit op's input
-        if n.op == "placeholder":
-            value[n] = x
-        elif n.op == "call_function":
+    gm = make_fx(fn)(*inputs)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    value, moving = dict(zip(placeholders, inputs)), {placeholders[0]}
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
             args, kwargs = qf._fill(n, value)
             value[n] = n.target(*args, **kwargs)
-    tangent[target.args[0]] = x1
+            if any(a in moving for a in qf._arg_nodes(n)) and qf._floating(n):
+                moving.add(n)
+    return gm, value, moving
 
+
+def _lookups(value: dict, tangent: dict):
     def val(a):
         return value[a] if isinstance(a, torch.fx.Node) else a
 
     def tan(a):
         return tangent.get(a) if isinstance(a, torch.fx.Node) else None
 
-    rule = qf._choose(target, moving={target.args[0], target})
+    return val, tan
+
+
+def _pieces(t) -> list:
+    return list(t) if isinstance(t, tuple) else [t]
+
+
+def _x_and_tangent():
+    g = torch.Generator().manual_seed(7)
+    return (torch.randn(3, 4, 5, generator=g, dtype=torch.float64),
+            torch.randn(3, 4, 5, generator=g, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", list(_ELEMENTARY))
+def test_written_out_rules_equal_nested_jvp(name):
+    """Each op with a written-out tangent and source gives what nested forward-mode gives."""
+    import flatcheck.backends.quadform as qf
+
+    x, x1 = _x_and_tangent()
+    gm, value, moving = _evaluate(_ELEMENTARY[name], x)
+    target = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target in qf._EXPLICIT)
+    val, tan = _lookups(value, {target.args[0]: x1})  # x1 as the tangent of the explicit op's input
+
+    rule = qf._choose(target, moving)
     assert rule is qf._EXPLICIT[target.target]
     got = rule(target, val, tan, True)
     want = qf._NESTED(target, val, tan, True)
-
-    def parts(t):
-        return list(t) if isinstance(t, tuple) else [t]
-
     for mine, ref in zip(got, want):  # the tangent, then the source
-        assert len(parts(mine)) == len(parts(ref))
-        for a, b in zip(parts(mine), parts(ref)):
+        assert len(_pieces(mine)) == len(_pieces(ref))
+        for a, b in zip(_pieces(mine), _pieces(ref)):
             a = torch.zeros_like(b) if a is None else a  # no source written for a linear part
             assert torch.allclose(a, b, rtol=1e-12, atol=1e-12 * b.abs().max().item()), name
 
@@ -339,44 +355,24 @@ _LINEAR_OPS = {
 def test_linear_rules_equal_nested_jvp(name):
     """Ops taken as linear in their moving input: the same tangent as nested forward mode, no source."""
     import flatcheck.backends.quadform as qf
-    from torch.fx.experimental.proxy_tensor import make_fx
 
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
-    x1 = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
-    y = torch.tensor([1, 2, 3])
-    gm = make_fx(_LINEAR_OPS[name])(x, y)
+    x, x1 = _x_and_tangent()
+    gm, value, moving = _evaluate(_LINEAR_OPS[name], x, torch.tensor([1, 2, 3]))
     xs = next(n for n in gm.graph.nodes if n.op == "placeholder")
-    value, tangent = {}, {}
-    for n, v in zip([n for n in gm.graph.nodes if n.op == "placeholder"], (x, y)):
-        value[n] = v
-    moving = {xs}
-    for n in gm.graph.nodes:
-        if n.op == "call_function":
-            args, kwargs = qf._fill(n, value)
-            value[n] = n.target(*args, **kwargs)
-            if any(a in moving for a in qf._arg_nodes(n)) and qf._floating(n):
-                moving.add(n)
     # the op under test: the first moving one after the x[:, :, 0] that some cases take
     target = next(n for n in gm.graph.nodes if n in moving and n is not xs and n.target != torch.ops.aten.select.int)
-
-    def val(a):
-        return value[a] if isinstance(a, torch.fx.Node) else a
-
-    def tan(a):
-        return tangent.get(a) if isinstance(a, torch.fx.Node) else None
-
-    # the tangent of the op's input, by forward mode from x′
     first = target.args[0]
-    tangent[first] = torch.func.jvp(lambda t: t[:, :, 0] if first is not xs else t, (x,), (x1,))[1]
+    # the tangent of the op's input, by forward mode from x′
+    val, tan = _lookups(value, {first: torch.func.jvp(lambda t: t[:, :, 0] if first is not xs else t, (x,), (x1,))[1]})
+
     rule = qf._choose(target, moving)
     assert rule is qf._LINEAR and not rule.has_source(target, moving)
     got, source = rule(target, val, tan, True)
     want, want_source = qf._NESTED(target, val, tan, True)
     assert source is None
-    for a, b in zip(*(list(t) if isinstance(t, tuple) else [t] for t in (got, want))):
+    for a, b in zip(_pieces(got), _pieces(want)):
         assert torch.allclose(a, b, rtol=1e-13, atol=1e-13), name
-    for s in (list(want_source) if isinstance(want_source, tuple) else [want_source]):
+    for s in _pieces(want_source):
         assert s is None or s.abs().max().item() == 0  # nested forward mode finds no source either
 
 

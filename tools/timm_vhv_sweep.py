@@ -16,6 +16,7 @@ from torch.utils.data import TensorDataset
 
 from flatcheck.backends import ParamLayout, Problem, create_backend
 from flatcheck.data.batches import SampleSet
+from flatcheck.linalg.random import rademacher_signs
 from flatcheck.models.spec import LossSpec
 
 warnings.filterwarnings("ignore")
@@ -30,7 +31,7 @@ for name in timm.list_models("test_*"):
         samples = SampleSet(TensorDataset(X, Y), samples=3, batch_size=3, dtype=torch.float64)
         problem = Problem(model, LossSpec("cross_entropy"), samples, ParamLayout.from_model(model))
         backend = create_backend("autograd", problem)
-        S = (torch.randint(0, 2, (2, problem.layout.dim), generator=g) * 2 - 1).to(torch.int8)
+        S = rademacher_signs(2, problem.layout.dim, g, device="cpu")
         got = backend.vhv(S)
         want = (backend.hvp(S.double()) * S.double()).sum(1)
         route = "tangents" if backend.vhv_error is None else f"HVPs ({backend.vhv_error})"
