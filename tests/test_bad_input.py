@@ -351,3 +351,152 @@ def test_probe_crash_is_internal_error(monkeypatch):
     debug = trace("--params", "head.*", "--debug")
     assert debug.exit_code == 101
     assert "Traceback" in debug.stderr and "boom in the probe" in debug.stderr
+
+
+# ---------------------------------------------------------------- data catalogue
+# Real files in their on-disk formats, holding the embedded digits (as 0..255 pixels) so
+# that the demo model classifies them: a label shift or a wrong scale shows in its numbers.
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from flatcheck.data.builtin import digits  # noqa: E402
+
+N_TRAIN, N_TEST = 64, 32  # --samples 64 reads every train image; gap caps test at its 32
+
+
+def digit_images() -> tuple[np.ndarray, np.ndarray]:
+    """The first N_TRAIN + N_TEST embedded digits as (N, 8, 8) uint8 0..255, and labels."""
+    data = digits(split="train").dataset
+    x = (data.x[: N_TRAIN + N_TEST, 0].to(torch.int32) * 255 + 8) // 16  # 0..16 -> 0..255, rounded
+    return x.to(torch.uint8).numpy(), data.y[: N_TRAIN + N_TEST].numpy()
+
+
+def write_npz(path: Path, x: np.ndarray, y: np.ndarray, test: bool = True) -> str:
+    arrays = {"x": x[:N_TRAIN], "y": y[:N_TRAIN]}
+    if test:
+        arrays.update(x_test=x[N_TRAIN:], y_test=y[N_TRAIN:])
+    np.savez(path, **arrays)
+    return f"npz:{path}"
+
+
+def write_folder(base: Path, x: np.ndarray, y: np.ndarray, splits: bool = True) -> str:
+    """PNG files base/{train,test}/<label>/<index>.png, or base/<label>/... without splits."""
+    for i, (img, label) in enumerate(zip(x, y)):
+        split = "train" if i < N_TRAIN else "test"
+        if not splits and split == "test":
+            break
+        folder = base / split / str(label) if splits else base / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img, mode="L").save(folder / f"{i:03d}.png")
+    return f"imagefolder:{base}"
+
+
+def gap_result(uri: str) -> dict:
+    result = probe("--data", uri, "--probes", "gap", "--json", "-", "--quiet")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)["results"]["gap"]
+
+
+def _npz_train_only(tmp_path: Path) -> str:
+    return write_npz(tmp_path / "train_only.npz", *digit_images(), test=False)
+
+
+def _flat_folder(tmp_path: Path) -> str:
+    return write_folder(tmp_path / "flat", *digit_images(), splits=False)
+
+
+NO_TEST_SPLIT = pytest.mark.parametrize(
+    "write, names",
+    [(_npz_train_only, ["train_only.npz", "x_test", "y_test"]), (_flat_folder, ["flat", "test/", "val/"])],
+    ids=["npz", "imagefolder"],
+)
+
+
+@NO_TEST_SPLIT
+def test_split_test_without_a_test_split(tmp_path, write, names):
+    bad(trace("--data", write(tmp_path), "--split", "test"), "no test split", *names)
+
+
+@NO_TEST_SPLIT
+def test_gap_command_without_a_test_split(tmp_path, write, names):
+    bad(invoke("gap", CKPT, "--spec", SPEC, "--data", write(tmp_path), *SMALL), "no test split", *names)
+
+
+@NO_TEST_SPLIT
+def test_gap_probe_is_skipped_without_a_test_split(tmp_path, write, names):
+    gap = gap_result(write(tmp_path))
+    assert gap["value"] is None  # never a gap between the train arrays and themselves
+    assert gap["notes"].startswith("skipped") and "no test split" in gap["notes"]
+    assert all(name in gap["details"]["skipped"] for name in names)
+
+
+def test_default_probes_skip_gap_but_run_the_rest(tmp_path):
+    result = probe("--data", _npz_train_only(tmp_path), "-o", "trace.probes_max=8", "--json", "-", "--quiet")
+    assert result.exit_code == 0, result.stderr
+    results = json.loads(result.stdout)["results"]
+    assert results["gap"]["value"] is None and isinstance(results["trace"]["value"], float)
+
+
+def test_npz_float_pixels_in_unit_interval_equal_uint8(tmp_path):
+    x, y = digit_images()
+    as_uint8 = gap_result(write_npz(tmp_path / "u8.npz", x, y))
+    as_float = gap_result(write_npz(tmp_path / "f32.npz", x.astype(np.float32) / np.float32(255), y))
+    assert as_float["details"] == as_uint8["details"]
+    assert as_uint8["details"]["train"]["accuracy"] > 0.9  # the images are ones the model knows
+
+
+@pytest.mark.parametrize(
+    "scale, names",
+    [
+        (lambda x: x.astype(np.float32), ["0..255", "uint8"]),  # pixels as floats, never divided
+        (lambda x: (x / 255.0 - 0.5) / 0.25, ["normalised", "mean", "std"]),  # already normalised
+    ],
+    ids=["0..255", "mean-std"],
+)
+def test_npz_float_outside_unit_interval(tmp_path, scale, names):
+    x, y = digit_images()
+    uri = write_npz(tmp_path / "pixels.npz", scale(x), y)
+    bad(trace("--data", uri), "pixels.npz", "'x'", "[0, 1]", *names)
+
+
+def test_imagefolder_ignores_hidden_entries(tmp_path):
+    x, y = digit_images()
+    reference = gap_result(write_npz(tmp_path / "same.npz", x, y))
+    uri = write_folder(tmp_path / "images", x, y)
+    for split in ("train", "test"):
+        # a hidden folder sorts first and would become class 0, shifting every label by one
+        write_folder(tmp_path / "images" / split / ".hidden", x[:2], np.zeros(2, np.int64), splits=False)
+        (tmp_path / "images" / split / ".DS_Store").write_bytes(os.urandom(64))
+        (tmp_path / "images" / split / "3" / "._000.png").write_bytes(os.urandom(64))  # macOS resource fork
+    gap = gap_result(uri)
+    for split in ("train", "test"):
+        assert gap["details"][split]["accuracy"] == reference["details"][split]["accuracy"]
+        assert gap["details"][split]["loss"] == pytest.approx(reference["details"][split]["loss"], rel=1e-6)
+
+
+def _truncated(fmt: str):
+    def write(path: Path, img: np.ndarray) -> None:
+        Image.fromarray(img, mode="L").save(path, format=fmt)
+        blob = path.read_bytes()
+        path.write_bytes(blob[: len(blob) // 2])
+
+    return write
+
+
+def _garbage(path: Path, img: np.ndarray) -> None:
+    path.write_bytes(os.urandom(256))
+
+
+@pytest.mark.parametrize(
+    "name, damage",
+    [("bad.png", _truncated("PNG")), ("bad.jpg", _truncated("JPEG")), ("bad.png", _garbage)],
+    ids=["truncated-png", "truncated-jpeg", "garbage"],
+)
+def test_imagefolder_corrupt_image(tmp_path, name, damage):
+    x, y = digit_images()
+    uri = write_folder(tmp_path / "images", x, y)
+    damage(tmp_path / "images" / "train" / str(y[5]) / name, x[5])
+    bad(trace("--data", uri), str(Path("train") / str(y[5]) / name), "cannot read")

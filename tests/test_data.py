@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from flatcheck.data import Preprocess, apply_preprocess, create_dataset, list_datasets, registry
-from flatcheck.data.registry import DataSource, register_dataset
+from flatcheck.data.registry import DataSource, MissingSplitError, register_dataset
 from flatcheck.errors import DataError, InputError
 
 ALL = ["cifar10", "cifar100", "digits", "fashion-mnist", "imagefolder", "mnist", "npz", "svhn", "synthetic"]
@@ -348,7 +348,7 @@ def test_npz_layouts_round_trip(tmp_path):
 
 
 def test_npz_float_vectors_and_test_split(tmp_path):
-    x = np.linspace(-1, 2, 12, dtype=np.float64).reshape(4, 3)  # floats are kept as they are
+    x = np.linspace(0, 1, 12, dtype=np.float64).reshape(4, 3)  # [0, 1] floats are kept as they are
     xt = np.ones((2, 3), np.float32)
     f = tmp_path / "v.npz"
     np.savez(f, x=x, y=np.arange(4), x_test=xt, y_test=np.array([7, 0]))
@@ -358,11 +358,42 @@ def test_npz_float_vectors_and_test_split(tmp_path):
     assert train.num_classes == test.num_classes == 8
 
 
-def test_npz_without_test_arrays_serves_both_splits(tmp_path):
+def test_npz_keras_layout(tmp_path):
+    f = tmp_path / "k.npz"
+    np.savez(f, x_train=np.zeros((3, 2), np.uint8), y_train=np.array([0, 1, 4]),
+             x_test=np.full((2, 2), 255, np.uint8), y_test=np.array([2, 2]))
+    train, test = create_dataset(f"npz:{f}"), create_dataset(f"npz:{f}", split="test")
+    assert [train[i][1] for i in range(3)] == [0, 1, 4] and len(test) == 2
+    assert torch.equal(test[1][0], torch.ones(2)) and train.num_classes == 5
+    np.savez(f, x=np.zeros((3, 2), np.uint8), y=np.zeros(3, np.int64),
+             x_train=np.zeros((3, 2), np.uint8), y_train=np.zeros(3, np.int64))
+    with pytest.raises(DataError, match=r"\('x', 'y'\) and \('x_train', 'y_train'\) both"):
+        create_dataset(f"npz:{f}")
+
+
+def test_npz_without_test_arrays_has_no_test_split(tmp_path):
     f = tmp_path / "v.npz"
     np.savez(f, x=np.zeros((3, 2), np.float32), y=np.zeros(3, np.int64))
-    test = create_dataset(f"npz:{f}", split="test")
-    assert len(test) == 3 and "no x_test/y_test" in test.description
+    assert len(create_dataset(f"npz:{f}")) == 3
+    with pytest.raises(MissingSplitError, match=r"v\.npz: no test split: expected arrays 'x_test' and 'y_test' "
+                                                r"\(found x, y\)"):
+        create_dataset(f"npz:{f}", split="test")
+
+
+@pytest.mark.parametrize(
+    "values, found",
+    [([0.0, 255.0], "0..255"), ([-0.5, 0.5], "-0.5..0.5"), ([np.nan, 0.0, 1.0001], "0..1"),
+     ([-np.inf, 0.0, 0.5], None), ([np.nan, 0.0, 1.0], None), ([0.0, 1.0], None)],
+)
+def test_npz_float_range(tmp_path, values, found):
+    # non-finite values are not a range question: the SampleSet names the sample that holds one
+    f = tmp_path / "r.npz"
+    np.savez(f, x=np.array(values, np.float32).reshape(-1, 1), y=np.zeros(len(values), np.int64))
+    if found is None:
+        assert len(registry._REGISTRY["npz"].factory(path=str(f), split="train").dataset) == len(values)
+        return
+    with pytest.raises(DataError, match=rf"array 'x': float values must lie in \[0, 1\], found {found};"):
+        create_dataset(f"npz:{f}")
 
 
 def test_npz_errors(tmp_path):
@@ -411,17 +442,62 @@ def test_imagefolder_splits_and_round_trip(tmp_path):
 def test_imagefolder_flat_layout_and_errors(tmp_path):
     grey = np.full((4, 4), 200, np.uint8)
     _png(tmp_path / "flat" / "only" / "g.png", grey)
-    ds = create_dataset(f"imagefolder:{tmp_path / 'flat'}", split="test")
-    assert "same images for every split" in ds.description
+    ds = create_dataset(f"imagefolder:{tmp_path / 'flat'}")
+    assert "train split only" in ds.description
     assert ds.sample_shape == (3, 4, 4) and (to_uint8(ds[0][0]) == 200).all()  # grey read as RGB
+    with pytest.raises(MissingSplitError, match=r"flat: no test split: .* no test/ or val/ subfolder"):
+        create_dataset(f"imagefolder:{tmp_path / 'flat'}", split="test")
     with pytest.raises(DataError, match="not found"):
         create_dataset(f"imagefolder:{tmp_path / 'nope'}")
     _png(tmp_path / "s" / "train" / "a" / "x.png", grey)
-    with pytest.raises(DataError, match="split 'test' needs"):
+    with pytest.raises(MissingSplitError, match=r"no test split: expected .*test or .*val"):
         create_dataset(f"imagefolder:{tmp_path / 's'}", split="test")
     _png(tmp_path / "s" / "test" / "b" / "y.png", grey)
     with pytest.raises(DataError, match=r"classes \['b'\]"):
         create_dataset(f"imagefolder:{tmp_path / 's'}", split="test")
+    (tmp_path / "s" / "train" / "c").mkdir()
+    with pytest.raises(DataError, match=r"class folders \['c'\] in .* hold no image files"):
+        create_dataset(f"imagefolder:{tmp_path / 's'}")
+
+
+def test_imagefolder_with_only_val(tmp_path):
+    _png(tmp_path / "val" / "a" / "x.png", np.zeros((4, 4), np.uint8))
+    _png(tmp_path / "val" / "b" / "y.png", np.zeros((4, 4), np.uint8))
+    test = create_dataset(f"imagefolder:{tmp_path}", split="test")
+    assert [test[i][1] for i in range(2)] == [0, 1]  # not one class named 'val'
+    with pytest.raises(MissingSplitError, match=r"no train split: expected .*train \(found val/\)"):
+        create_dataset(f"imagefolder:{tmp_path}")
+
+
+def test_imagefolder_ignores_hidden_files_and_folders(tmp_path):
+    rng = np.random.default_rng(5)
+    visible = ["cat/a.png", "cat/deep/b.png", "dog/c.png"]
+    hidden = [".hidden/h.png", "cat/._a.png", "cat/.cache/d.png", "dog/.e.png"]
+    for p in visible + hidden:
+        _png(tmp_path / p, rng.integers(0, 256, (3, 3), dtype=np.uint8))
+    (tmp_path / ".DS_Store").write_bytes(b"\0Bud1")
+    (tmp_path / "dog" / ".DS_Store").write_bytes(b"\0Bud1")
+    ds = create_dataset(f"imagefolder:{tmp_path}")
+    assert ds.num_classes == 2 and [Path(p).name for p, _ in ds.source.dataset.samples] == ["a.png", "b.png", "c.png"]
+    assert [ds[i][1] for i in range(3)] == [0, 0, 1]
+
+
+def test_imagefolder_reads_grey_for_a_one_channel_model(tmp_path):
+    rgb = np.random.default_rng(6).integers(0, 256, (5, 4, 3), dtype=np.uint8)
+    _png(tmp_path / "k" / "rgb.png", rgb)
+    grey = create_dataset(f"imagefolder:{tmp_path}", preprocess=Preprocess(input_size=(1, 5, 4)))
+    # PIL's "L": ITU-R 601-2 luma, L = R*299/1000 + G*587/1000 + B*114/1000, rounded
+    luma = (rgb.astype(np.int64) @ np.array([299, 587, 114]) + 500) // 1000
+    assert grey.sample_shape == (1, 5, 4)
+    assert np.abs(to_uint8(grey[0][0])[0].astype(np.int64) - luma).max() <= 1
+
+
+def test_imagefolder_corrupt_file_is_named(tmp_path):
+    _png(tmp_path / "k" / "good.png", np.zeros((4, 4), np.uint8))
+    (tmp_path / "k" / "zbad.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(40))
+    ds = create_dataset(f"imagefolder:{tmp_path}")  # item 0 is fine: the bad one is found when read
+    with pytest.raises(DataError, match=r"cannot read image .*k/zbad\.png"):
+        ds[1]
 
 
 # ------------------------------------------------------------------ synthetic

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from flatcheck.data.registry import DataSource, register_dataset
+from flatcheck.data.registry import DataSource, MissingSplitError, register_dataset
 from flatcheck.errors import DataError, InternalError
 
 _ROOT_HELP = "then pass --data-root or set FLATCHECK_DATA_ROOT"
@@ -136,7 +136,7 @@ def _cifar(name: str, root: Path | None, split: str) -> DataSource:
     for fname in train_files if split == "train" else test_files:
         path = base / fname
         if not path.is_file():
-            raise DataError(f"data '{name}': expected {path} (not found); {how}, {_ROOT_HELP}")
+            raise MissingSplitError(f"data '{name}': expected {path} (not found); {how}, {_ROOT_HELP}")
         parts.append(_read_cifar_file(path, label_key))
     data = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
@@ -220,7 +220,7 @@ def svhn(*, root: Path | None, split: str, **_: Any) -> DataSource:
            "on a machine with network")
     root = _need_root("svhn", root, fname, how)
     if not (root / fname).is_file():
-        raise DataError(f"data 'svhn': expected {root / fname} (not found); {how}, {_ROOT_HELP}")
+        raise MissingSplitError(f"data 'svhn': expected {root / fname} (not found); {how}, {_ROOT_HELP}")
     try:
         ds = _SVHN(str(root), split=split, download=False)
     except Exception as exc:
@@ -235,47 +235,107 @@ def svhn(*, root: Path | None, split: str, **_: Any) -> DataSource:
 # ---------------------------------------------------------------- image folders
 
 
-@register_dataset("imagefolder", takes_path=True)
-def imagefolder(*, path: str, split: str, **_: Any) -> DataSource:
-    """PATH/<class>/<image>, read with torchvision's ImageFolder as RGB.
+class ImageFiles(Dataset):
+    """Labelled image files decoded per item to PIL `mode` ("L" or "RGB"), scaled to [0, 1].
 
-    If PATH has a train/ subfolder it is split-aware: train -> PATH/train, test ->
-    PATH/test, or PATH/val when there is no test/. Class indices always come from the
-    sorted class folders of train/, so a test folder lacking a class keeps the same
-    labels. Otherwise PATH is used for both splits and the description says so.
+    Decoding is flatcheck's own rather than torchvision's ImageFolder loader so that a file
+    that cannot be decoded is a DataError naming it, not an exception from deep in PIL.
     """
-    from torchvision.datasets import ImageFolder
-    from torchvision.datasets.folder import find_classes
-    from torchvision.transforms.functional import to_tensor
 
+    def __init__(self, samples: list[tuple[Path, int]], mode: str, where: str) -> None:
+        self.samples, self.mode, self.where = samples, mode, where
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        from PIL import Image
+
+        path, label = self.samples[index]
+        try:
+            with Image.open(path) as img:
+                pixels = np.asarray(img.convert(self.mode))  # convert() decodes the whole file
+        except Exception as exc:  # truncation, garbage, a bad chunk: all mean an unreadable file
+            raise DataError(f"{self.where}: cannot read image {path} ({_first_line(exc)})") from None
+        x = torch.from_numpy(pixels.copy())
+        x = x.unsqueeze(0) if x.dim() == 2 else x.permute(2, 0, 1)
+        return x.float().div(255.0), label
+
+
+def _hidden(name: str) -> bool:
+    # .DS_Store, ._x.png resource forks, .ipynb_checkpoints/: tool litter, never data
+    return name.startswith(".")
+
+
+def _class_folders(folder: Path) -> list[str]:
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not _hidden(e.name))
+
+
+def _image_files(class_dir: Path) -> list[Path]:
+    """Image files under class_dir at any depth, skipping hidden files and folders,
+    in torchvision ImageFolder's order (walk sorted by folder, then file name)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    files = []
+    for root, _, names in sorted(os.walk(class_dir, followlinks=True)):
+        if any(_hidden(part) for part in Path(root).relative_to(class_dir).parts):
+            continue
+        files += [Path(root) / n for n in sorted(names) if not _hidden(n) and n.lower().endswith(IMG_EXTENSIONS)]
+    return files
+
+
+_SPLIT_FOLDERS = ("train", "test", "val")
+
+
+def _split_folders(base: Path, split: str, where: str) -> tuple[Path, Path, str]:
+    """(folder to read, folder whose class folders define the labels, note) for `split`."""
+    present = [s for s in _SPLIT_FOLDERS if (base / s).is_dir()]
+    if not present:
+        if split == "test":
+            raise MissingSplitError(f"{where}: no test split: {base} has no test/ or val/ subfolder "
+                            "(a folder of class folders is the train split only)")
+        return base, base, " (a folder of class folders: the train split only)"
+    label_dir = base / "train" if "train" in present else None
+    if split == "train":
+        if label_dir is None:
+            raise MissingSplitError(f"{where}: no train split: expected {base / 'train'} (found {', '.join(present)}/)")
+        return label_dir, label_dir, ""
+    test = next((base / s for s in ("test", "val") if s in present), None)
+    if test is None:
+        raise MissingSplitError(f"{where}: no test split: expected {base / 'test'} or {base / 'val'} next to {label_dir}")
+    return test, label_dir or test, ""
+
+
+@register_dataset("imagefolder", takes_path=True)
+def imagefolder(*, path: str, split: str, input_size: tuple[int, ...] | None = None, **_: Any) -> DataSource:
+    """PATH/<class>/<image>; hidden files and folders (names starting with '.') are ignored.
+
+    With a train/, test/ or val/ subfolder PATH is split-aware: train -> PATH/train, test ->
+    PATH/test, else PATH/val. Class indices come from the sorted class folders of train/
+    (when present), so a test folder lacking a class keeps the same labels. Without such
+    subfolders PATH holds the train split only. Images are read as grey ("L") for a
+    1-channel model and as RGB otherwise, as torchvision's Grayscale and ImageFolder do.
+    """
+    where = f"imagefolder:{path}"
     base = Path(path).expanduser()
     if not base.is_dir():
-        raise DataError(f"imagefolder:{path}: folder {base} not found")
-    note = ""
-    if (base / "train").is_dir():
-        if split == "train":
-            folder = base / "train"
-        else:
-            folder = next((base / s for s in ("test", "val") if (base / s).is_dir()), None)
-            if folder is None:
-                raise DataError(f"imagefolder:{path}: split 'test' needs {base / 'test'} or {base / 'val'}")
-        label_dir = base / "train"
-    else:
-        folder, label_dir = base, base
-        note = " (no train/ subfolder: the same images for every split)"
+        raise DataError(f"{where}: folder {base} not found")
+    folder, label_dir, note = _split_folders(base, split, where)
     try:
-        classes, class_to_idx = find_classes(label_dir)
-        ds = ImageFolder(str(folder), transform=to_tensor)
-    except (FileNotFoundError, OSError) as exc:
-        raise DataError(f"imagefolder:{path}: {_first_line(exc)}") from None
-    unknown = sorted(set(ds.classes) - set(classes))
+        class_to_idx = {c: i for i, c in enumerate(_class_folders(label_dir))}
+        files = {c: _image_files(folder / c) for c in _class_folders(folder)}
+    except OSError as exc:
+        raise DataError(f"{where}: {_first_line(exc)}") from None
+    unknown = [c for c in files if c not in class_to_idx]
     if unknown:
-        raise DataError(f"imagefolder:{path}: {folder} has classes {unknown} that {label_dir} lacks")
-    remap = [class_to_idx[c] for c in ds.classes]
-    ds.samples = [(p, remap[t]) for p, t in ds.samples]
-    ds.imgs, ds.targets = ds.samples, [t for _, t in ds.samples]
-    desc = f"{len(ds)} images in {len(classes)} classes from {folder}{note}"
-    return DataSource(ds, len(classes), desc)
+        raise DataError(f"{where}: {folder} has classes {unknown} that {label_dir} lacks")
+    empty = [c for c, found in files.items() if not found]
+    if empty:
+        raise DataError(f"{where}: class folders {empty} in {folder} hold no image files")
+    samples = [(f, class_to_idx[c]) for c, found in files.items() for f in found]
+    mode = "L" if input_size is not None and len(input_size) == 3 and input_size[0] == 1 else "RGB"
+    desc = f"{len(samples)} images in {len(class_to_idx)} classes from {folder}{note}"
+    return DataSource(ImageFiles(samples, mode, where), len(class_to_idx), desc)
 
 
 # ---------------------------------------------------------------- npz files
@@ -291,6 +351,7 @@ def _npz_images(arr: np.ndarray, where: str) -> tuple[Tensor, float | None]:
         divisor = 255.0
     elif np.issubdtype(arr.dtype, np.floating):
         arr, divisor = arr.astype(np.float32, copy=False), None
+        _check_unit_range(arr, where)
     else:
         raise DataError(f"{where}: must be uint8 (0..255) or float (0..1), got {arr.dtype}")
     if arr.ndim == 3:
@@ -300,6 +361,22 @@ def _npz_images(arr: np.ndarray, where: str) -> tuple[Tensor, float | None]:
     elif arr.ndim not in (2, 4):
         raise DataError(f"{where}: expected shape (N,D), (N,H,W), (N,C,H,W) or (N,H,W,C), got {arr.shape}")
     return torch.from_numpy(np.ascontiguousarray(arr)), divisor
+
+
+def _check_unit_range(arr: np.ndarray, where: str) -> None:
+    """Float samples are taken as the [0, 1] values the spec's mean/std apply to: 0..255
+    or already-normalised floats would reach the model unscaled and give plausible but
+    wrong numbers. Non-finite values are left to the per-batch checks, which name the sample."""
+    lo, hi = (arr.min(), arr.max()) if arr.size else (0.0, 0.0)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        finite = arr[np.isfinite(arr)]
+        lo, hi = (finite.min(), finite.max()) if finite.size else (0.0, 0.0)
+    if 0.0 <= lo and hi <= 1.0:
+        return
+    hint = ("values below 0 look normalised already: store the [0, 1] values (or uint8 0..255) and put "
+            "the normalisation in the model spec's mean and std" if lo < 0 else
+            "store 0..255 pixels as uint8 (or divide them by 255)")
+    raise DataError(f"{where}: float values must lie in [0, 1], found {lo:.4g}..{hi:.4g}; {hint}")
 
 
 def _npz_labels(arr: np.ndarray, n: int, where: str) -> np.ndarray:
@@ -312,36 +389,50 @@ def _npz_labels(arr: np.ndarray, n: int, where: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+# (x, y) array names of each split; x_train/y_train is the layout of Keras's .npz files
+_NPZ_KEYS = {"train": (("x", "y"), ("x_train", "y_train")), "test": (("x_test", "y_test"),)}
+_NPZ_LABELS = ("y", "y_train", "y_test")
+
+
+def _npz_keys(names: set[str], split: str, where: str) -> tuple[str, str]:
+    """The (x, y) array names of `split`; DataError when the file has no such split."""
+    found = f"found {', '.join(sorted(names)) or 'none'}"
+    pairs = [pair for pair in _NPZ_KEYS[split] if set(pair) & names]
+    if len(pairs) > 1:
+        raise DataError(f"{where}: arrays {pairs[0]} and {pairs[1]} both look like the {split} split; keep one pair")
+    if not pairs:
+        expected = " or ".join(f"'{x}' and '{y}'" for x, y in _NPZ_KEYS[split])
+        raise MissingSplitError(f"{where}: no {split} split: expected arrays {expected} ({found})")
+    for key in pairs[0]:
+        if key not in names:
+            raise DataError(f"{where}: array '{key}' missing ({found})")
+    return pairs[0]
+
+
 @register_dataset("npz", takes_path=True)
 def npz(*, path: str, split: str, **_: Any) -> DataSource:
-    """Arrays `x`, `y` (the train split); optional `x_test`, `y_test` for the test split.
+    """Train split: arrays `x`, `y` (or `x_train`, `y_train`); test split: `x_test`, `y_test`.
 
-    Without test arrays, x/y serve both splits and the description says so. Pickled
-    (object) arrays are refused. num_classes is max label + 1 over all label arrays, so
-    both splits agree.
+    A file without test arrays has no test split. Pickled (object) arrays are refused.
+    num_classes is max label + 1 over all label arrays, so both splits agree.
     """
+    where = f"npz:{path}"
     file = Path(path).expanduser()
     if not file.is_file():
-        raise DataError(f"npz:{path}: file {file} not found")
+        raise DataError(f"{where}: file {file} not found")
     try:
         with np.load(file, allow_pickle=False) as z:
-            names = set(z.files)
-            has_test = bool({"x_test", "y_test"} & names)
-            xk, yk = ("x_test", "y_test") if split == "test" and has_test else ("x", "y")
-            for key in (xk, yk):
-                if key not in names:
-                    raise DataError(f"npz:{path}: array '{key}' missing (found {', '.join(sorted(names)) or 'none'})")
+            xk, yk = _npz_keys(set(z.files), split, where)
             x_arr, y_arr = z[xk], z[yk]
-            all_labels = [z[k] for k in ("y", "y_test") if k in names and k != yk]
+            other_labels = [z[k] for k in _NPZ_LABELS if k in z.files and k != yk]
     except DataError:
         raise
     except Exception as exc:  # zip, format and pickle refusals all mean "unreadable"
-        raise DataError(f"npz:{path}: cannot read {file} as .npz ({_first_line(exc)})") from None
-    x, divisor = _npz_images(x_arr, f"npz:{path} array '{xk}'")
-    y = _npz_labels(y_arr, len(x), f"npz:{path} array '{yk}'")
-    tops = [int(a.max()) for a in [y, *all_labels] if a.size and np.issubdtype(a.dtype, np.integer)]
-    note = "" if has_test or split == "train" else " (no x_test/y_test: the train arrays)"
-    desc = f"{len(x)} samples '{xk}'/'{yk}' from {file}{note}"
+        raise DataError(f"{where}: cannot read {file} as .npz ({_first_line(exc)})") from None
+    x, divisor = _npz_images(x_arr, f"{where} array '{xk}'")
+    y = _npz_labels(y_arr, len(x), f"{where} array '{yk}'")
+    tops = [int(a.max()) for a in [y, *other_labels] if a.size and np.issubdtype(a.dtype, np.integer)]
+    desc = f"{len(x)} samples '{xk}'/'{yk}' from {file}"
     return DataSource(ArrayDataset(x, torch.from_numpy(y), divisor), max(tops) + 1 if tops else None, desc)
 
 

@@ -27,6 +27,12 @@ ROOT_ENV = "FLATCHECK_DATA_ROOT"
 _AS_IS = Preprocess()  # frozen, so one shared default is safe
 
 
+class MissingSplitError(DataError):
+    """The source has no such split. A factory raises it rather than serve another split's
+    samples under the name; `flatcheck probe` then skips `gap`, where any other DataError
+    (an unreadable file, bad values) stops the run."""
+
+
 @dataclass(frozen=True)
 class DataSource:
     """What a registered factory returns.
@@ -159,7 +165,7 @@ class PreparedDataset(Dataset):
         self.num_classes = source.num_classes
         self._len = len(source.dataset)  # type: ignore[arg-type]
         if self._len == 0:
-            raise DataError(f"data '{name}' split '{split}' has no samples ({source.description})")
+            raise MissingSplitError(f"data '{name}' split '{split}' has no samples ({source.description})")
         x0, _ = self[0]
         self.sample_shape: tuple[int, ...] = tuple(x0.shape)
 

@@ -9,6 +9,8 @@ from typing import ClassVar, Literal
 import torch
 
 from ..backends.base import create_backend
+from ..data.batches import SampleSet
+from ..data.registry import MissingSplitError
 from ..errors import ConfigError, DataError
 from ..losses import per_sample_loss
 from ..report.result import ProbeResult
@@ -32,6 +34,12 @@ def evaluate(backend) -> tuple[float, float, int]:
     return sums[0].item(), sums[1].item(), backend.problem.samples.n
 
 
+def _check_distinct(train: SampleSet, test: SampleSet) -> None:
+    """A source that serves its train samples as the test split would give a gap of exactly 0."""
+    if train.fingerprint == test.fingerprint:
+        raise MissingSplitError(f"data '{test.name}': the test split holds the same {test.n} samples as the train split")
+
+
 @register_probe
 class GapProbe:
     """value = test loss − train loss, each the exact mean over the first N samples of its split
@@ -51,18 +59,17 @@ class GapProbe:
         if ctx.split_samples is None:
             raise ConfigError("probe gap needs both data splits; run it through flatcheck.run or the CLI")
         problem = ctx.backend.problem
-        results = {}
-        for split in ("train", "test"):
-            try:
-                samples = ctx.split_samples(split)
-            except DataError as exc:
-                if options.missing == "error":
-                    raise DataError(f"probe gap needs a {split} split: {exc}") from None
-                return ProbeResult(probe=self.name, value=None, stderr=None, matvecs=0,
-                                   seconds=time.perf_counter() - start, label="test − train loss",
-                                   notes=f"skipped: no {split} split", details={"skipped": str(exc)})
-            backend = create_backend(ctx.backend.name, replace(problem, samples=samples))
-            results[split] = evaluate(backend)
+        try:
+            splits = {split: ctx.split_samples(split) for split in ("train", "test")}
+            _check_distinct(splits["train"], splits["test"])
+        except MissingSplitError as exc:
+            if options.missing == "error":
+                raise DataError(f"probe gap needs a train and a test split: {exc}") from None
+            return ProbeResult(probe=self.name, value=None, stderr=None, matvecs=0,
+                               seconds=time.perf_counter() - start, label="test − train loss",
+                               notes=f"skipped: {exc}", details={"skipped": str(exc)})
+        results = {split: evaluate(create_backend(ctx.backend.name, replace(problem, samples=samples)))
+                   for split, samples in splits.items()}
         (tr_loss, tr_acc, tr_n), (te_loss, te_acc, te_n) = results["train"], results["test"]
         return ProbeResult(
             probe=self.name,
