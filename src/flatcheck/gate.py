@@ -5,18 +5,28 @@ A rule bounds a field of a probe's result (a dotted path, e.g. `trace.value`,
 field of a baseline report (`max_increase`, `max_decrease`).
 
 Decision. An exact value (stderr None) is compared directly. A stochastic value v with
-standard error s has the interval v ± q·s, q = Φ⁻¹(1 − (1 − confidence)/2): the rule fails
-only when the whole interval lies beyond the threshold, passes when the whole interval lies
-inside it, and is inconclusive when the interval straddles it. An inconclusive rule then
-follows its `inconclusive` policy: `pass`, `fail`, or `rerun` — rerun the probe with its
-effort option (the probe class's `effort_option`, e.g. trace's probes_max) multiplied by
-`effort_factor`, up to `max_reruns` times; still inconclusive after that counts as failed.
+standard error s has the interval v ± q·s: q is Student's t quantile where the result says
+how many draws its stderr came from (`dof`), else the normal one. The rule fails only when
+the whole interval lies beyond the threshold, passes when the whole interval lies inside it,
+and is inconclusive when the interval straddles it. An inconclusive rule then follows its
+`inconclusive` policy: `pass`, `fail`, or `rerun` — rerun the probe with its effort option
+(the probe class's `effort_option`, e.g. trace's probes_max) multiplied by `effort_factor`,
+up to `max_reruns` times; still inconclusive after that counts as failed.
 
-Baseline rules. With baseline value b (standard error s_b, 0 when exact) and fraction x,
-the threshold is T = b + x·|b| for max_increase and T = b − x·|b| for max_decrease (|b| so
-that "20% more" means the same thing for negative values). The interval is v ± q·σ with
-σ = √(s² + (∂T/∂b)²·s_b²): the uncertainty of the baseline moves the threshold, and
-counting it on the value's side decides the same inequality v − T ≶ 0.
+Baseline rules. With baseline value b and fraction x the threshold is T = slope·b with
+slope = 1 ± x·sign(b) (b + x·|b| for max_increase, b − x·|b| for max_decrease, so that "20%
+more" means the same thing for negative values); the test is on v − T.
+- Paired, when both runs drew the same probe vectors (same seed and estimator, the per-probe
+  values stored in both reports; see `pairing`): with per-probe values c_i and b_i and the
+  parts known without sampling error o_c, o_b, v − T = (o_c − slope·o_b) + mean_i(c_i − slope·b_i),
+  and its standard error is that of the per-probe differences, t with n − 1 degrees of
+  freedom. The probe-to-probe spread that both runs share cancels: an unchanged model
+  gives c_i = b_i, so v − T = −x·|b| with error x·s_b, and the rule passes.
+- Unpaired otherwise: σ = √(s² + slope²·s_b²) (the baseline's uncertainty moves the
+  threshold), degrees of freedom by Welch–Satterthwaite.
+A baseline is checked before any probe runs (`check_baseline`): it must hold results, every
+value a rule reads must be a finite number, it must come from the same model and data
+(unless allowed), and its own error must leave the rule decidable at all.
 A field absent from the baseline (a probe added since) is skipped, not failed.
 """
 
@@ -29,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import yaml
-from scipy.stats import norm
+from scipy.stats import norm, t as student_t
 
 from .errors import ConfigError, InputError
 from .probes.registry import get_probe_class, parse_options
@@ -71,6 +81,8 @@ class GateConfig:
     max_reruns: int = 3
     effort_factor: float = 2.0
     source: str = "gates"
+    # "probe.option" values the gate chose itself (not the file), which a paired baseline's may replace
+    defaulted: frozenset[str] = frozenset()
 
     @property
     def needs_baseline(self) -> bool:
@@ -88,6 +100,8 @@ class Check:
     baseline: float | None = None
     message: str = ""
     reruns: int = 0
+    paired: int | None = None  # probes the comparison was paired over, None when unpaired
+    capped: bool = False  # paired over every probe value the baseline holds: a rerun adds no pair
 
     @property
     def failed(self) -> bool:
@@ -100,13 +114,13 @@ class Check:
                 "value": _num(self.value), "stderr": _num(self.stderr),
                 "ci": None if self.ci is None else [_num(self.ci[0]), _num(self.ci[1])],
                 "baseline": _num(self.baseline), "verdict": self.verdict, "failed": self.failed,
-                "inconclusive_policy": b.inconclusive, "reruns": self.reruns, "message": self.message}
+                "inconclusive_policy": b.inconclusive, "reruns": self.reruns, "paired": self.paired,
+                "message": self.message}
 
 
 def _num(x):
-    if x is None:
-        return None
-    return float(x) if math.isfinite(x) else str(x)
+    # JSON has no NaN: a non-finite number is written as null (the verdict says why)
+    return None if x is None or not math.isfinite(x) else float(x)
 
 
 # ---------------------------------------------------------------- configuration
@@ -159,9 +173,14 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
         if not isinstance(opts, Mapping):
             raise fail(f"probes.{name}", "must be a mapping of options")
         try:
-            parse_options(str(name), dict(opts))  # fail now, not after loading the model
+            parsed = parse_options(str(name), dict(opts))  # fail now, not after loading the model
         except ConfigError as exc:
             raise fail(f"probes.{name}", f"is invalid: {exc}") from None
+        if getattr(parsed, "rtol", None) is not None:
+            # a stop on the running error makes the probe count depend on the draws, so two runs
+            # of a gate would not draw the same probes and could not be paired
+            raise fail(f"probes.{name}.rtol", "is not allowed in a gate: gates take a fixed probe count "
+                                              "(raise it, or let `inconclusive: rerun` double it)")
         probes[str(name)] = dict(opts)
 
     rules = data.get("rules")
@@ -190,6 +209,9 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
         kinds = [k for k in BOUNDS if k in rule]
         if not kinds:
             raise fail(at, f"needs at least one of {', '.join(BOUNDS)}")
+        if "min" in rule and "max" in rule and _number(rule["min"], f"{at}.min", fail) > _number(
+                rule["max"], f"{at}.max", fail):
+            raise fail(at, f"has min {rule['min']} above max {rule['max']}: no value can pass")
         for kind in kinds:
             if kind in ("max", "min"):
                 limit = _number(rule[kind], f"{at}.{kind}", fail)
@@ -202,10 +224,12 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
     # A gate reads a trace's per-layer parts only where a rule names them; without them the
     # total is the same number from the same probes, by vᵀHv (forward tangents) at about half
     # an HVP's cost. `parts: true` under probes.trace keeps them in the report.
+    defaulted = set()
     if "trace" in probes and "parts" not in probes["trace"] and not any(
             b.field.startswith(PART_FIELDS) for b in bounds):
         probes["trace"]["parts"] = False
-    return GateConfig(tuple(bounds), probes, confidence, max_reruns, factor, where)
+        defaulted.add("trace.parts")
+    return GateConfig(tuple(bounds), probes, confidence, max_reruns, factor, where, frozenset(defaulted))
 
 
 def _number(value: Any, name: str, fail: Callable) -> float:
@@ -233,24 +257,91 @@ def _fraction(value: Any, name: str, fail: Callable) -> float:
 # ---------------------------------------------------------------- decisions
 
 
-def quantile(confidence: float) -> float:
-    return float(norm.ppf(1 - (1 - confidence) / 2))
+def quantile(confidence: float, dof: float | None = None) -> float:
+    """Two-sided quantile of a `confidence` interval: Student's t with `dof` degrees of freedom
+    (a standard error from few draws), else normal."""
+    p = 1 - (1 - confidence) / 2
+    return float(norm.ppf(p) if dof is None or not math.isfinite(dof) else student_t.ppf(p, dof))
 
 
 def evaluate(gate: GateConfig, results: Mapping[str, Any], baseline: Mapping[str, Any] | None = None,
-             confidence: float | None = None) -> list[Check]:
-    """Decide every bound. `results`/`baseline` map probe → ProbeResult or its to_dict()."""
-    q = quantile(confidence if confidence is not None else gate.confidence)
+             confidence: float | None = None, *, no_baseline: bool = False) -> list[Check]:
+    """Decide every bound. `results`/`baseline` map probe → ProbeResult or its to_dict().
+    no_baseline: relative rules are skipped (a first release), not bad input."""
+    level = confidence if confidence is not None else gate.confidence
     current = _as_dicts(results)
     base = _as_dicts(baseline) if baseline is not None else None
-    return [decide(b, current, base, q) for b in gate.bounds]
+    return [decide(b, current, base, level, no_baseline) for b in gate.bounds]
 
 
 def _as_dicts(results: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.to_dict() if isinstance(v, ProbeResult) else v) for k, v in results.items()}
 
 
-def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | None, q: float) -> Check:
+@dataclass(frozen=True)
+class Pairing:
+    """Per-probe values of the same probe vectors in two runs (see `pairing`)."""
+
+    current: tuple[float, ...]
+    baseline: tuple[float, ...]
+    current_offset: float
+    baseline_offset: float
+    baseline_count: int  # probe values the baseline holds (≥ n)
+
+    @property
+    def n(self) -> int:
+        return len(self.current)
+
+    def baseline_value(self) -> float:
+        return self.baseline_offset + sum(self.baseline) / self.n
+
+    def current_value(self) -> float:
+        return self.current_offset + sum(self.current) / self.n
+
+    def excess(self, slope: float) -> tuple[float, float]:
+        """v − slope·b and its standard error from the per-probe differences c_i − slope·b_i."""
+        d = [c - slope * b for c, b in zip(self.current, self.baseline)]
+        mean = sum(d) / self.n
+        var = sum((x - mean) ** 2 for x in d) / (self.n - 1)
+        return self.current_offset - slope * self.baseline_offset + mean, math.sqrt(var / self.n)
+
+
+def pairing(bound: Bound, current: Mapping[str, Any], baseline: Mapping[str, Any]) -> tuple[Pairing | None, str]:
+    """The paired per-probe values of `bound`'s probe in both reports, or None and why not.
+
+    Pairs only a probe's headline value, and only when both results say which probe vectors
+    made it: the same seed and estimator (and matrix), per-probe values stored (schema ≥ 2).
+    Hutchinson's i-th vector depends only on the seed (signs are drawn row by row from one
+    generator), so runs with different counts pair over their common first n; Hutch++'s
+    vectors depend on its count (a sketch of k = count/3 columns), so it pairs only at equal
+    counts.
+    """
+    if bound.field not in (bound.probe, f"{bound.probe}.value"):
+        return None, ""
+    cur, base = current.get(bound.probe) or {}, baseline.get(bound.probe) or {}
+    cd, bd = cur.get("details") or {}, base.get("details") or {}
+    if not isinstance(bd.get("probe_values"), list):
+        return None, "unpaired: the baseline has no per-probe values (schema < 2.0 or not a sampled estimate)"
+    if not isinstance(cd.get("probe_values"), list):
+        return None, "unpaired: this run kept no per-probe values"
+    for key, what in (("estimator", "estimators"), ("matrix", "matrices")):
+        if cd.get(key) != bd.get(key):
+            return None, f"unpaired: {what} differ (baseline {bd.get(key)}, now {cd.get(key)})"
+    if cur.get("seed") != base.get("seed"):
+        return None, f"unpaired: seeds differ (baseline {base.get('seed')}, now {cur.get('seed')})"
+    c_vals, b_vals = cd["probe_values"], bd["probe_values"]
+    if cd.get("estimator") != "hutchinson" and len(c_vals) != len(b_vals):
+        return None, (f"unpaired: {cd.get('estimator')} draws other vectors at another count "
+                      f"(baseline {len(b_vals)}, now {len(c_vals)})")
+    n = min(len(c_vals), len(b_vals))
+    values = [as_number(x) for x in (*c_vals[:n], *b_vals[:n], cd.get("offset", 0.0), bd.get("offset", 0.0))]
+    if n < 2 or any(v is None or not math.isfinite(v) for v in values):
+        return None, "unpaired: fewer than two finite per-probe values"
+    return Pairing(tuple(values[:n]), tuple(values[n:2 * n]), values[-2], values[-1], len(b_vals)), ""
+
+
+def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | None, confidence: float,
+           no_baseline: bool = False) -> Check:
     check = Check(bound)
     try:
         raw, raw_se = resolve_field(results, bound.field)
@@ -262,8 +353,11 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
     if value is None:
         raise InputError(f"rule {bound.name}: field '{bound.field}' is {raw!r}, not a number")
     check.value = value
-    threshold, slope, base_se = bound.limit, 0.0, 0.0
+    dof = _dof(results, bound)
     if bound.relative:
+        if baseline is None and no_baseline:
+            check.verdict, check.message = "skipped", "no baseline (--no-baseline)"
+            return check
         if baseline is None:
             raise InputError(f"rule {bound.name} compares with a baseline; pass --baseline REPORT.json")
         try:
@@ -271,23 +365,35 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
         except FieldMissing:
             check.verdict, check.message = "skipped", f"baseline has no {bound.field}"
             return check
-        b = as_number(b_raw)
-        if b is None or not math.isfinite(b):
-            check.verdict, check.message = "skipped", f"baseline {bound.field} is {b_raw!r}"
-            return check
-        sign = 1.0 if bound.upper else -1.0
-        threshold = b + sign * bound.limit * abs(b)
-        slope = 1.0 + sign * bound.limit * (1.0 if b >= 0 else -1.0)
-        base_se = as_number(b_se_raw) or 0.0
+        b, base_se = _baseline_number(bound, b_raw, b_se_raw)
+        paired, why = pairing(bound, results, baseline)
+        if paired is not None:
+            b = paired.baseline_value()
+            value = check.value = paired.current_value()
+        slope = _slope(bound, b)
+        threshold = slope * b
         check.baseline = b
+        if paired is not None:
+            excess, sigma = paired.excess(slope)
+            # the interval of v given the threshold: T + (v − T) ± q·σ
+            value, dof = threshold + excess, paired.n - 1
+            check.paired = paired.n
+            check.capped = paired.n >= paired.baseline_count
+            check.message = f"paired over {paired.n} probes"
+        else:
+            sigma = math.sqrt(se**2 + (slope * base_se) ** 2)
+            dof = _welch(se, dof, slope * base_se, _dof(baseline, bound))
+            check.message = why
+    else:
+        threshold, sigma = bound.limit, se
     check.threshold = threshold
     if not math.isfinite(value):
         check.verdict, check.message = "fail", f"value is {value}"
         return check
-    sigma = math.sqrt(se**2 + (slope * base_se) ** 2)
     if sigma > 0:
+        half = quantile(confidence, dof) * sigma
         check.stderr = sigma
-        check.ci = (value - q * sigma, value + q * sigma)
+        check.ci = (value - half, value + half)
         lo, hi = check.ci
     else:
         lo = hi = value
@@ -296,10 +402,168 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
     check.verdict = "fail" if beyond else "pass" if inside else "inconclusive"
     side = "≤" if bound.upper else "≥"
     if check.verdict == "inconclusive":
-        check.message = f"interval straddles {threshold:.6g}; policy {bound.inconclusive}"
+        said = f"interval straddles {threshold:.6g}; policy {bound.inconclusive}"
     elif check.verdict == "fail":
-        check.message = f"needs {side} {threshold:.6g}"
+        said = f"needs {side} {threshold:.6g}"
+    else:
+        said = ""
+    check.message = "; ".join(m for m in (said, check.message) if m)
     return check
+
+
+def _slope(bound: Bound, b: float) -> float:
+    """T = slope·b: 1 + x·sign(b) for max_increase, 1 − x·sign(b) for max_decrease."""
+    sign = 1.0 if bound.upper else -1.0
+    return 1.0 + sign * bound.limit * (1.0 if b >= 0 else -1.0)
+
+
+def _baseline_number(bound: Bound, raw: Any, raw_se: Any) -> tuple[float, float]:
+    """The baseline's value and stderr (0 when exact) as finite numbers, or bad input."""
+    b, se = as_number(raw), (0.0 if raw_se is None else as_number(raw_se))
+    if b is None or not math.isfinite(b):
+        raise InputError(f"--baseline: rule {bound.name} needs {bound.field}, which is {raw!r}, "
+                         "not a finite number")
+    if se is None or not math.isfinite(se) or se < 0:
+        raise InputError(f"--baseline: the standard error of {bound.field} is {raw_se!r}, "
+                         "not a finite non-negative number")
+    return b, se
+
+
+def _dof(results: Mapping[str, Any], bound: Bound) -> float | None:
+    """Degrees of freedom of a headline value's stderr; None (normal) for other fields."""
+    if bound.field not in (bound.probe, f"{bound.probe}.value"):
+        return None
+    dof = (results.get(bound.probe) or {}).get("dof")
+    return float(dof) if isinstance(dof, (int, float)) and not isinstance(dof, bool) and dof >= 1 else None
+
+
+def _welch(s1: float, dof1: float | None, s2: float, dof2: float | None) -> float | None:
+    """Welch–Satterthwaite degrees of freedom of √(s1² + s2²); None (normal) when either side's
+    are unknown, inf when both sides are exact."""
+    if s1 == 0 and s2 == 0:
+        return None
+    parts = [(s, d) for s, d in ((s1, dof1), (s2, dof2)) if s > 0]
+    if any(d is None for _, d in parts):
+        return None
+    return (s1**2 + s2**2) ** 2 / sum(s**4 / d for s, d in parts)
+
+
+# ---------------------------------------------------------------- the baseline, checked up front
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A report an earlier run wrote (`--json`), whose results relative rules compare with."""
+
+    results: dict[str, Any]
+    meta: dict[str, Any]
+    where: str  # for messages: the file
+
+    @property
+    def schema(self) -> str | None:
+        return self.meta.get("schema_version")
+
+
+def load_baseline(path: str | Path) -> Baseline:
+    import json
+
+    where = f"--baseline {path}"
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{where}: is a folder; give a JSON report") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{where}: not a JSON report ({' '.join(str(exc).split())})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+        raise ConfigError(f"{where}: not a flatcheck JSON report (no 'results')")
+    if not data["results"]:
+        raise ConfigError(f"{where}: the report holds no results; make it with the probes the rules name")
+    bad = [k for k, v in data["results"].items() if not isinstance(v, dict)]
+    if bad:
+        raise ConfigError(f"{where}: results.{bad[0]} is not a probe result (a mapping)")
+    meta = {k: v for k, v in data.items() if k not in ("results", "gate")}
+    return Baseline(data["results"], meta, where)
+
+
+# What makes two reports measure the same quantity: the function (architecture, parameters,
+# loss, BatchNorm mode, which parameters are probed) and the samples. The checkpoint's hash is
+# not among them: a release gate compares new weights with the last release's report, and a
+# changed hash is the point; it is shown, so an unchanged model is recognisable.
+IDENTITY = (("model", "source"), ("model", "arch"), ("model", "parameters"), ("model", "probed_parameters"),
+            ("model", "num_classes"), ("model", "loss"), ("model", "label_smoothing"), ("model", "params_filter"),
+            ("bn_mode",), ("data", "name"), ("data", "split"), ("data", "samples"), ("data", "fingerprint"))
+_ABSENT = object()
+
+
+def _lookup(meta: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = meta
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return _ABSENT
+        node = node[key]
+    return node
+
+
+def foreign_fields(baseline_meta: Mapping[str, Any], current_meta: Mapping[str, Any]) -> list[str]:
+    """'field: baseline → now' for every identity field in which the two reports differ
+    (a field the baseline does not hold counts: it cannot be shown to be the same)."""
+    out = []
+    for path in IDENTITY:
+        b, c = _lookup(baseline_meta, path), _lookup(current_meta, path)
+        if b is not c and b != c:
+            shown = "absent" if b is _ABSENT else repr(b)
+            out.append(f"{'.'.join(path)}: {shown} → {c!r}")
+    return out
+
+
+def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[str, Any], *, seed: int,
+                   confidence: float | None = None, allow_foreign: bool = False) -> None:
+    """Everything about the baseline that would make a verdict indefensible, before any probe
+    runs: another model or data set, a value a rule needs that is not a finite number, and an
+    error so wide that no run could decide the rule."""
+    if not allow_foreign:
+        diff = foreign_fields(baseline.meta, current_meta)
+        if diff:
+            raise InputError(f"{baseline.where}: made on another model or data set ({'; '.join(diff[:3])}"
+                             f"{'; …' if len(diff) > 3 else ''}); compare anyway with --allow-foreign-baseline")
+    level = confidence if confidence is not None else gate.confidence
+    for bound in gate.bounds:
+        if not bound.relative:
+            continue
+        try:
+            raw, raw_se = resolve_field(baseline.results, bound.field)
+        except FieldMissing:
+            continue  # a probe added since: skipped, and said so
+        b, s_b = _baseline_number(bound, raw, raw_se)
+        _check_decidable(bound, b, s_b, baseline, seed, level)
+
+
+def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, seed: int, level: float) -> None:
+    """Refuse a rule that no run can decide: even a current value known exactly (unpaired) or
+    an unchanged model (paired) leaves the interval z·|slope|·s_b wider than the margin x·|b|.
+    Paired, the statistic's baseline part is (slope − 1)·b_i = ±x·b_i, so |slope| becomes x."""
+    if s_b == 0:
+        return
+    margin = bound.limit * abs(b)
+    result = baseline.results.get(bound.probe) or {}
+    dof = _dof(baseline.results, bound)
+    pairable = (isinstance((result.get("details") or {}).get("probe_values"), list) and result.get("seed") == seed
+                and bound.field in (bound.probe, f"{bound.probe}.value"))
+    slope = bound.limit if pairable else abs(_slope(bound, b))
+    z = quantile(level, dof)
+    if z * slope * s_b < margin:
+        return
+    how = "paired (same seed)" if pairable else "unpaired"
+    msg = (f"{baseline.where}: rule {bound.name} can never be decided {how}: the baseline's "
+           f"{bound.field} = {b:.6g} ± {s_b:.3g} moves the threshold by ±{z * slope * s_b:.3g}, "
+           f"more than the rule's margin {margin:.3g}")
+    if dof is not None:
+        m = int(dof) + 1
+        need = math.ceil(m * (z * slope * s_b / margin) ** 2) + 1
+        msg += f"; make the baseline with at least {need} probes (it has {m})"
+    raise InputError(msg)
 
 
 # ---------------------------------------------------------------- reruns
@@ -322,14 +586,15 @@ def raise_effort(probe: str, options: Any, factor: float) -> Any:
 def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], options: dict[str, Any],
                        rerun: Callable[[dict[str, Any]], dict[str, ProbeResult]],
                        baseline: Mapping[str, Any] | None = None, confidence: float | None = None,
-                       ) -> tuple[list[Check], dict[str, ProbeResult]]:
+                       no_baseline: bool = False) -> tuple[list[Check], dict[str, ProbeResult]]:
     """Evaluate, and while rules with policy rerun are inconclusive, rerun their probes with
     more effort. `rerun({probe: options})` returns the new results of those probes."""
     results, options = dict(results), dict(options)
-    checks = evaluate(gate, results, baseline, confidence)
+    checks = evaluate(gate, results, baseline, confidence, no_baseline=no_baseline)
     reruns: dict[str, int] = {}
     for _ in range(gate.max_reruns):
-        wanted = {c.bound.probe for c in checks if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun"}
+        wanted = {c.bound.probe for c in checks
+                  if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun" and not c.capped}
         more = {p: raise_effort(p, options[p], gate.effort_factor) for p in sorted(wanted)}
         more = {p: o for p, o in more.items() if o is not None}
         if not more:
@@ -338,12 +603,13 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
         options.update(more)
         for p in more:
             reruns[p] = reruns.get(p, 0) + 1
-        checks = evaluate(gate, results, baseline, confidence)
+        checks = evaluate(gate, results, baseline, confidence, no_baseline=no_baseline)
     for c in checks:
         c.reruns = reruns.get(c.bound.probe, 0)
         if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun":
-            why = "no effort option" if effort_option(c.bound.probe) is None else f"{c.reruns} reruns"
-            c.message = f"still inconclusive after {why}; counted as failed"
+            why = ("no effort option" if effort_option(c.bound.probe) is None
+                   else "the baseline's last probe value was paired" if c.capped else f"{c.reruns} reruns")
+            c.message = f"still inconclusive after {why}; counted as failed; {c.message}"
     return checks, results
 
 
@@ -383,13 +649,39 @@ class GateOutcome:
         console.print(rules_table(self))
 
 
-def run_gate(config, gate: GateConfig, *, baseline: Mapping[str, Any] | None = None,
-             confidence: float | None = None, progress=None) -> GateOutcome:
-    """Run the gate's probes on one model (RunConfig), decide, rerun where asked."""
+def follow_baseline(config, gate: GateConfig, baseline: Baseline):
+    """The run config with the baseline's route where the gate chose its own and the two runs
+    draw the same probes (same seed): then an unchanged model reproduces the baseline's
+    per-probe values exactly, not only to the round-off between two routes."""
+    from .config import ProbeRequest
+
+    requests = []
+    for req in config.probes:
+        base = baseline.results.get(req.name) or {}
+        parts = (base.get("details") or {}).get("parts")
+        if (f"{req.name}.parts" in gate.defaulted and base.get("seed") == config.seed
+                and isinstance(parts, bool) and hasattr(req.options, "parts")):
+            req = ProbeRequest(req.name, dataclasses.replace(req.options, parts=parts))
+        requests.append(req)
+    return dataclasses.replace(config, probes=tuple(requests))
+
+
+def run_gate(config, gate: GateConfig, *, baseline: Baseline | None = None, confidence: float | None = None,
+             progress=None, allow_foreign: bool = False) -> GateOutcome:
+    """Run the gate's probes on one model (RunConfig), decide, rerun where asked. Without a
+    baseline, relative rules are skipped (the caller asked for that: --no-baseline)."""
+    import datetime
+
     from . import api
     from .report.result import Report
 
+    if baseline is not None:
+        config = follow_baseline(config, gate, baseline)
     session = api.open_session(config)
+    if baseline is not None:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        check_baseline(gate, baseline, api._meta(session, now, 0.0), seed=config.seed, confidence=confidence,
+                       allow_foreign=allow_foreign)
     report = api.run(config, progress, session)
     options = {r.name: r.options for r in config.probes}
 
@@ -399,6 +691,8 @@ def run_gate(config, gate: GateConfig, *, baseline: Mapping[str, Any] | None = N
         again = dataclasses.replace(config, probes=tuple(ProbeRequest(p, o) for p, o in more.items()))
         return api.run(again, progress, session).results
 
-    checks, results = decide_with_reruns(gate, report.results, options, rerun, baseline, confidence)
+    checks, results = decide_with_reruns(gate, report.results, options, rerun,
+                                         None if baseline is None else baseline.results, confidence,
+                                         no_baseline=baseline is None)
     final = Report(meta=report.meta, results=results)
     return GateOutcome(checks, final, confidence if confidence is not None else gate.confidence, gate.source)

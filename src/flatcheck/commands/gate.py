@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -22,41 +21,37 @@ def gate_cmd(
                                                     "(e.g. $GITHUB_STEP_SUMMARY)")] = None,
     confidence: Annotated[Optional[float], typer.Option("--confidence", help="level of the intervals of "
                                                         "stochastic values [default: the file's, else 0.95]")] = None,
+    allow_foreign_baseline: Annotated[bool, typer.Option(
+        "--allow-foreign-baseline", help="compare with a baseline made on another model or data set "
+                                         "(refused by default)")] = False,
+    no_baseline: Annotated[bool, typer.Option(
+        "--no-baseline", help="run without a baseline: relative rules are skipped (a first release; "
+                              "its --json can be the next --baseline)")] = False,
 ):
     from ..errors import ConfigError
-    from ..gate import load_gate_config, run_gate
+    from ..gate import load_baseline, load_gate_config, run_gate
 
     gate = load_gate_config(config)
     if confidence is not None and not 0 < confidence < 1:
         raise ConfigError(f"--confidence must be between 0 and 1 (exclusive), got {confidence}")
-    base = _read_baseline(baseline) if baseline is not None else None
-    if gate.needs_baseline and base is None:
+    if no_baseline and baseline is not None:
+        raise ConfigError("--no-baseline and --baseline exclude each other")
+    base = load_baseline(baseline) if baseline is not None else None
+    if gate.needs_baseline and base is None and not no_baseline:
         rule = next(b.name for b in gate.bounds if b.relative)
-        raise ConfigError(f"{config}: rule '{rule}' compares with a baseline; pass --baseline REPORT.json")
+        raise ConfigError(f"{config}: rule '{rule}' compares with a baseline; pass --baseline REPORT.json "
+                          "(or --no-baseline to skip such rules)")
     for target, flag in ((junit, "--junit"), (summary, "--summary")):
         if target is not None and (target.is_dir() or not target.parent.is_dir()):
             raise ConfigError(f"{flag} {target}: not a writable file path")
 
     def execute(run_config, progress):
-        outcome = run_gate(run_config, gate, baseline=base, confidence=confidence, progress=progress)
+        outcome = run_gate(run_config, gate, baseline=base, confidence=confidence, progress=progress,
+                           allow_foreign=allow_foreign_baseline)
         _write_outputs(outcome, junit, summary)
         return outcome
 
     return list(gate.probes), gate.probes, False, execute
-
-
-def _read_baseline(path: Path) -> dict:
-    from ..errors import ConfigError
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"--baseline {path}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"--baseline {path}: not a JSON report ({' '.join(str(exc).split())})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
-        raise ConfigError(f"--baseline {path}: not a flatcheck JSON report (no 'results')")
-    return data["results"]
 
 
 def _write_outputs(outcome, junit: Path | None, summary: Path | None) -> None:

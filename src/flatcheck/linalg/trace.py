@@ -31,12 +31,24 @@ class Operator(Protocol):
 
 @dataclass(frozen=True)
 class TraceEstimate:
+    """value = offset + mean(samples): `samples` are the per-probe values the standard error is
+    the spread of (Hutchinson: every vᵀAv; Hutch++: the residual's gᵀAg), `offset` the part
+    known without sampling error given the draw (Hutch++: Tr(QᵀAQ)). Kept so that two runs
+    with the same probes can be compared probe by probe (a paired test; see flatcheck.gate)."""
+
     value: float
     stderr: float | None  # None only when fewer than two probe values exist
     matvecs: int
     probes: int  # random probe vectors drawn (Hutch++: those in its residual part)
     stop_reason: str
     groups: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+    samples: tuple[float, ...] = ()
+    offset: float = 0.0
+
+    @property
+    def dof(self) -> int | None:
+        """Degrees of freedom of `stderr` (a sample standard deviation over len(samples))."""
+        return len(self.samples) - 1 if len(self.samples) >= 2 else None
 
 
 BLOCK_BYTES = 64 * 2**20  # memory for one (k, P) block of probes when no block size is given
@@ -120,9 +132,10 @@ def hutchinson(
             if se is not None and mean != 0 and se / abs(mean) < rtol:
                 reason = "rtol"
                 break
-    value, stderr = _mean_stderr(torch.cat(values))
+    samples = torch.cat(values)
+    value, stderr = _mean_stderr(samples)
     groups = {name: _mean_stderr(torch.cat(v)) for name, v in parts.items()}
-    return TraceEstimate(value, stderr, done, done, reason, groups)
+    return TraceEstimate(value, stderr, done, done, reason, groups, tuple(samples.tolist()))
 
 
 def hutchpp(
@@ -165,8 +178,10 @@ def hutchpp(
         resid_values, _ = op.quadratic(G)
         if progress is not None:
             progress(3 * k, 3 * k)
-        r_mean, r_se = _mean_stderr(resid_values.cpu())
-        return TraceEstimate(head_values.sum().item() + r_mean, r_se, 3 * k, 2 * k, "matvecs", {})
+        resid_values = resid_values.cpu()
+        r_mean, r_se = _mean_stderr(resid_values)
+        offset = head_values.sum().item()
+        return TraceEstimate(offset + r_mean, r_se, 3 * k, 2 * k, "matvecs", {}, tuple(resid_values.tolist()), offset)
     AG = op.matmat(G)
     if progress is not None:
         progress(3 * k, 3 * k)
@@ -176,11 +191,13 @@ def hutchpp(
     # per-probe values so that per-group parts add up to the total in any dtype.
     resid = G * AG + 2 * G * ((AG @ Q.T) @ Q)
     exact_part = rowsum64(head).sum().item()
-    r_mean, r_se = _mean_stderr(rowsum64(resid).cpu())
+    resid_values = rowsum64(resid).cpu()
+    r_mean, r_se = _mean_stderr(resid_values)
     groups: dict[str, tuple[float, float | None]] = {}
     if split is not None:
         head_g, resid_g = split(head), split(resid)
         for name in head_g:
             m, se = _mean_stderr(resid_g[name].to(torch.float64).cpu())
             groups[name] = (head_g[name].sum().item() + m, se)
-    return TraceEstimate(exact_part + r_mean, r_se, 3 * k, 2 * k, "matvecs", groups)
+    return TraceEstimate(exact_part + r_mean, r_se, 3 * k, 2 * k, "matvecs", groups, tuple(resid_values.tolist()),
+                         exact_part)

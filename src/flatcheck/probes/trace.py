@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 
 from ..errors import ConfigError
 from ..linalg import hutchinson, hutchpp
+from ..linalg.memory import available_bytes, gib
 from ..operators import CurvatureOperator, LayoutParts
 from ..report.result import ProbeResult
 from .registry import ProbeContext, register_probe
@@ -36,6 +37,11 @@ class TraceOptions:
             raise ConfigError(f"--probes-max must be at least 6 for hutchpp, got {self.probes_max}")
         if self.rtol is not None and not self.rtol > 0:
             raise ConfigError(f"--rtol must be positive, got {self.rtol}")
+        if self.rtol is not None and self.estimator != "hutchinson":
+            # Hutch++ spends its matvecs in three fixed thirds and the exact trace has no error:
+            # neither has a running standard error to stop on
+            raise ConfigError(f"--rtol needs --estimator hutchinson (it stops on the running standard error); "
+                              f"{self.estimator} takes a fixed --probes-max")
         if self.class_samples is not None and (self.estimator != "exact" or self.class_samples < 2):
             raise ConfigError("--class-samples needs --estimator exact and a value ≥ 2 (two draws give a standard error)")
         if self.min_probes < 2 or (self.block_size is not None and self.block_size < 1):
@@ -78,6 +84,9 @@ class TraceProbe:
         split = LayoutParts(layout) if options.parts else None
 
         seed = ctx.seed
+        if options.estimator == "hutchpp":
+            _check_hutchpp_memory(op, options.probes_max)
+        est = None
         if options.estimator == "exact":
             sampled = options.class_samples is not None
             ggn = ctx.backend.ggn_trace(options.class_samples, ctx.generator() if sampled else None,
@@ -97,6 +106,7 @@ class TraceProbe:
                              split=split, progress=progress)
             value, stderr, probes, stop, parts = est.value, est.stderr, est.probes, est.stop_reason, est.groups
 
+        route = _route(op, options, ctx.backend)
         sizes = layout.group_sizes()
         if options.estimator == "exact" and options.class_samples is not None:
             notes = f"GGN trace, {options.class_samples} classes sampled ∝ p per sample"
@@ -106,9 +116,10 @@ class TraceProbe:
             notes = f"hutchpp, {op.matvecs} matvecs"
         else:
             notes = f"hutchinson, {probes} probes (stop: {stop})"
-            if not options.parts and op.takes_vhv:
-                why = getattr(ctx.backend, "vhv_error", None)
-                notes += ", vᵀHv by forward tangents" if why is None else f", vᵀHv by HVPs ({why})"
+            if route == "vhv_tangent":
+                notes += ", vᵀHv by forward tangents"
+            elif route.startswith("vhv_fallback"):
+                notes += f", vᵀHv by HVPs ({route.partition(': ')[2]})"
         return ProbeResult(
             probe=self.name,
             value=value,
@@ -118,11 +129,17 @@ class TraceProbe:
             seed=seed,
             label=label,
             notes=f"{notes}; Tr/P = {value / layout.dim:.4g}",
+            dof=None if est is None else est.dof,
             details={
                 "matrix": matrix,
                 "estimator": options.estimator,
+                "route": route,
                 "probes": probes,
+                # value = offset + mean(probe_values): what a gate pairs two runs on
+                "probe_values": None if est is None else list(est.samples),
+                "offset": None if est is None else est.offset,
                 "stop_reason": stop,
+                "block_size": options.block_size,
                 "rtol": options.rtol,
                 "class_samples": options.class_samples,
                 "parts": options.parts,
@@ -138,3 +155,31 @@ class TraceProbe:
                 },
             },
         )
+
+
+def _route(op: CurvatureOperator, options: TraceOptions, backend) -> str:
+    """How the probe values were made: "exact_ggn", "hvp_sums" (per-parameter sums of
+    v ⊙ Hv), "vhv_tangent" (vᵀHv by forward tangents), "vhv_fallback: <why>" (vᵀHv asked for,
+    HVPs taken), or "matmat" (full products). Hutch++'s sketch always takes matmat; this names
+    the route of its quadratic forms."""
+    if options.estimator == "exact":
+        return "exact_ggn"
+    if options.parts:
+        return "hvp_sums" if op.streams_quadratic and options.estimator == "hutchinson" else "matmat"
+    if op.takes_vhv:
+        why = getattr(backend, "vhv_error", None)
+        return "vhv_tangent" if why is None else f"vhv_fallback: {why}"
+    return "hvp_sums" if op.streams_total else "matmat"
+
+
+def _check_hutchpp_memory(op: CurvatureOperator, matvecs: int) -> None:
+    """Hutch++ holds its sketch S, A·S, the basis Q and the residual probes as (k, P) blocks
+    (k = matvecs/3) at once: refuse a count whose blocks cannot fit before allocating them."""
+    k = matvecs // 3
+    need = 4 * k * op.dim * op.dtype.itemsize
+    have = available_bytes(op.device)
+    if have is not None and need > have:
+        most = 3 * max(2, have // (4 * op.dim * op.dtype.itemsize))
+        raise ConfigError(f"--probes-max {matvecs}: Hutch++ would hold {gib(need)} of (k, P) blocks for "
+                          f"{op.dim} parameters, more than the {gib(have)} free on {op.device}; "
+                          f"at most about {most} fits")

@@ -6,7 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = "1.0"
+# 2.0: `dof` of the standard error, and a Hutchinson/Hutch++ trace's per-probe values
+# (details.probe_values, details.offset) and route (details.route), which gates pair on
+SCHEMA_VERSION = "2.0"
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,9 @@ class ProbeResult:
     label: str = ""  # what `value` is, e.g. "Tr(H)"
     notes: str = ""  # one human-readable line for tables
     details: dict[str, Any] = field(default_factory=dict)
+    # degrees of freedom of `stderr` when it is a sample standard deviation over few draws
+    # (intervals then take Student's t); None: a normal interval
+    dof: int | None = None
 
     @property
     def exact(self) -> bool:
@@ -39,6 +44,7 @@ class ProbeResult:
             "notes": self.notes,
             "value": _finite(self.value),
             "stderr": _finite(self.stderr),
+            "dof": self.dof,
             "exact": self.exact,
             "matvecs": self.matvecs,
             "seconds": round(self.seconds, 6),
@@ -60,12 +66,14 @@ class Report:
         }
 
 
-def _finite(x: float | None) -> float | None | str:
-    # JSON has no NaN/Inf; say so explicitly rather than emit invalid JSON.
+def _finite(x: float | None) -> float | None:
+    # JSON has no NaN/Inf, and a "nan" string in a number's place breaks every reader that
+    # does arithmetic on it; null says "no number here" in a way each reader must handle.
+    # Headline values never get here non-finite: api.run refuses them.
     if x is None:
         return None
     x = float(x)
-    return x if math.isfinite(x) else str(x)
+    return x if math.isfinite(x) else None
 
 
 def _jsonable(obj: Any) -> Any:
