@@ -464,6 +464,8 @@ def test_npz_float_outside_unit_interval(tmp_path, scale, names):
 
 def test_imagefolder_ignores_hidden_entries(tmp_path):
     x, y = digit_images()
+    x, y = x[y < 9], y[y < 9]  # 9 classes: with .hidden/ as a 10th the model still fits, and shows the shift
+    assert len(y) > N_TRAIN
     reference = gap_result(write_npz(tmp_path / "same.npz", x, y))
     uri = write_folder(tmp_path / "images", x, y)
     for split in ("train", "test"):
@@ -500,3 +502,26 @@ def test_imagefolder_corrupt_image(tmp_path, name, damage):
     uri = write_folder(tmp_path / "images", x, y)
     damage(tmp_path / "images" / "train" / str(y[5]) / name, x[5])
     bad(trace("--data", uri), str(Path("train") / str(y[5]) / name), "cannot read")
+
+
+def test_gap_stops_on_a_broken_test_split_rather_than_skipping(tmp_path):
+    # only a missing split skips gap; an unreadable file in the split that is there is bad input
+    x, y = digit_images()
+    uri = write_folder(tmp_path / "images", x, y)
+    _garbage(tmp_path / "images" / "test" / str(y[N_TRAIN]) / "bad.png", x[0])
+    bad(probe("--data", uri, "--probes", "gap"), str(Path("test") / str(y[N_TRAIN]) / "bad.png"), "cannot read")
+
+
+def test_gap_skips_a_source_serving_train_as_test(tmp_path, monkeypatch):
+    from flatcheck.data import registry
+
+    x, y = digit_images()
+    f = write_npz(tmp_path / "train_only.npz", x, y, test=False).partition(":")[2]
+    npz = registry._REGISTRY["npz"].factory
+
+    def same_for_both(*, split: str, **_) -> registry.DataSource:
+        return npz(path=f, split="train")
+
+    monkeypatch.setitem(registry._REGISTRY, "same-splits", registry._Entry(same_for_both, takes_path=False))
+    gap = gap_result("same-splits")
+    assert gap["value"] is None and "same 64 samples" in gap["details"]["skipped"]
