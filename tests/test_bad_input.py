@@ -525,3 +525,178 @@ def test_gap_skips_a_source_serving_train_as_test(tmp_path, monkeypatch):
     monkeypatch.setitem(registry._REGISTRY, "same-splits", registry._Entry(same_for_both, takes_path=False))
     gap = gap_result("same-splits")
     assert gap["value"] is None and "same 64 samples" in gap["details"]["skipped"]
+
+
+# ---------------------------------------------------------------- CLI, outputs, scans
+# Output paths are checked before any probe runs (never_runs makes a probe that runs fail as
+# an internal error), files are replaced atomically without losing their mode or symlink,
+# and Ctrl-C ends every command the same way, imports included.
+
+import signal  # noqa: E402
+import stat  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+EXACT_HEAD = ["--estimator", "exact", "--params", "head.*"]
+NOT_ROOT = pytest.mark.skipif(os.geteuid() == 0, reason="root writes whatever the mode bits say, so there is "
+                              "nothing to refuse here (run the suite as an unprivileged user to check it)")
+
+
+@pytest.fixture
+def never_runs(monkeypatch):
+    from flatcheck.probes.trace import TraceProbe
+
+    def ran(self, ctx, options):
+        raise AssertionError("the probe ran before the output path was checked")
+
+    monkeypatch.setattr(TraceProbe, "run", ran)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_json_under_a_regular_file(tmp_path, never_runs):
+    (tmp_path / "notes.txt").write_text("keep")
+    bad(trace(*EXACT_HEAD, "--json", tmp_path / "notes.txt" / "out.json"), "--json", "notes.txt", "not a folder")
+
+
+def test_json_symlink_into_a_missing_folder(tmp_path, never_runs):
+    link = tmp_path / "out.json"
+    link.symlink_to(tmp_path / "gone" / "out.json")
+    bad(trace(*EXACT_HEAD, "--json", link), "--json", "gone", "does not exist")
+    assert link.is_symlink() and os.listdir(tmp_path) == ["out.json"]
+
+
+@NOT_ROOT
+def test_json_onto_a_read_only_file(tmp_path, never_runs):
+    out = tmp_path / "out.json"
+    out.write_text("keep")
+    out.chmod(0o444)
+    bad(trace(*EXACT_HEAD, "--json", out), "--json", "out.json", "read-only")
+    assert out.read_text() == "keep" and mode(out) == 0o444
+
+
+@NOT_ROOT
+def test_json_into_a_read_only_folder(tmp_path, never_runs):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        bad(trace(*EXACT_HEAD, "--json", folder / "out.json"), "--json", "cannot write", "locked")
+    finally:
+        folder.chmod(0o755)
+    assert os.listdir(folder) == []
+
+
+def written_report(result, path: Path) -> dict:
+    assert result.exit_code == 0, result.stderr
+    return json.loads(path.read_text())["results"]["trace"]
+
+
+def test_json_rewrite_keeps_the_file_mode(tmp_path):
+    out = tmp_path / "out.json"
+    out.write_text("{}")
+    out.chmod(0o640)  # group-readable, not world-readable: a rewrite must not change who can read
+    written_report(trace(*EXACT_HEAD, "--json", out, "-q"), out)
+    assert mode(out) == 0o640 and os.listdir(tmp_path) == ["out.json"]
+
+
+def test_json_new_file_follows_the_umask(tmp_path):
+    out = tmp_path / "out.json"
+    old = os.umask(0o027)
+    try:
+        written_report(trace(*EXACT_HEAD, "--json", out, "-q"), out)
+    finally:
+        os.umask(old)
+    assert mode(out) == 0o640  # 0o666 less the umask, as open() would make it
+
+
+def test_json_through_a_symlink_writes_its_target(tmp_path):
+    target = tmp_path / "runs" / "report.json"
+    target.parent.mkdir()
+    target.write_text("{}")
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    report = written_report(trace(*EXACT_HEAD, "--json", link, "-q"), target)
+    assert report["value"] > 0
+    assert link.is_symlink() and link.resolve() == target
+    assert os.listdir(tmp_path / "runs") == ["report.json"]  # no temporary file left beside it
+
+
+# -- lmax --k
+
+
+def test_lmax_k_above_the_parameter_count(monkeypatch):
+    import flatcheck.probes.lmax as lmax
+
+    def solver(*args, **kwargs):
+        raise AssertionError("Lanczos started before --k was checked")
+
+    monkeypatch.setattr(lmax, "lanczos_top", solver)
+    # head.bias: 10 parameters, so 10 eigenvalues
+    bad(invoke("lmax", CKPT, "--spec", SPEC, *SMALL, "--params", "head.bias", "--k", "11"), "--k 11", "10 probed")
+    bad(probe("--probes", "lmax", "--params", "head.bias", "-o", "lmax.k=11"), "--k 11", "10 probed")
+
+
+# -- Ctrl-C
+
+
+LONG_TRACE = ["trace", str(CKPT), "--spec", str(SPEC), "--samples", "512", "--probes-max", "5000", "--rtol", "1e-9"]
+
+
+def after(seconds: float):
+    return lambda pid: time.sleep(seconds)
+
+
+def once_loaded(library: str):
+    """Wait until the process has mapped `library`: it is then inside that import."""
+
+    def wait(pid: int) -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if library in Path(f"/proc/{pid}/maps").read_text():
+                    return
+            except (FileNotFoundError, ProcessLookupError):
+                break
+            time.sleep(0.002)
+        pytest.fail(f"{library} never loaded")
+
+    return wait
+
+
+def then(*waits):
+    def wait(pid: int) -> None:
+        for w in waits:
+            w(pid)
+
+    return wait
+
+
+SCRIPT = [str(Path(sys.executable).with_name("flatcheck"))]  # the console script pip made
+MODULE = [sys.executable, "-m", "flatcheck"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see the imports")
+@pytest.mark.parametrize("exe, when", [
+    (SCRIPT, after(0.15)),  # importing typer and rich (flatcheck has control after about 40 ms)
+    (SCRIPT, once_loaded("libtorch_cpu")),  # importing torch
+    (MODULE, once_loaded("libtorch_cpu")),
+    (SCRIPT, once_loaded("_multiarray_umath")),  # numpy, imported by torch's C code, which swallowed the interrupt
+    (SCRIPT, then(once_loaded("_multiarray_umath"), after(3.0))),  # later: loading, the run
+], ids=["0.15s", "torch", "torch -m", "numpy", "numpy+3s"])
+def test_ctrl_c_at_any_moment(exe, when):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(exe + LONG_TRACE, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        when(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # an interrupt that was swallowed leaves the run going
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.splitlines()[-1] == "interrupted", stderr
+    assert stdout == ""

@@ -1,29 +1,35 @@
 """flatcheck: loss-landscape geometry of trained checkpoints.
 
 Public API: build a RunConfig, call run(), read the Report.
+
+The names below are imported on first use (PEP 562), not with the package: the `flatcheck`
+command imports this package before it can catch Ctrl-C, and importing torch takes seconds.
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from .api import Session, open_session, run  # noqa: E402
-from .config import ProbeRequest, RunConfig, probe_requests  # noqa: E402
-from .errors import FlatcheckError, InputError  # noqa: E402
-from .probes.registry import create_probe, list_probes, register_probe  # noqa: E402
-from .report.result import ProbeResult, Report  # noqa: E402
+_WHERE = {
+    "run": "api", "open_session": "api", "Session": "api",
+    "RunConfig": "config", "ProbeRequest": "config", "probe_requests": "config",
+    "FlatcheckError": "errors", "InputError": "errors",
+    "list_probes": "probes.registry", "create_probe": "probes.registry", "register_probe": "probes.registry",
+    "Report": "report.result", "ProbeResult": "report.result",
+}
 
-__all__ = [
-    "__version__",
-    "run",
-    "open_session",
-    "Session",
-    "RunConfig",
-    "ProbeRequest",
-    "probe_requests",
-    "list_probes",
-    "create_probe",
-    "register_probe",
-    "Report",
-    "ProbeResult",
-    "FlatcheckError",
-    "InputError",
-]
+__all__ = ["__version__", *_WHERE]
+
+
+def __getattr__(name: str) -> object:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'flatcheck' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

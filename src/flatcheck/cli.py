@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import __version__
+from .entry import interrupted
 from .errors import FlatcheckError
 
 app = typer.Typer(
@@ -157,8 +158,7 @@ def guarded(debug: bool, body: Callable[[], int | None]) -> None:
             traceback.print_exc()
         _error_line(f"error: {exc}")
     except KeyboardInterrupt:
-        code = 130
-        _error_line("interrupted")
+        code = interrupted()
     except Exception as exc:  # a bug in flatcheck, not the user's fault
         code = 101
         if debug:
@@ -195,15 +195,10 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None):
 
 def _check_json_target(json_out: str | None) -> None:
     """Refuse an unwritable --json PATH before the run, not after minutes of work."""
-    from .errors import ConfigError
+    from .report.io import check_writable
 
-    if json_out is None or json_out == "-":
-        return
-    path = Path(json_out)
-    if path.is_dir():
-        raise ConfigError(f"--json {json_out}: is a folder; give a file path")
-    if not path.parent.is_dir():
-        raise ConfigError(f"--json {json_out}: folder {path.parent} does not exist")
+    if json_out is not None and json_out != "-":
+        check_writable(json_out, "--json")
 
 
 def _emit(report, json_out: str | None, layers: bool) -> None:

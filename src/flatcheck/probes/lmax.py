@@ -41,6 +41,14 @@ class LmaxOptions:
         return default_max_iter(self.k) if self.method == "lanczos" else POWER_MAX_ITER
 
 
+def check_k_fits(k: int, parameters: int) -> None:
+    """A P×P matrix has P eigenvalues; asking for more used to return fewer, marked "NOT
+    converged", after the products were spent."""
+    if k > parameters:
+        raise ConfigError(f"--k {k} is more than the {parameters:,} probed parameters (a matrix of that size "
+                          f"has {parameters:,} eigenvalues); use --k ≤ {parameters:,} or widen --params")
+
+
 @register_probe
 class LmaxProbe:
     """Top-k eigenvalues, largest algebraic first (on an indefinite Hessian "top" means the most
@@ -60,6 +68,7 @@ class LmaxProbe:
     requires: ClassVar[frozenset[str]] = frozenset({"hvp", "ggn_vp"})
 
     def run(self, ctx: ProbeContext, options: LmaxOptions) -> ProbeResult:
+        check_k_fits(options.k, ctx.backend.problem.layout.dim)
         op = CurvatureOperator(ctx.backend, options.matrix)
         start = time.perf_counter()
         max_iter = options.resolved_max_iter
