@@ -6,6 +6,7 @@ Nothing here prints; progress goes to an optional callback.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import platform
 import time
 from dataclasses import dataclass
@@ -22,12 +23,13 @@ from .data.batches import SampleSet
 from .dist import launched, local_cuda_device
 from .data.preprocess import Preprocess
 from .data.registry import create_dataset
-from .errors import ConfigError, DataError, InputError, first_line
+from .errors import ConfigError, DataError, InputError, ModelError, first_line
+from .losses import per_sample_loss
 from .models.checkpoint import LoadedCheckpoint, apply_state_dict, load_checkpoint
 from .models.sources import build_model, resolve_preprocess
 from .models.spec import ModelSpec, load_spec
 from .probes.registry import ProbeContext, create_probe
-from .report.result import Report
+from .report.result import ProbeResult, Report
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -54,7 +56,9 @@ class Session:
         dataset = create_dataset(c.data, root=c.data_root, split=split, preprocess=self.preprocess,
                                  num_classes=self.spec.num_classes, seed=c.seed)
         n = min(self.samples.n, len(dataset))
-        return SampleSet(dataset, samples=n, batch_size=c.batch_size, device=self.device, dtype=c.torch_dtype)
+        samples = SampleSet(dataset, samples=n, batch_size=c.batch_size, device=self.device, dtype=c.torch_dtype)
+        _check_batches(self.model, samples, self.spec, c, self.num_classes)
+        return samples
 
 
 def resolve_device(name: str) -> torch.device:
@@ -105,7 +109,7 @@ def open_session(config: RunConfig) -> Session:
 
 
 def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig) -> int:
-    """One forward on the first batch: shapes, class count and label range, with clear errors."""
+    """The class count, from a forward of the first batch that checks shapes; then every batch is checked."""
     batch = next(iter(samples))
     try:
         with model_mode(model, config.bn_mode), torch.no_grad():
@@ -121,12 +125,55 @@ def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: Ru
     c = out.shape[1]
     if spec.num_classes is not None and c != spec.num_classes:
         raise InputError(f"{spec.where}: num_classes is {spec.num_classes} but the model returns {c} logits")
-    top = int(batch.y.max())
-    if top >= c or int(batch.y.min()) < 0:
-        raise DataError(f"data '{config.data}' has label {top} but the model has {c} outputs (labels must be 0..{c - 1})")
-    if not torch.isfinite(out).all():
-        raise InputError(f"{config.checkpoint or spec.arch}: the model's outputs on the first batch are not finite")
+    _check_batches(model, samples, spec, config, c)
     return c
+
+
+def _check_batches(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig, classes: int) -> None:
+    """One no-grad forward over every batch: labels in range, outputs and loss finite.
+
+    Every estimator averages over all samples, so one bad sample anywhere turns every
+    result into NaN; found here, it is named. The inputs were checked by the SampleSet.
+    """
+    with model_mode(model, config.bn_mode), torch.no_grad():
+        for batch in samples:
+            top, low = int(batch.y.max()), int(batch.y.min())
+            if top >= classes or low < 0:
+                raise DataError(f"data '{samples.name}' has label {top if top >= classes else low} but the model "
+                                f"has {classes} outputs (labels must be 0..{classes - 1})")
+            out = model(batch.x)
+            _check_finite_outputs(out, per_sample_loss(out, batch.y, spec.loss), batch.first, samples, spec, config)
+
+
+def _check_finite_outputs(out: torch.Tensor, loss: torch.Tensor, first: int, samples: SampleSet,
+                          spec: ModelSpec, config: RunConfig) -> None:
+    bad_out = ~torch.isfinite(out.flatten(1)).all(1)
+    bad = bad_out | ~torch.isfinite(loss)
+    if not bool(bad.any()):
+        return
+    row = int(bad.nonzero()[0])
+    what = "outputs are" if bool(bad_out[row]) else f"loss ({spec.loss.name}) is"
+    raise ModelError(
+        f"{config.checkpoint or spec.arch}: the model's {what} not finite on data '{samples.name}' split "
+        f"'{samples.split}' sample {first + row}, whose inputs are finite: the model overflows "
+        f"{_in_dtype(config)} or its weights are broken"
+    )
+
+
+def _in_dtype(config: RunConfig) -> str:
+    if config.dtype == "float64":
+        return "even in float64"
+    return f"in {config.dtype} (try --dtype float64)"
+
+
+def _check_result(result: ProbeResult, config: RunConfig) -> None:
+    """A NaN or Inf is never a value: the data and the model's outputs passed the finiteness
+    checks, so what overflowed is the probe's curvature in this dtype."""
+    for field in ("value", "stderr"):
+        x = getattr(result, field)
+        if x is not None and not math.isfinite(x):
+            raise ModelError(f"probe {result.probe} gave a non-finite {field} ({x}) though the data, outputs "
+                             f"and loss are finite: its curvature overflows {_in_dtype(config)}")
 
 
 def run(config: RunConfig, progress: ProgressFn | None = None, session: Session | None = None) -> Report:
@@ -145,6 +192,7 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
                 f"probe {request.name} needs {', '.join(sorted(missing))}, which backend {config.backend} lacks"
             )
         results[request.name] = probe.run(ctx, request.options)
+        _check_result(results[request.name], config)
     return Report(meta=_meta(session, started, time.perf_counter() - t0), results=results)
 
 

@@ -6,6 +6,8 @@ time. A data set whose samples differ between passes (random augmentation, a shu
 sampler) breaks that assumption without any visible symptom, so a SampleSet proves the
 contrary: batch 0 is read twice at construction and compared bit for bit, and every
 batch's digest from the first full pass is re-checked on every later streamed pass.
+The first pass also refuses non-finite inputs: it is the one pass that reads every sample,
+and the digests guarantee that later passes read the same finite values.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Batch:
     y: Tensor  # int64 labels, same device
     weight: float  # len(batch) / n: a weighted sum of per-batch means is the mean over all n
     index: int
+    first: int  # index in the data set of the batch's first sample, for naming a bad one
 
 
 class SampleSet:
@@ -91,6 +94,7 @@ class SampleSet:
             x, y = self._read(k)
             if k == 0 and not (_same_bits(first[0], x) and torch.equal(first[1], y)):
                 raise self._changed(0)
+            self._check_finite(k, x)
             self._digests.append(_digest(x, y))
             # fed sample by sample in order, so the fingerprint does not depend on batch size
             hx.update(_bytes(x))
@@ -112,7 +116,7 @@ class SampleSet:
                 if _digest(xc, yc) != self._digests[k]:
                     raise self._changed(k)
                 x, y = self._to_device(xc, yc)
-            yield Batch(x=x, y=y, weight=self._weights[k], index=k)
+            yield Batch(x=x, y=y, weight=self._weights[k], index=k, first=self._range(k).start)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -153,6 +157,17 @@ class SampleSet:
 
     def _to_device(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         return x.to(device=self.device, dtype=self.dtype), y.to(device=self.device)
+
+    def _check_finite(self, k: int, x: Tensor) -> None:
+        # x is the float32 read, the narrowest dtype a run uses, so finite here is finite on the device
+        bad = ~torch.isfinite(x.flatten(1)).all(1)
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0])
+            value = x[row][~torch.isfinite(x[row])][0].item()
+            raise DataError(
+                f"data '{self.name}' split '{self.split}': sample {self._range(k).start + row} has non-finite "
+                f"inputs ({value}); flatcheck needs finite inputs, so fix or drop that sample"
+            )
 
     def _changed(self, k: int) -> DataError:
         return DataError(

@@ -11,11 +11,13 @@ from .result import ProbeResult, Report
 
 
 def fmt(x: float | None, digits: int = 4) -> str:
-    if x is None:
-        return "—"
     if isinstance(x, str):
         return x
-    if x == 0 or not math.isfinite(x):
+    # NaN is no value (api.run refuses one as a headline), so it reads as missing; an
+    # infinite bound or threshold is a value and keeps its sign
+    if x is None or math.isnan(x):
+        return "—"
+    if x == 0 or math.isinf(x):
         return str(x)
     if 1e-3 <= abs(x) < 1e5:
         return f"{x:.{digits}g}"
@@ -61,7 +63,7 @@ def layers_table(r: ProbeResult) -> Table | None:
     table.add_column("share", justify="right")
     total = r.value or 0.0
     for name, part in layers.items():
-        share = f"{100 * part['value'] / total:.1f}%" if total else "—"
+        share = f"{100 * part['value'] / total:.1f}%" if total and not math.isnan(part["value"]) else "—"
         table.add_row(name, f"{part['parameters']:,}", fmt_pm(part["value"], part["stderr"]), share)
     return table
 
