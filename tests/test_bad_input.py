@@ -527,6 +527,201 @@ def test_gap_skips_a_source_serving_train_as_test(tmp_path, monkeypatch):
     assert gap["value"] is None and "same 64 samples" in gap["details"]["skipped"]
 
 
+# ---------------------------------------------------------------- models, specs, checkpoints
+
+import functools  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+
+from test_cli import strip_volatile  # noqa: E402
+
+# The demo CNN with its logits wrapped as a `source: python` model file beside a spec.
+WRAPPED_NET = """
+from flatcheck.zoo.demo_cnn import DigitsCNN
+
+
+class Wrapped(DigitsCNN):
+    def forward(self, x):
+        logits = super().forward(x)
+        return {wrap}
+
+
+def make(num_classes=10):
+    return Wrapped(num_classes=num_classes)
+"""
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    """write(body or wrap=...) -> module name: a model file in tmp_path, forgotten afterwards
+    (an in-process CLI keeps imported modules, and each test's file must be its own)."""
+    names = []
+
+    def write(body: str | None = None, wrap: str = "logits") -> str:
+        name = f"fc_model_{tmp_path.name.replace('-', '_')}_{len(names)}"
+        (tmp_path / f"{name}.py").write_text(body if body is not None else WRAPPED_NET.format(wrap=wrap))
+        names.append(name)
+        return name
+
+    yield write
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+def python_spec(tmp_path: Path, arch: str, append: str = "", name: str = "spec.yaml") -> Path:
+    return spec_copy(tmp_path, "arch: flatcheck.zoo.demo_cnn:DigitsCNN", f"arch: {arch}", append=append, name=name)
+
+
+def results(result) -> dict:
+    assert result.exit_code == 0, result.stderr
+    return strip_volatile(json.loads(result.stdout)["results"])
+
+
+# vᵀHv by forward tangents traces the model with make_fx; the HVP route (per-layer parts) runs it eagerly
+TANGENT = ("--probes", "trace", "-o", "trace.probes_max=4", "-o", "trace.parts=false", "--json", "-", "-q")
+EAGER = ("--layers", "--json", "-", "-q")
+# HF's ModelOutput is a dict whose keys are attributes too; a plain dataclass has .logits
+OUTPUT_TYPES = ("import dataclasses\nimport torch\n\nclass _ModelOutput(dict):\n    __getattr__ = dict.__getitem__\n\n"
+                "@dataclasses.dataclass\nclass _Output:\n    hidden: torch.Tensor\n    logits: torch.Tensor\n")
+
+
+@functools.cache
+def demo_results(*args: str) -> dict:
+    """The demo model's results for these arguments, run once per test session."""
+    return results(probe(*args) if "--probes" in args else trace(*args))
+
+
+@pytest.mark.parametrize(
+    "wrap, key",
+    [
+        ("(logits, x.sum())", None),
+        ("{'scores': logits, 'hidden': x}", None),
+        ("(x, logits)", "1"),
+        ("_ModelOutput(hidden=x, logits=logits)", None),
+        ("_Output(hidden=x, logits=logits)", None),
+    ],
+    ids=["tuple", "dict first tensor", "index", "ModelOutput", "dataclass"],
+)
+def test_structured_forward_output_gives_the_same_results(tmp_path, model_file, wrap, key):
+    name = model_file(OUTPUT_TYPES + WRAPPED_NET.format(wrap=wrap))
+    spec = python_spec(tmp_path, f"{name}:make", append=f"output_key: {key}\n" if key else "")
+    got = results(probe(*TANGENT, spec=spec))
+    assert got["trace"]["details"]["route"] == "vhv_tangent"
+    assert got == demo_results(*TANGENT)
+
+
+def test_tuple_output_keeps_layer_and_parameter_names(tmp_path, model_file):
+    spec = python_spec(tmp_path, f"{model_file(wrap='(logits, x)')}:make")
+    got = results(trace(*EAGER, "--params", "head.*,features.0.*", spec=spec))
+    assert list(got["trace"]["details"]["layers"]) == ["features.0", "head"]
+    assert got == demo_results(*EAGER, "--params", "head.*,features.0.*")
+
+
+@pytest.mark.parametrize(
+    "wrap, key, names",
+    [
+        ("(None, 3)", None, ["spec.yaml", "output_key", "tuple of 2"]),
+        ("{'hidden': x, 'scores': logits}", "logits", ["spec.yaml", "output_key", "'logits'", "hidden, scores"]),
+        ("(logits, x)", "5", ["spec.yaml", "output_key", "5"]),
+        ("logits", "logits", ["spec.yaml", "output_key", "returns a tensor"]),
+    ],
+    ids=["no tensor", "missing key", "index out of range", "key on a tensor"],
+)
+def test_structured_forward_output_refused(tmp_path, model_file, wrap, key, names):
+    spec = python_spec(tmp_path, f"{model_file(wrap=wrap)}:make", append=f"output_key: {key}\n" if key else "")
+    bad(trace(spec=spec), *names)
+
+
+@pytest.mark.parametrize("raised", ["ValueError('width must be even')", "KeyError('depth')", "SystemExit(3)",
+                                    "AssertionError()"])
+def test_python_builder_that_raises(tmp_path, model_file, raised):
+    name = model_file(f"def make(num_classes=10):\n    raise {raised}\n")
+    bad(trace(spec=python_spec(tmp_path, f"{name}:make")), "spec.yaml", "builder", f"{name}:make",
+        raised.partition("(")[0])
+
+
+@pytest.mark.parametrize("arch, kwargs", [("subprocess:getoutput", "cmd"), ("os:system", "command")])
+def test_python_spec_cannot_run_the_standard_library(tmp_path, arch, kwargs):
+    marker = tmp_path / "RAN"
+    spec = python_spec(tmp_path, arch, append=f"kwargs: {{{kwargs}: 'touch {marker}'}}\n")
+    spec.write_text(spec.read_text().replace("num_classes: 10\n", ""))
+    bad(trace(spec=spec), "spec.yaml", "'arch'", arch.partition(":")[0], "--trust-package")
+    assert not marker.exists()
+
+
+def test_python_spec_module_outside_its_folder_is_refused_before_import(tmp_path, monkeypatch):
+    site, marker = tmp_path / "site", tmp_path / "IMPORTED"
+    site.mkdir()
+    name = f"fc_outside_{tmp_path.name.replace('-', '_')}"
+    (site / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                     "from flatcheck.zoo.demo_cnn import DigitsCNN as make\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    spec = python_spec(tmp_path, f"{name}:make")
+    bad(trace(spec=spec), "spec.yaml", name, f"--trust-package {name}")
+    assert not marker.exists(), "the module was imported before it was refused"
+
+    # named by the user, the same module is imported and measured like the demo model
+    assert results(trace("--json", "-", "-q", "--trust-package", name, spec=spec)) == results(trace("--json", "-", "-q"))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("name", ["os;rm", "-x", "a..b", ""])
+def test_trust_package_not_a_package_name(name):
+    bad(trace("--trust-package", name), "--trust-package")
+
+
+def test_integer_dtype_weights(tmp_path, state):
+    sd = dict(state, **{"features.3.weight": state["features.3.weight"].mul(100).round().to(torch.int32)})
+    assert sd["features.1.num_batches_tracked"].dtype == torch.int64  # an integer buffer, which stays fine
+    bad(trace(ckpt=save(tmp_path, sd)), "bad.safetensors", "features.3.weight", "int32")
+
+
+@pytest.mark.parametrize("field, value", [("mean", ".nan"), ("std", ".inf"), ("mean", "-.inf"), ("std", ".NaN")])
+def test_non_finite_normalisation(tmp_path, field, value):
+    other = {"mean": "std", "std": "mean"}[field]
+    spec = spec_copy(tmp_path, append=f"{field}: [{value}]\n{other}: [0.5]\n")
+    bad(trace(spec=spec), "spec.yaml", f"'{field}'", "finite")
+
+
+@pytest.mark.parametrize(
+    "old, new, key",
+    [
+        (None, "num_classes: 100\n", "'num_classes'"),
+        ("loss: cross_entropy\n", "loss:\n  name: mse\n  name: cross_entropy\n", "'name'"),
+    ],
+    ids=["top level", "nested"],
+)
+def test_duplicate_yaml_keys(tmp_path, old, new, key):
+    spec = spec_copy(tmp_path, old, new) if old else spec_copy(tmp_path, append=new)
+    lines = spec.read_text().splitlines()
+    second = max(i for i, text in enumerate(lines, 1) if text.strip().startswith(key.strip("'") + ":"))
+    bad(trace(spec=spec), "spec.yaml", "duplicate key", key, f"line {second}")
+
+
+def test_checkpoint_that_is_a_folder(tmp_path):
+    folder = tmp_path / "run.safetensors"
+    folder.mkdir()
+    bad(trace(ckpt=folder), "run.safetensors", "is a folder")
+
+
+@pytest.mark.parametrize(
+    "write, names",
+    [
+        (lambda p: p.write_text("epoch 101\n"), ["notes.pt", "neither a torch.save archive nor a pickle"]),
+        (lambda p: torch.save(torch.zeros(3), p), ["notes.pt", "not a checkpoint", "single tensor"]),
+        (lambda p: torch.save({"epoch": 101}, p), ["notes.pt", "not a checkpoint", "no tensors", "epoch"]),
+        (lambda p: torch.save({101: "x"}, p), ["notes.pt", "not a checkpoint", "no tensors"]),
+    ],
+    ids=["text", "tensor", "dict without tensors", "int keys"],
+)
+def test_pt_that_is_not_a_checkpoint(tmp_path, write, names):
+    path = tmp_path / "notes.pt"
+    write(path)
+    err = bad(trace(ckpt=path), *names)
+    assert "(101)" not in err and "KeyError" not in err
+
+
 # ---------------------------------------------------------------- CLI, outputs, scans
 # Output paths are checked before any probe runs (never_runs makes a probe that runs fail as
 # an internal error), files are replaced atomically without losing their mode or symlink,

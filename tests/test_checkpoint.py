@@ -144,14 +144,14 @@ def test_truncated_safetensors(tmp_path, weights):
 def test_garbage_bytes(tmp_path, name):
     path = tmp_path / name
     path.write_bytes(b"garbage bytes, definitely not weights\x00\x01")
-    with pytest.raises(CheckpointError, match=r"not a valid .*w\."):
+    with pytest.raises(CheckpointError, match=r"(not a valid safetensors file|not a PyTorch checkpoint): .*w\."):
         load_checkpoint(path)
 
 
 def test_empty_torch_file(tmp_path):
     path = tmp_path / "w.pt"
     path.write_bytes(b"")
-    with pytest.raises(CheckpointError, match="not a valid PyTorch checkpoint"):
+    with pytest.raises(CheckpointError, match="not a PyTorch checkpoint: .*w.pt is neither a torch.save archive nor a pickle"):
         load_checkpoint(path)
 
 
@@ -269,5 +269,60 @@ def test_missing_file(tmp_path):
 def test_no_tensors(tmp_path):
     path = tmp_path / "w.pt"
     torch.save({"epoch": 1, "config": {"lr": 0.1}}, path)
-    with pytest.raises(CheckpointError, match="no tensors found; top-level keys: epoch, config"):
+    with pytest.raises(CheckpointError, match=r"w.pt: not a checkpoint: no tensors found \(top-level keys: epoch, config\)"):
         load_checkpoint(path)
+
+
+def test_integer_weights_refused(model, weights):
+    stored = dict(weights, **{"features.0.weight": weights["features.0.weight"].round().to(torch.int32),
+                              "head.bias": weights["head.bias"].round().to(torch.int64)})
+    with pytest.raises(CheckpointError) as info:
+        apply_state_dict(model, stored, source="q.safetensors")
+    assert str(info.value).startswith(
+        "q.safetensors stores 2 floating-point tensors of the model as integers: "
+        "features.0.weight (int32), head.bias (int64)"
+    )
+
+
+def test_integer_buffers_stay_fine(model, weights):
+    # num_batches_tracked is an int64 buffer in the model too: same kind, nothing to refuse
+    assert weights["features.1.num_batches_tracked"].dtype == torch.int64
+    apply_state_dict(model, weights)
+    assert_loaded(model, weights)
+
+
+def test_folder_is_named_a_folder(tmp_path):
+    folder = tmp_path / "run1.safetensors"
+    folder.mkdir()
+    with pytest.raises(CheckpointError, match=r"checkpoint .*run1.safetensors is a folder, not a file"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize(
+    "obj, says",
+    [
+        (torch.zeros(3, 2), r"not a checkpoint: it holds a single tensor of shape \(3, 2\), where a mapping"),
+        ([torch.zeros(3)], r"not a checkpoint: it holds a list of 1 items, where a mapping"),
+        ({"epoch": 3}, r"not a checkpoint: no tensors found \(top-level keys: epoch\)"),
+        ({101: "x", 7: 1}, r"not a checkpoint: no tensors found \(top-level keys: 101, 7\)"),
+        ({}, r"not a checkpoint: no tensors found \(top-level keys: none\)"),
+    ],
+    ids=["tensor", "list", "dict without tensors", "int keys", "empty dict"],
+)
+def test_pt_that_is_not_a_checkpoint(tmp_path, obj, says):
+    path = tmp_path / "thing.pt"
+    torch.save(obj, path)
+    with pytest.raises(CheckpointError, match=f"thing.pt: {says}"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("content", [b"hello world\n", b"PK\x03\x04 not really a zip", bytes(range(256))])
+def test_bytes_that_are_no_pickle_say_so(tmp_path, content):
+    # the weights-only unpickler reports an unknown opcode byte as a bare KeyError ('101' for "e")
+    path = tmp_path / "notes.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert message == (f"not a PyTorch checkpoint: {path} is neither a torch.save archive nor a pickle; "
+                       f"save the weights with torch.save(model.state_dict()) or use .safetensors")

@@ -121,6 +121,14 @@ def test_loss_spec_in_code():
         ("source: timm\narch: test_vit\nloss: {name: mse, alpha: 0.1}\n", "loss.alpha"),
         ("source: timm\narch: test_vit\nloss: [mse]\n", "'loss'"),
         ("source: timm\narch: test_vit\ncheckpoint: state_dict\n", "'checkpoint'"),
+        ("source: timm\narch: test_vit\nmean: [.nan]\nstd: [1]\n", "'mean'"),
+        ("source: timm\narch: test_vit\nmean: [0.5]\nstd: [.inf]\n", "'std'"),
+        ("source: timm\narch: test_vit\nmean: [-.inf]\nstd: [1]\n", "'mean'"),
+        ("source: timm\narch: test_vit\nmean: [0.5]\nstd: [.NaN]\n", "'std'"),
+        ("source: timm\narch: test_vit\noutput_key: -1\n", "'output_key'"),
+        ("source: timm\narch: test_vit\noutput_key: ''\n", "'output_key'"),
+        ("source: timm\narch: test_vit\noutput_key: true\n", "'output_key'"),
+        ("source: timm\narch: test_vit\noutput_key: [logits]\n", "'output_key'"),
     ],
 )
 def test_field_errors(tmp_path, text, field):
@@ -170,3 +178,67 @@ def test_spec_from_dict_names_model_spec():
 def test_modelspec_defaults_in_code():
     spec = ModelSpec(source="python", arch="m:f")
     assert spec.kwargs == {} and spec.loss == LossSpec() and spec.checkpoint == CheckpointSpec()
+
+
+def test_non_finite_normalisation_says_finite(tmp_path):
+    message = spec_error(tmp_path, "source: timm\narch: test_vit\nmean: [0.5]\nstd: [.inf]\n")
+    assert "field 'std' must be a non-empty list of finite positive numbers, got [inf]" in message
+
+
+@pytest.mark.parametrize("value, expected", [("logits", "logits"), ("' out '", "out"), ("0", 0), ("2", 2), (None, None)])
+def test_output_key(tmp_path, value, expected):
+    text = "source: timm\narch: test_vit\n" + (f"output_key: {value}\n" if value is not None else "")
+    assert load_spec(write(tmp_path, text)).output_key == expected
+
+
+# ---------------------------------------------------------------- duplicate keys
+
+
+@pytest.mark.parametrize(
+    "text, key, line, first",
+    [
+        ("source: timm\narch: test_vit\nnum_classes: 10\nnum_classes: 100\n", "'num_classes'", 4, 3),
+        ("source: timm\narch: a\narch: b\n", "'arch'", 3, 2),
+        ("source: timm\narch: test_vit\nloss:\n  name: mse\n  name: cross_entropy\n", "'name'", 5, 4),
+        ("source: timm\narch: test_vit\nkwargs: {depth: 2, depth: 3}\n", "'depth'", 3, 3),
+    ],
+)
+def test_duplicate_keys_refused(tmp_path, text, key, line, first):
+    message = spec_error(tmp_path, text)
+    assert f"duplicate key {key} at line {line} (first at line {first})" in message
+
+
+def test_yaml_merge_may_override(tmp_path):
+    # `<<: *base` then an explicit key is YAML's override idiom, not a duplicate
+    text = "source: timm\narch: test_vit\nbase: &b {drop_rate: 0.1, depth: 2}\n"
+    from flatcheck.models.yamlfile import load_yaml
+
+    data = load_yaml(text + "kwargs:\n  <<: *b\n  depth: 3\n", "x.yaml")
+    assert data["kwargs"] == {"drop_rate": 0.1, "depth": 3}
+
+
+def test_load_yaml_files_and_error_class(tmp_path):
+    from flatcheck.errors import ConfigError
+    from flatcheck.models.yamlfile import load_yaml
+
+    good = write(tmp_path, "a: 1\n", "good.yaml")
+    assert load_yaml(good, "--config good.yaml", error=ConfigError) == {"a": 1}
+    assert load_yaml(b"a: [1, 2]\n", "bytes") == {"a": [1, 2]}
+    cases = [
+        (write(tmp_path, "a: 1\nb: 2\na: 3\n", "dup.yaml"), "duplicate key 'a' at line 3 (first at line 1)"),
+        (tmp_path / "none.yaml", "file not found"),
+        (tmp_path, "is a folder"),
+        (write(tmp_path, "a: [1\n", "broken.yaml"), "not valid YAML"),
+    ]
+    for source, message in cases:
+        with pytest.raises(ConfigError) as info:
+            load_yaml(source, "--config FILE", error=ConfigError)
+        assert str(info.value).startswith(f"--config FILE: {message}") and "\n" not in str(info.value)
+    (tmp_path / "latin1.yaml").write_bytes(b"a: caf\xe9\n")
+    with pytest.raises(SpecError, match="latin1.yaml: not valid UTF-8"):
+        load_yaml(tmp_path / "latin1.yaml", "latin1.yaml")
+
+
+def test_spec_folder_is_not_a_spec(tmp_path):
+    with pytest.raises(SpecError, match="is a folder"):
+        load_spec(tmp_path)

@@ -79,7 +79,7 @@ def resolve_device(name: str) -> torch.device:
 def open_session(config: RunConfig) -> Session:
     """Load spec, model, checkpoint and data, and check that they fit together."""
     spec = config.spec if isinstance(config.spec, ModelSpec) else load_spec(config.spec)
-    model = build_model(spec)
+    model = build_model(spec, trust_packages=config.trust_packages)
     checkpoint = None
     if config.checkpoint is not None:
         checkpoint = load_checkpoint(config.checkpoint, spec.checkpoint)

@@ -53,6 +53,8 @@ _COMMON: list[tuple[str, Any, Any]] = [
      False),
     ("compile", Annotated[bool, typer.Option("--compile", help="torch.compile the Hessian-vector product "
                                              "(--backend func; falls back to eager if it cannot)")], False),
+    ("trust_packages", Annotated[Optional[list[str]], typer.Option("--trust-package", help="let a 'source: python' "
+                                 "spec import this package (repeatable); a python spec is code")], None),
     ("json_out", Annotated[Optional[str], typer.Option("--json", help="write the JSON report to PATH ('-' = stdout)")],
      None),
     ("quiet", Annotated[bool, typer.Option("--quiet", "-q", help="no progress or warnings on stderr")], False),

@@ -42,6 +42,8 @@ class RunConfig:
     backend: str = "autograd"
     allow_tf32: bool = False
     compile: bool = False  # torch.compile the HVP (func backends)
+    # packages a `source: python` spec may import beyond flatcheck.zoo, timm, torchvision
+    trust_packages: tuple[str, ...] = ()
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -61,10 +63,20 @@ class RunConfig:
             raise ConfigError(f"--seed must be non-negative, got {self.seed}")
         if not self.probes:
             raise ConfigError("no probes requested; see `flatcheck list-probes`")
+        object.__setattr__(self, "trust_packages", _package_names(self.trust_packages))
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+
+def _package_names(names: Any) -> tuple[str, ...]:
+    """--trust-package values (None, a list or a tuple from the CLI) as dotted module names."""
+    names = tuple(names or ())
+    for name in names:
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+            raise ConfigError(f"--trust-package expects a Python package name such as mymodels, got {name!r}")
+    return names
 
 
 def probe_requests(names: str | list[str], options: dict[str, dict[str, Any]] | None = None) -> tuple[ProbeRequest, ...]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import ConfigError, InputError
+from .errors import ConfigError
 from .models.checkpoint import SAFETENSORS_EXTS, TORCH_EXTS
 
 CKPT_EXTS = SAFETENSORS_EXTS + TORCH_EXTS
@@ -195,15 +195,12 @@ def checkpoint_entries(folder: Path) -> list[Entry]:
 
 def parse_kwargs(items: list[str]) -> dict[str, Any]:
     """["img_size=64", "drop_rate=0.1"] → typed values (YAML scalars)."""
-    import yaml
+    from .models.yamlfile import load_yaml
 
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--model-kwargs expects KEY=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise InputError(f"--model-kwargs {item!r}: value is not a YAML scalar") from None
+        out[key.strip()] = load_yaml(value, f"--model-kwargs {item!r}", error=ConfigError)
     return out

@@ -47,6 +47,8 @@ def scan_cmd(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     params: Annotated[Optional[str], typer.Option("--params", help="globs of parameter names to probe")] = None,
     backend: Annotated[str, typer.Option("--backend")] = "autograd",
+    trust_package: Annotated[Optional[list[str]], typer.Option("--trust-package", help="let 'source: python' "
+                                                                "specs import this package (repeatable)")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ):
@@ -68,6 +70,7 @@ def scan_cmd(
             data=data, data_root=data_root, split=split, samples=samples, batch_size=batch_size,
             device=_device_for(device, placement), dtype=dtype, bn_mode=bn_mode, seed=seed,
             params=tuple(p.strip() for p in (params or "").split(",") if p.strip()), backend=backend,
+            trust_packages=trust_package,
         )
         entries = _entries(timm_pattern or [], models_file, checkpoints, pretrained, weights_dir,
                            parse_kwargs(model_kwargs or []), _parse_size(input_size))

@@ -56,6 +56,8 @@ def load_checkpoint(path: str | Path, spec: CheckpointSpec = CheckpointSpec()) -
     `_orig_mod.` prefix carried by every key is removed automatically.
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a folder, not a file; give the checkpoint file inside it")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     suffix = path.suffix.lower()
@@ -102,10 +104,20 @@ def _read_torch(path: Path) -> Any:
                 f"refusing to execute pickled code in {path}; save a plain state_dict or use .safetensors{what}"
             ) from None
         # torch wraps the real reason in paragraphs of advice about weights_only.
-        reason = exc.__cause__ or exc.__context__ or exc
-        raise CheckpointError(f"not a valid PyTorch checkpoint: {path} ({_short(reason)})") from None
+        raise _not_torch(path, exc.__cause__ or exc.__context__ or exc) from None
     except Exception as exc:
-        raise CheckpointError(f"not a valid PyTorch checkpoint: {path} ({_short(exc)})") from None
+        raise _not_torch(path, exc) from None
+
+
+def _not_torch(path: Path, reason: BaseException) -> CheckpointError:
+    # The weights-only unpickler reports a byte it does not know as a bare KeyError
+    # ('101' for a text file), which says nothing to a reader.
+    if not zipfile.is_zipfile(path) and _pickle_ops(path) is None:
+        return CheckpointError(
+            f"not a PyTorch checkpoint: {path} is neither a torch.save archive nor a pickle; "
+            f"save the weights with torch.save(model.state_dict()) or use .safetensors"
+        )
+    return CheckpointError(f"not a valid PyTorch checkpoint: {path} ({_short(reason)})")
 
 
 def _code_in_pickle(path: Path, exc: Exception) -> str | None:
@@ -116,6 +128,14 @@ def _code_in_pickle(path: Path, exc: Exception) -> str | None:
         return found.group(1)
     # The unpickler also rejects opcodes it does not know (protocol 4+ pickles),
     # which hides whether the file would run code. pickletools only parses.
+    ops = _pickle_ops(path)
+    calls = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX"}
+    return "" if ops is not None and ops & calls else None
+
+
+def _pickle_ops(path: Path) -> set[str] | None:
+    """Opcode names of the file's pickle (inside a torch.save zip or bare), or None
+    when there is no pickle to parse."""
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as zf:
@@ -123,16 +143,17 @@ def _code_in_pickle(path: Path, exc: Exception) -> str | None:
                 data = zf.read(name)
         else:
             data = path.read_bytes()
-        ops = {op.name for op, _, _ in pickletools.genops(data)}
+        return {op.name for op, _, _ in pickletools.genops(data)}
     except Exception:
         return None
-    calls = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX"}
-    return "" if ops & calls else None
 
 
 def _select(obj: Any, spec: CheckpointSpec, path: Path) -> dict[str, Tensor]:
     if not isinstance(obj, Mapping):
-        raise CheckpointError(f"{path}: expected a mapping of tensors, found {type(obj).__name__}")
+        raise CheckpointError(
+            f"{path}: not a checkpoint: it holds {_kind(obj)}, where a mapping of parameter names to tensors "
+            f"(a state_dict) was expected"
+        )
     if spec.key:
         found = _walk(obj, spec.key, path)
     else:
@@ -141,7 +162,8 @@ def _select(obj: Any, spec: CheckpointSpec, path: Path) -> dict[str, Tensor]:
     if not tensors:
         where = f"under key {spec.key!r} " if spec.key else ""
         raise CheckpointError(
-            f"{path}: no tensors {where}found; top-level keys: {_preview(list(obj))}; set checkpoint.key"
+            f"{path}: not a checkpoint: no tensors {where}found (top-level keys: {_preview(list(obj)) or 'none'}); "
+            f"if the weights are nested deeper, set checkpoint.key"
         )
     return tensors
 
@@ -216,6 +238,7 @@ def apply_state_dict(model: nn.Module, state_dict: dict[str, Tensor], *, source:
     ]
     if problems:
         raise CheckpointError(f"{source} does not fit the model: " + "; ".join(problems))
+    _refuse_integer_weights(state, expected, source)
 
     # Cast before checking: a float64 value beyond float32's range becomes inf.
     cast = {k: v.detach().to(device="cpu", dtype=expected[k].dtype) for k, v in state.items()}
@@ -229,6 +252,21 @@ def apply_state_dict(model: nn.Module, state_dict: dict[str, Tensor], *, source:
         model.load_state_dict(cast, strict=True)
     except RuntimeError as exc:
         raise CheckpointError(f"{source} could not be loaded: {_short(exc)}") from None
+
+
+def _refuse_integer_weights(state: dict[str, Tensor], expected: dict[str, Tensor], source: str) -> None:
+    """A float tensor of the model stored as integers is quantised or corrupt; casting it
+    would measure a different network. Integer buffers (num_batches_tracked) match in kind."""
+    bad = [
+        f"{k} ({str(state[k].dtype).removeprefix('torch.')})"
+        for k, v in expected.items()
+        if (v.is_floating_point() or v.is_complex()) and not (state[k].is_floating_point() or state[k].is_complex())
+    ]
+    if bad:
+        raise CheckpointError(
+            f"{source} stores {len(bad)} floating-point tensors of the model as integers: {_preview(bad)}; "
+            f"save the float weights (quantised checkpoints are not supported)"
+        )
 
 
 def _fill_tolerated(state: dict[str, Tensor], expected: dict[str, Tensor]) -> None:
@@ -250,13 +288,24 @@ def _fill_tolerated(state: dict[str, Tensor], expected: dict[str, Tensor]) -> No
             state[key] = state[present]
 
 
-def _preview(items: list[str]) -> str:
+def _kind(obj: Any) -> str:
+    if isinstance(obj, Tensor):
+        return f"a single tensor of shape {tuple(obj.shape)}"
+    if isinstance(obj, (list, tuple)):
+        return f"a {type(obj).__name__} of {len(obj)} items"
+    return f"a {type(obj).__name__}"
+
+
+def _preview(items: list) -> str:
+    items = [str(i) for i in items]  # checkpoints may have non-string keys (ints)
     head = ", ".join(items[:_SHOW])
     return head if len(items) <= _SHOW else f"{head}, ... and {len(items) - _SHOW} more"
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    text = " ".join(str(exc).split())
+    # a bare message ("'101'" from a KeyError) only makes sense with its type
+    return text if " " in text else f"{type(exc).__name__}: {text}".rstrip(": ")
 
 
 def _short(exc: BaseException, limit: int = 160) -> str:

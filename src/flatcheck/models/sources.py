@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.machinery
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from flatcheck.data.preprocess import Preprocess
-from flatcheck.errors import SpecError
+from flatcheck.errors import InputError, SpecError
+from flatcheck.models.outputs import attach_output_selector
 from flatcheck.models.spec import ModelSpec
 
 Builder = Callable[[ModelSpec], nn.Module]
@@ -52,14 +56,21 @@ def list_sources() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_model(spec: ModelSpec) -> nn.Module:
-    """Randomly initialised model for `spec`: float32, on CPU, in eval mode."""
+def build_model(spec: ModelSpec, *, trust_packages: Sequence[str] = ()) -> nn.Module:
+    """Randomly initialised model for `spec`: float32, on CPU, in eval mode, whose
+    forward returns plain logits (see `outputs`: names stay as the model has them).
+
+    trust_packages: packages a `source: python` spec may import beyond the
+    built-in TRUSTED_PACKAGES (the --trust-package flag).
+    """
     source = _REGISTRY.get(spec.source)
     if source is None:
         raise SpecError(f"{spec.where}: field 'source' must be one of {', '.join(list_sources())}, got {spec.source!r}")
-    model = source.build(spec)
+    # python is the one source that imports what the spec names, so only it needs the trust list
+    model = _build_python(spec, tuple(trust_packages)) if spec.source == "python" else source.build(spec)
     if not isinstance(model, nn.Module):
         raise SpecError(f"{spec.where}: field 'arch' {spec.arch!r} returned {type(model).__name__}, not a torch.nn.Module")
+    attach_output_selector(model, spec.output_key, spec.where)
     return model.to(device="cpu", dtype=torch.float32).eval()
 
 
@@ -145,8 +156,14 @@ def _construct(spec: ModelSpec, fn: Callable[..., nn.Module], **fixed) -> nn.Mod
         fixed["num_classes"] = spec.num_classes
     try:
         return fn(**fixed, **spec.kwargs)
+    except InputError:
+        raise
     except TypeError as exc:
         raise SpecError(f"{spec.where}: fields 'kwargs'/'num_classes' rejected by {spec.arch!r} ({_one_line(exc)})") from None
+    # The builder is the user's code (or a library's, fed the user's kwargs): whatever it
+    # raises, even sys.exit, is a spec that cannot be built, not a flatcheck bug.
+    except (Exception, SystemExit) as exc:
+        raise SpecError(f"{spec.where}: field 'arch': builder {spec.arch!r} failed ({_one_line(exc)})") from None
 
 
 def _unknown_arch(spec: ModelSpec, known: list[str]) -> SpecError:
@@ -219,33 +236,121 @@ def _build_torchvision(spec: ModelSpec) -> nn.Module:
 
 # --- python -----------------------------------------------------------------
 
+# Importing a module runs its code, so a `source: python` spec may name only these
+# (and their submodules), a file in the spec's own folder, or a --trust-package.
+TRUSTED_PACKAGES = ("flatcheck.zoo", "timm", "torchvision")
+
 
 @register_source("python")
-def _build_python(spec: ModelSpec) -> nn.Module:
-    return _construct(spec, _import_callable(spec))
+def _build_python_untrusted(spec: ModelSpec) -> nn.Module:
+    return _build_python(spec, ())
 
 
-def _import_callable(spec: ModelSpec) -> Callable[..., nn.Module]:
+def _build_python(spec: ModelSpec, trust_packages: tuple[str, ...]) -> nn.Module:
+    return _construct(spec, _import_callable(spec, _ImportPolicy.of(spec, trust_packages)))
+
+
+@dataclass(frozen=True)
+class _ImportPolicy:
+    """What `arch: MODULE:CALLABLE` may import, decided from names alone.
+
+    MODULE is looked up first as MODULE.py (or a package folder) in the spec's
+    own folder; otherwise it must lie in a trusted package. A spec embedded in a
+    checkpoint has no folder of its own and trusts only --trust-package names.
+    """
+
+    where: str
+    folder: Path | None
+    packages: tuple[str, ...]
+    embedded: bool
+
+    @classmethod
+    def of(cls, spec: ModelSpec, trust_packages: tuple[str, ...]) -> "_ImportPolicy":
+        if spec.embedded:
+            return cls(spec.where, None, trust_packages, True)
+        folder = spec.path.resolve().parent if spec.path is not None else None
+        return cls(spec.where, folder, (*TRUSTED_PACKAGES, *trust_packages), False)
+
+    def trusted_name(self, name: str) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in self.packages)
+
+    def local(self, name: str) -> bool:
+        """Whether MODULE's top-level name is a file or package in the spec's folder."""
+        if self.folder is None:
+            return False
+        return importlib.machinery.PathFinder.find_spec(name.partition(".")[0], [str(self.folder)]) is not None
+
+    def loaded_from_folder(self, module: ModuleType) -> bool:
+        file = getattr(module, "__file__", None)
+        return self.folder is not None and file is not None and Path(file).resolve().is_relative_to(self.folder)
+
+    def check_module_name(self, name: str) -> None:
+        """Refuse, before any import, a module the spec may not run."""
+        if self.local(name):
+            loaded = sys.modules.get(name.partition(".")[0])
+            if loaded is not None and not self.loaded_from_folder(loaded):
+                raise SpecError(
+                    f"{self.where}: field 'arch': module {name!r} in the spec's folder has the name of one "
+                    f"already loaded from elsewhere ({getattr(loaded, '__file__', None) or 'built in'}); rename the file"
+                )
+            return
+        if self.trusted_name(name):
+            return
+        top = name.partition(".")[0]
+        if self.embedded:
+            raise SpecError(
+                f"{self.where}: field 'arch': a spec embedded in a checkpoint names python module {name!r}; "
+                f"refusing to import it (a python spec runs code): pass --trust-package {top} if you trust it"
+            )
+        raise SpecError(
+            f"{self.where}: field 'arch': refusing to import {name!r} (a python spec runs code): only a .py file "
+            f"in the spec's folder, {', '.join(TRUSTED_PACKAGES)} or a --trust-package are imported; "
+            f"pass --trust-package {top} if you trust it"
+        )
+
+    def check_callable(self, target: Any, arch: str) -> None:
+        """Refuse a callable defined outside what may run, though reached through an allowed
+        module: `mymodel:os.system` or a trusted file's `from subprocess import getoutput`."""
+        name = getattr(target, "__module__", None)
+        name = name if isinstance(name, str) else ""
+        module = sys.modules.get(name)
+        if self.trusted_name(name) or (module is not None and self.loaded_from_folder(module)):
+            return
+        raise SpecError(
+            f"{self.where}: field 'arch': {arch!r} is defined in module {name or 'unknown'!r}, which is not "
+            f"trusted (a python spec runs code); pass --trust-package {name.partition('.')[0] or 'NAME'} "
+            f"if you trust it"
+        )
+
+
+def _import_callable(spec: ModelSpec, policy: _ImportPolicy) -> Callable[..., nn.Module]:
     module_name, _, attr_path = spec.arch.partition(":")
     if not module_name or not attr_path:
         raise SpecError(f"{spec.where}: field 'arch' must be 'module.path:callable', got {spec.arch!r}")
+    policy.check_module_name(module_name)
+    module = _import(spec, module_name, policy)
+    target: Any = module
+    for part in attr_path.split("."):
+        # dunders reach interpreter internals (__builtins__, __globals__) rather than a model
+        if part.startswith("__") or not hasattr(target, part):
+            raise SpecError(f"{spec.where}: field 'arch': module {module_name!r} has no attribute {attr_path!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise SpecError(f"{spec.where}: field 'arch': {spec.arch!r} is not callable")
+    policy.check_callable(target, spec.arch)
+    return target
+
+
+def _import(spec: ModelSpec, module_name: str, policy: _ImportPolicy) -> ModuleType:
     # A model file kept next to its spec must import without installing it.
-    extra = str(spec.path.resolve().parent) if spec.path is not None else None
+    extra = str(policy.folder) if policy.local(module_name) else None
     added = extra is not None and extra not in sys.path
     if added:
         sys.path.insert(0, extra)
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except Exception as exc:  # user code: any failure is a spec problem
         raise SpecError(f"{spec.where}: field 'arch': cannot import {module_name!r} ({_one_line(exc)})") from None
     finally:
         if added:
             sys.path.remove(extra)
-    target = module
-    for part in attr_path.split("."):
-        if not hasattr(target, part):
-            raise SpecError(f"{spec.where}: field 'arch': module {module_name!r} has no attribute {attr_path!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise SpecError(f"{spec.where}: field 'arch': {spec.arch!r} is not callable")
-    return target

@@ -8,13 +8,13 @@ naming the file and the field.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from flatcheck.errors import SpecError
+from flatcheck.models.yamlfile import load_yaml
 
 LOSSES = ("cross_entropy", "mse", "sigmoid_mse", "label_smoothing")
 SOURCES = ("timm", "torchvision", "python")
@@ -22,7 +22,7 @@ DEFAULT_LABEL_SMOOTHING = 0.1
 
 _TOP_FIELDS = (
     "source", "arch", "kwargs", "num_classes", "input_size",
-    "mean", "std", "loss", "head", "checkpoint",
+    "mean", "std", "loss", "head", "checkpoint", "output_key",
 )
 _LOSS_FIELDS = ("name", "alpha")
 _CHECKPOINT_FIELDS = ("key", "strip_prefix")
@@ -83,8 +83,12 @@ class ModelSpec:
     loss: LossSpec = field(default_factory=LossSpec)
     head: str | None = None
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    output_key: str | int | None = None  # which part of a structured forward output is the logits
     path: Path | None = None
     sha256: str | None = None
+    # Came inside a checkpoint rather than from a file the user chose: its
+    # `source: python` may only import packages named with --trust-package.
+    embedded: bool = False
 
     @property
     def where(self) -> str:
@@ -92,27 +96,29 @@ class ModelSpec:
         return str(self.path) if self.path is not None else "model spec"
 
 
-def load_spec(path: str | Path) -> ModelSpec:
-    """Read and validate a YAML model spec."""
+def load_spec(path: str | Path, *, embedded: bool = False) -> ModelSpec:
+    """Read and validate a YAML model spec (duplicate keys refused)."""
     path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"{path}: model spec is a folder; give the YAML file")
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise SpecError(f"{path}: model spec not found") from None
     except OSError as exc:
         raise SpecError(f"{path}: cannot read model spec ({exc.strerror or exc})") from None
-    try:
-        data = yaml.safe_load(raw.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        detail = " ".join(str(exc).split())
-        raise SpecError(f"{path}: not valid YAML ({detail})") from None
-    return spec_from_dict(data, path=path, sha256=hashlib.sha256(raw).hexdigest())
+    data = load_yaml(raw, str(path))
+    return spec_from_dict(data, path=path, sha256=hashlib.sha256(raw).hexdigest(), embedded=embedded)
 
 
 def spec_from_dict(
-    data: Any, *, path: Path | None = None, sha256: str | None = None
+    data: Any, *, path: Path | None = None, sha256: str | None = None, embedded: bool = False
 ) -> ModelSpec:
-    """Validate a parsed spec. `path` only labels error messages and the result."""
+    """Validate a parsed spec. `path` only labels error messages and the result.
+
+    embedded=True marks a spec that travelled inside a checkpoint: building it
+    never imports Python code the user did not name with --trust-package.
+    """
     where = str(path) if path is not None else "model spec"
     v = _Validator(where)
     if not isinstance(data, Mapping):
@@ -148,8 +154,10 @@ def spec_from_dict(
         loss=v.loss(data.get("loss")),
         head=v.optional_string(data.get("head"), "head"),
         checkpoint=v.checkpoint(data.get("checkpoint")),
+        output_key=v.output_key(data.get("output_key")),
         path=path,
         sha256=sha256,
+        embedded=embedded,
     )
 
 
@@ -214,11 +222,12 @@ class _Validator:
     def floats(self, value: Any, name: str, *, positive: bool) -> tuple[float, ...] | None:
         if value is None:
             return None
-        expected = "a non-empty list of positive numbers" if positive else "a non-empty list of numbers"
+        expected = "a non-empty list of finite positive numbers" if positive else "a non-empty list of finite numbers"
         if not isinstance(value, (list, tuple)) or not value:
             raise self.fail(name, expected, value)
         for item in value:
-            if isinstance(item, bool) or not isinstance(item, (int, float)):
+            # YAML's .nan and .inf are floats; they would normalise every input to NaN.
+            if isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item):
                 raise self.fail(name, expected, value)
             if positive and not item > 0:
                 raise self.fail(name, expected, value)
@@ -240,6 +249,15 @@ class _Validator:
                 f"{self.where}: field 'mean' must have {input_size[0]} values (one per channel "
                 f"of input_size {list(input_size)}), got {len(mean)}"
             )
+
+    def output_key(self, value: Any) -> str | int | None:
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        raise self.fail("output_key", "a key or attribute name, or a non-negative index", value)
 
     def kwargs(self, value: Any) -> dict:
         if value is None:
