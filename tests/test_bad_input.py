@@ -895,3 +895,82 @@ def test_ctrl_c_at_any_moment(exe, when):
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and stderr.splitlines()[-1] == "interrupted", stderr
     assert stdout == ""
+
+
+# ---------------------------------------------------------------- non-finite values
+# One bad sample after the first batch (SMALL cuts 64 samples into two batches of 32): only
+# the first batch used to be checked, so it gave "Tr(H) = nan ± nan", exit 0.
+
+LATER = 40
+
+OVERFLOW_NET = """
+from torch import nn
+
+
+def make(num_classes=10):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))
+"""
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_non_finite_input_in_a_later_sample_is_the_datas_fault(tmp_path, value):
+    x, y = digit_images()
+    x = x.astype(np.float32) / np.float32(255)
+    x[LATER, 3, 3] = value
+    uri = write_npz(tmp_path / "holes.npz", x, y)
+    bad(trace("--data", uri), uri, "split 'train'", f"sample {LATER} ", "non-finite inputs", f"({value})")
+
+
+@pytest.mark.parametrize(
+    "loss, weight, names",
+    [("cross_entropy", 1e38, ["outputs are not finite"]), ("mse", 1e20, ["loss (mse) is not finite"])],
+    ids=["outputs", "loss"],
+)
+def test_model_that_overflows_on_a_later_sample(tmp_path, model_file, loss, weight, names):
+    # four weights on four pixels that are dark in every image but one: finite float32 weights
+    # and inputs whose logit (4e38) or squared error (8e40) is not
+    x, y = digit_images()
+    x[:, 0, :4] = 0
+    x[LATER, 0, :4] = 255
+    uri = write_npz(tmp_path / "digits.npz", x, y)
+    w = torch.zeros(10, 64)
+    w[0, :4] = weight
+    ckpt = save(tmp_path, {"1.weight": w, "1.bias": torch.zeros(10)})
+    spec = tmp_path / "overflow.yaml"
+    spec.write_text(f"source: python\narch: {model_file(OVERFLOW_NET)}:make\nnum_classes: 10\n"
+                    f"input_size: [1, 8, 8]\nloss: {loss}\n", encoding="utf-8")
+    result = trace("--data", uri, ckpt=ckpt, spec=spec)
+    bad(result, str(ckpt), *names, f"data '{uri}' split 'train' sample {LATER},", "--dtype float64")
+
+
+def corrupt_trace(monkeypatch, details: dict | None = None, **fields) -> None:
+    """TraceProbe's own result with `fields` replaced and `details` merged in."""
+    import dataclasses
+
+    from flatcheck.probes.trace import TraceProbe
+
+    honest = TraceProbe.run
+
+    def run(self, ctx, options):
+        r = honest(self, ctx, options)
+        return dataclasses.replace(r, details={**r.details, **(details or {})}, **fields)
+
+    monkeypatch.setattr(TraceProbe, "run", run)
+
+
+@pytest.mark.parametrize("field, value", [("value", float("nan")), ("stderr", float("inf"))])
+def test_probe_with_a_non_finite_result(monkeypatch, field, value):
+    corrupt_trace(monkeypatch, **{field: value})
+    bad(trace("--json", "-"), f"probe trace gave a non-finite {field} ({value})", "--dtype float64")
+
+
+def test_json_has_null_where_a_detail_is_not_finite(monkeypatch):
+    corrupt_trace(monkeypatch, details={"ratio": float("nan"), "bounds": [float("-inf"), 1.0]})
+    result = trace("--json", "-", "--quiet")
+    assert result.exit_code == 0, result.stderr
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in JSON")
+
+    details = json.loads(result.stdout, parse_constant=refuse)["results"]["trace"]["details"]
+    assert details["ratio"] is None and details["bounds"] == [None, 1.0]
