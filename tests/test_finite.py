@@ -179,3 +179,17 @@ def _meta() -> dict:
     return {"model": {"arch": "a", "probed_parameters": 1, "loss": "cross_entropy"}, "bn_mode": "eval",
             "device": "cpu", "dtype": "float32", "seed": 0,
             "data": {"name": "d", "split": "train", "samples": 1}}
+
+
+def test_report_summary_of_an_old_nan_report_writes_null(tmp_path):
+    from test_cli import invoke
+    from test_report import record, write_jsonl
+
+    recs = [record(f"m{i}", float(i + 1), float(i * i)) for i in range(4)]
+    recs[2]["results"]["sharp"].update(value="nan", stderr="inf")  # as schema-1 reports wrote them
+    res = invoke("report", write_jsonl(tmp_path / "old.jsonl", recs), "--x", "sharp", "--y", "mls.normalized",
+                 "--json", "-", "--bootstrap", "100")
+    assert res.exit_code == 0, res.stderr
+    models = {m["model"]: m for m in json.loads(res.stdout, parse_constant=refuse)["models"]}
+    assert models["m2"]["values"]["sharp"] == {"value": None, "stderr": None}
+    assert models["m1"]["values"]["sharp"] == {"value": 2.0, "stderr": pytest.approx(0.2)}

@@ -102,9 +102,10 @@ def _row(record: dict[str, Any], columns: list[str]) -> dict[str, Any]:
 
 
 def _json_num(v):
+    # an old report's "nan" string is read as NaN; written back it is null, never a string
     if v is None:
         return None
-    return v if math.isfinite(v) else str(v)
+    return v if math.isfinite(v) else None
 
 
 def _finite(row, col) -> float | None:
