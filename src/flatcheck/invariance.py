@@ -4,7 +4,7 @@ predictions did not change, run the probes again, and say which numbers moved.""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.table import Table
 
 from .api import ProgressFn, open_session, run
-from .backends import create_backend
 from .config import RunConfig
 from .report.render import fmt, fmt_pm, header
 from .report.result import ProbeResult, Report
@@ -115,9 +114,8 @@ def check_invariance(config: RunConfig, alpha: float, layer: str | None = None,
     original = run(config, progress, session=session)
     before = _logits(session.backend)
 
+    # the same backend: its kept graphs see the rescaled weights' new versions and are rebuilt
     apply_rescaling(session.model, rescaling)
-    # a fresh backend: the reference backend caches the first-order graph of a single batch
-    session = replace(session, backend=create_backend(config.backend, session.backend.problem))
     after = _logits(session.backend)
     rescaled = run(config, progress, session=session)
 

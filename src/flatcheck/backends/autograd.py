@@ -23,6 +23,7 @@ from ..losses import apply_output_hessian, output_hessian_factors, per_sample_lo
 from .base import GGNTrace, Problem, model_mode, register_backend
 from .persample import layer_sqnorms
 from .quadform import QuadraticForms
+from .state import ModelState
 
 # Memory allowed for one chunk of per-sample gradients in the exact GGN trace.
 _PER_SAMPLE_BYTES = 256 * 2**20
@@ -41,14 +42,21 @@ class AutogradBackend:
         self.problem = problem
         self.per_sample = per_sample  # "layers" or "vmap": how the exact GGN trace gets ‖J_nᵀu‖²
         self._params = problem.layout.params(problem.model)
-        # first-order graphs and vᵀHv primals of batches 0, 1, … kept across calls, one budget
-        pool = _Pool()
+        # first-order graphs and vᵀHv primals of batches 0, 1, … kept across calls: one
+        # memory budget, and dropped together when a weight or buffer they saved moves
+        self.state = ModelState(problem.model)
+        self.state.register(self._refresh_params)
+        pool = _Pool(self.state)
         self._graph_cache = _KeptPrefix(pool)
         self._primal_cache = _KeptPrefix(pool)
         self._quadforms: QuadraticForms | None = None
         self.vhv_error: str | None = None  # why vhv fell back to the HVP route, if it did
 
     # -- helpers -------------------------------------------------------------------------
+    def _refresh_params(self) -> None:
+        """A parameter replaced by another tensor (not written in place) is read anew."""
+        self._params = self.problem.layout.params(self.problem.model)
+
     def _mode(self):
         return model_mode(self.problem.model, self.problem.bn_mode)
 
@@ -305,10 +313,12 @@ def _or_zeros(g: Tensor | None, like: Tensor) -> Tensor:
 
 
 class _Pool:
-    """Bytes held by the kept per-batch state of one backend, against GRAPH_CACHE_BYTES."""
+    """The kept per-batch state of one backend: the bytes it holds, against
+    GRAPH_CACHE_BYTES, and the model state it was built on."""
 
-    def __init__(self):
+    def __init__(self, state: ModelState):
         self.used = 0
+        self.state = state
 
 
 class _KeptPrefix:
@@ -324,9 +334,11 @@ class _KeptPrefix:
         self.items: list = []
         self.bytes = 0
         self.passes = 0
+        pool.state.register(self.clear)
 
     def each(self, samples, build: Callable) -> Iterator:
         """build(batch) → (item, bytes it holds); yields every batch's item, kept or rebuilt."""
+        self.pool.state.check()
         self.passes += 1
         n = samples.num_batches
         yield from self.items

@@ -137,7 +137,9 @@ class QuadraticForms:
     def primal(self, x: Tensor, y: Tensor) -> "Primal":
         """The batch-mean loss's forward and adjoints on (x, y); the caller holds the model mode."""
         chosen, frozen = self.problem.split_params()
-        key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype)
+        # parameters and buffers are the graph's inputs, not constants in it: a graph stays
+        # valid when weights are rewritten, and is traced again when a shape, dtype or device changes
+        key = tuple((n, t.shape, t.dtype, t.device) for n, t in [*chosen.items(), *frozen.items(), ("x", x), ("y", y)])
         if key not in self._graphs:
             gm, frozen_names = trace_loss(self.problem, x, y)
             self._graphs[key] = (Plan(gm, len(chosen)), frozen_names)

@@ -1,0 +1,57 @@
+"""The one owner of "did the model change since this was built?" for a backend's caches.
+
+A backend keeps per-batch state across products (first-order graphs, vᵀHv primals) that
+saved the model's tensors as they were when it was built. Whatever rewrites a weight or a
+buffer in place (adaptive-sharpness's perturbations, an invariance rescaling), even to
+copy the saved values back bit for bit, bumps that tensor's version counter; a kept graph
+is then refused by autograd ("modified by an inplace operation"), and a kept value would
+be read stale. So that code that perturbs the model need not know which caches exist,
+every cache registers with a `ModelState` and calls `check()` before reusing anything;
+`check()` drops every registered cache when a tensor moved.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Hashable
+
+from torch import nn
+
+
+def fingerprint(model: nn.Module) -> tuple[Hashable, ...]:
+    """Per parameter and buffer: which tensor it is, where its storage lies, how often it
+    was written in place and whether it takes gradients. Version counters catch writes
+    through the tensor or any view of it (copy_, mul_, an optimiser step); the storage
+    address and identity catch a tensor replaced or moved (`module.weight = …`, `.to()`,
+    `p.data = …`). A write through `p.data` (a detached alias with its own counter) is
+    invisible here, as it is to autograd itself.
+    """
+    tensors = itertools.chain(model.named_parameters(), model.named_buffers())
+    return tuple((name, id(t), t.data_ptr(), t._version, t.requires_grad) for name, t in tensors)
+
+
+class ModelState:
+    """Drops the registered caches whenever the model's tensors differ from those the
+    caches were built on."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self._drops: list[Callable[[], None]] = []
+        self._seen: tuple[Hashable, ...] | None = None
+
+    def register(self, drop: Callable[[], None]) -> None:
+        """`drop()` empties one cache; it runs on every change `check()` finds."""
+        self._drops.append(drop)
+
+    def check(self) -> bool:
+        """Call before reading any cached item and before building new ones: True (and the
+        caches emptied) when the model moved since the last call."""
+        now = fingerprint(self.model)
+        if now == self._seen:
+            return False
+        changed = self._seen is not None
+        self._seen = now
+        if changed:
+            for drop in self._drops:
+                drop()
+        return changed
