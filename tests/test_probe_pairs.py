@@ -19,6 +19,7 @@ rewrites the weights must match bitwise: it runs the same kernels on the same bi
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from torch import nn
 from conftest import dense, make_case
 from flatcheck.api import open_session, run
 from flatcheck.config import RunConfig, probe_requests
+from flatcheck.head import head_batches, resolve_head
+from flatcheck.inputjac import iter_rows
 from flatcheck.probes.registry import list_probes
 from flatcheck.report.result import ProbeResult
 
@@ -206,3 +209,19 @@ def test_kept_graphs_and_primals_follow_the_model(how, one_thread):
         for k, t in case.model.state_dict().items():
             t.copy_(saved[k])  # back bit for bit, which bumps every version once more
     assert torch.equal(b.hvp(V), hv) and torch.equal(b.vhv(V), vhv)
+
+
+def test_a_caller_that_stops_early_leaves_no_mode_or_hook_behind():
+    """The per-batch streams probes iterate (outputs, the head's features, input Jacobian
+    rows) switch BatchNorm, gradients and hooks for each forward only: suspended between
+    batches, as a probe that raises or stops early leaves them, the model is as it was."""
+    cfg = dataclasses.replace(config(["gini"]), bn_mode="train")
+    session = open_session(cfg)
+    before = snapshot(session.model)
+    backend = session.backend
+    head = resolve_head(session.model, session.spec, None)
+    streams = {"outputs": iter(backend.outputs()), "head_batches": head_batches(backend, head),
+               "iter_rows": iter_rows(backend.problem, "logits", [], tap_outputs=False)}
+    for name, stream in streams.items():
+        next(stream)
+        assert_intact(session.model, before, f"{name} suspended")

@@ -104,15 +104,20 @@ def head_batches(backend: Backend, head: Head) -> Iterator[HeadBatch]:
     The forwards are the backend's own `outputs()`, so model mode (dropout off, BatchNorm
     statistics) is exactly the one every other probe sees.
     """
-    with _capture_input(head.module) as seen:
-        for logits, y, weight in backend.outputs():
-            if len(seen) != 1:
-                raise HeadError(f"head {head.name!r} ran {len(seen)} times in one forward; the closed forms "
-                                "need it applied once per sample (set 'head' in the spec to the final layer)")
-            raw = seen.pop()
-            phi, spread, positions = _features(head, raw)
-            check_affine(head, phi, spread, positions, logits)
-            yield HeadBatch(phi, logits, y, weight)
+    outputs = iter(backend.outputs())
+    while True:
+        # hooked for one forward at a time: no hook outlives a caller that stops early
+        with _capture_input(head.module) as seen:
+            item = next(outputs, None)
+        if item is None:
+            return
+        logits, y, weight = item
+        if len(seen) != 1:
+            raise HeadError(f"head {head.name!r} ran {len(seen)} times in one forward; the closed forms "
+                            "need it applied once per sample (set 'head' in the spec to the final layer)")
+        phi, spread, positions = _features(head, seen[0])
+        check_affine(head, phi, spread, positions, logits)
+        yield HeadBatch(phi, logits, y, weight)
 
 
 def _features(head: Head, raw: Tensor) -> tuple[Tensor, Tensor, int]:

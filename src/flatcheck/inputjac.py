@@ -227,18 +227,19 @@ def iter_rows(problem, output: Output, taps: list[tuple[str, nn.Module]], tap_ou
     Runs under the problem's model mode; the caller has checked `require_independent`.
     """
     per_sample = None
-    with model_mode(problem.model, problem.bn_mode):
-        for i, batch in enumerate(problem.samples):
-            start = 0
-            while start < batch.x.shape[0]:
-                # the first chunk is one sample, which measures the per-sample size of all rows
-                step = 1 if per_sample is None else next(sample_chunks(batch.x.shape[0] - start, per_sample, 8)).stop
-                x, y = batch.x[start:start + step], batch.y[start:start + step]
+    for i, batch in enumerate(problem.samples):
+        start = 0
+        while start < batch.x.shape[0]:
+            # the first chunk is one sample, which measures the per-sample size of all rows
+            step = 1 if per_sample is None else next(sample_chunks(batch.x.shape[0] - start, per_sample, 8)).stop
+            x, y = batch.x[start:start + step], batch.y[start:start + step]
+            # held for the forward only, not across the yield (see AutogradBackend.outputs)
+            with model_mode(problem.model, problem.bn_mode):
                 rows = jacobian_rows(problem.model, x, output, taps, tap_outputs)
-                if per_sample is None:
-                    per_sample = rows.dx[0].numel() + sum(
-                        t.dh[0].numel() + (t.dz[0].numel() if t.dz is not None else 0) for t in rows.taps)
-                yield x, y, rows
-                start += step
-            if progress is not None:
-                progress(i + 1, problem.samples.num_batches)
+            if per_sample is None:
+                per_sample = rows.dx[0].numel() + sum(
+                    t.dh[0].numel() + (t.dz[0].numel() if t.dz is not None else 0) for t in rows.taps)
+            yield x, y, rows
+            start += step
+        if progress is not None:
+            progress(i + 1, problem.samples.num_batches)

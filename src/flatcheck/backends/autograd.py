@@ -303,9 +303,13 @@ class AutogradBackend:
         return torch.stack(rows)
 
     def outputs(self) -> Iterator[tuple[Tensor, Tensor, float]]:
-        with self._mode(), torch.no_grad():
-            for batch in self.problem.samples:
-                yield self.problem.model(batch.x), batch.y, batch.weight
+        # the mode is held for each forward only, never across a yield: a caller that stops
+        # early, or raises between batches, must not be left with BatchNorm switched or
+        # gradients off
+        for batch in self.problem.samples:
+            with self._mode(), torch.no_grad():
+                logits = self.problem.model(batch.x)
+            yield logits, batch.y, batch.weight
 
 
 def _or_zeros(g: Tensor | None, like: Tensor) -> Tensor:
