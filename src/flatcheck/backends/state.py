@@ -43,15 +43,14 @@ class ModelState:
         """`drop()` empties one cache; it runs on every change `check()` finds."""
         self._drops.append(drop)
 
-    def check(self) -> bool:
-        """Call before reading any cached item and before building new ones: True (and the
-        caches emptied) when the model moved since the last call."""
+    def check(self) -> None:
+        """Call before reading any cached item and before building new ones; empties the
+        caches when the model moved since the last call."""
         now = fingerprint(self.model)
         if now == self._seen:
-            return False
+            return
         changed = self._seen is not None
         self._seen = now
         if changed:
             for drop in self._drops:
                 drop()
-        return changed
