@@ -109,7 +109,8 @@ def open_session(config: RunConfig) -> Session:
 
 
 def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig) -> int:
-    """The class count, from a forward of the first batch that checks shapes; then every batch is checked."""
+    """The model's class count, read from a forward of the first batch that checks shapes,
+    with clear errors; then every batch is checked (`_check_batches`)."""
     batch = next(iter(samples))
     try:
         with model_mode(model, config.bn_mode), torch.no_grad():
