@@ -820,6 +820,73 @@ def test_json_through_a_symlink_writes_its_target(tmp_path):
     assert os.listdir(tmp_path / "runs") == ["report.json"]  # no temporary file left beside it
 
 
+# -- two scans, one --out
+
+
+def scan_subprocess(*args) -> subprocess.Popen:
+    from test_scan import FAST, subprocess_env
+
+    return subprocess.Popen([sys.executable, "-m", "flatcheck", "scan", *FAST, *map(str, args)], cwd=ROOT,
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_records(out: Path, count: int, proc: subprocess.Popen) -> None:
+    deadline = time.time() + 120
+    while (out.read_bytes().count(b"\n") if out.exists() else 0) < count:
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "timed out"
+        time.sleep(0.02)
+
+
+def test_second_scan_on_the_same_out_is_refused_and_sigkill_leaves_no_lock(tmp_path):
+    from test_scan import CHEAP, lines, models_file, scan
+
+    out = tmp_path / "scan.jsonl"
+    names = CHEAP[:2]
+    mf = models_file(tmp_path, names)
+    holder = scan_subprocess("--models-file", mf, "--probes", "gini", "--out", out)
+    try:
+        wait_for_records(out, 1, holder)
+        holder.send_signal(signal.SIGSTOP)  # mid-scan, holding the file, for as long as this test needs
+        before = out.read_bytes()
+        # the same command again, as a second terminal or a resubmitted job would run it
+        bad(scan("--models-file", mf, "--probes", "gini", "--out", out, "--resume"), "--out", str(out),
+            "another scan")
+        assert out.read_bytes() == before
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=60)
+    finally:
+        holder.kill()
+        holder.communicate()
+    res = scan("--models-file", mf, "--probes", "gini", "--out", out, "--resume")
+    assert res.exit_code == 0, res.stderr
+    assert [r["model"] for r in lines(out)] == names  # each model once: nothing written twice
+
+
+HOLD = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)")
+
+
+def test_scan_lock_is_per_rank_shard(tmp_path, monkeypatch):
+    """torchrun ranks and job-array shards write OUT.rankN each: holding one blocks no other."""
+    from test_scan import lines, scan
+
+    out = tmp_path / "scan.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out.with_name("scan.jsonl.rank0"))],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", "0")
+        bad(scan("--timm", "test_resnet", "--probes", "gini", "--out", out), "scan.jsonl.rank0", "another scan")
+        monkeypatch.setenv("RANK", "1")
+        res = scan("--timm", "test_resnet", "--timm", "test_vit", "--probes", "gini", "--out", out)
+        assert res.exit_code == 0, res.stderr
+        assert [r["model"] for r in lines(out.with_name("scan.jsonl.rank1"))] == ["test_vit"]
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
 # -- lmax --k
 
 

@@ -7,6 +7,7 @@ partial line; readers ignore it and `repair_tail` cuts it off before appending a
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import math
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import InputError
+from .errors import ConfigError, InputError
 
 SHARD_SUFFIX = ".rank"  # scan.jsonl.rank0, scan.jsonl.rank1 … one per torchrun rank
 
@@ -24,17 +25,61 @@ def shard_path(out: Path, rank: int, world_size: int) -> Path:
     return out if world_size <= 1 else out.with_name(f"{out.name}{SHARD_SUFFIX}{rank}")
 
 
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line durably; one os.write so that no reader sees half a record."""
+def write_record(fd: int, record: dict[str, Any], path: Path) -> None:
+    """One os.write of a whole line, then fsync, so that no reader sees half a record."""
     line = (json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        written = os.write(fd, line)
-        if written != len(line):  # a full disk; the next repair_tail drops the fragment
-            raise OSError(f"short write to {path} ({written} of {len(line)} bytes)")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    written = os.write(fd, line)
+    if written != len(line):  # a full disk; the next repair_tail drops the fragment
+        raise OSError(f"short write to {path} ({written} of {len(line)} bytes)")
+    os.fsync(fd)
+
+
+class HeldOutput:
+    """A JSONL output that one writer holds for as long as it is open.
+
+    The lock is flock(LOCK_EX | LOCK_NB) on the output file itself, not a lock file holding
+    a PID: the kernel drops it with the last descriptor, so a writer killed with SIGKILL
+    leaves nothing stale. Records go through the held descriptor, so they land in the file
+    that is locked even if the path is deleted and made again meanwhile.
+    """
+
+    def __init__(self, path: Path, flag: str):
+        self.path = path
+        self.fd = _open_locked(path, flag)
+
+    def append(self, record: dict[str, Any]) -> None:
+        write_record(self.fd, record, self.path)
+
+    def truncate(self) -> None:
+        os.ftruncate(self.fd, 0)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "HeldOutput":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _open_locked(path: Path, flag: str) -> int:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"{flag} {path}: another scan holds this file and is still writing it; "
+                             f"wait for it to end, or give another {flag}") from None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the holder before us deleted the file as we opened it: lock the new one
 
 
 def repair_tail(path: Path) -> int:

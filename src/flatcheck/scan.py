@@ -1,6 +1,6 @@
 """Scan many models with the same probes, one JSONL record per model, crash-safe.
 
-Each record is appended as soon as its model is done (results_io.append_record: one
+Each record is appended as soon as its model is done (results_io.write_record: one
 write, fsync), so an interrupted scan loses at most the model in flight. `resume` skips
 models whose (name, fingerprint) is already in the file; the fingerprint hashes everything
 that changes the numbers (model, weights, data, samples, probes and their options, seed …),
@@ -27,7 +27,7 @@ from typing import Any, Callable
 from .config import RunConfig
 from .errors import ConfigError
 from .report.result import SCHEMA_VERSION
-from .results_io import append_record, load_results, record_key, repair_tail, shard_path
+from .results_io import HeldOutput, load_results, record_key, repair_tail, shard_path
 from .scan_sources import Entry, family, offline
 
 RECORD_KIND = "flatcheck.scan"
@@ -90,43 +90,51 @@ class ScanSummary:
         return c
 
 
-def prepare_output(out: Path, *, resume: bool, overwrite: bool, retry_errors: bool) -> tuple[set, int]:
-    """Keys already done, and the bytes of a partial last line cut off."""
+def check_output(out: Path) -> None:
     if out.is_dir():
         raise ConfigError(f"--out {out}: is a folder; give a .jsonl file path")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
-    if out.exists() and out.stat().st_size > 0 and not (resume or overwrite):
-        raise ConfigError(f"--out {out} exists; pass --resume to continue that scan or --overwrite to start over")
+
+
+def prepare_output(out: HeldOutput, *, resume: bool, overwrite: bool, retry_errors: bool) -> tuple[set, int]:
+    """Keys already done, and the bytes of a partial last line cut off."""
+    path = out.path
+    if path.stat().st_size > 0 and not (resume or overwrite):
+        raise ConfigError(f"--out {path} exists; pass --resume to continue that scan or --overwrite to start over")
     if overwrite and not resume:
-        out.write_bytes(b"")
+        out.truncate()
         return set(), 0
-    cut = repair_tail(out)
-    if not out.exists():
-        return set(), cut
-    done = {record_key(r) for r in load_results([out]).records
-            if not (retry_errors and r.get("status") == "error")} if out.stat().st_size else set()
+    cut = repair_tail(path)
+    done = {record_key(r) for r in load_results([path]).records
+            if not (retry_errors and r.get("status") == "error")} if path.stat().st_size else set()
     return done, cut
 
 
 def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
              retry_errors: bool = False, placement: Placement = Placement(), hooks: ScanHooks = ScanHooks(),
              ) -> ScanSummary:
-    """Run `base`'s probes on each of this rank's entries, appending a record per model."""
+    """Run `base`'s probes on each of this rank's entries, appending a record per model.
+
+    The rank's output file is held (results_io.HeldOutput) from before it is read until the
+    last record is written: a second scan onto it is refused rather than both appending
+    the same models; other ranks' shards are other files and do not wait on it."""
     target = shard_path(out, placement.rank, placement.world_size)
-    done, cut = prepare_output(target, resume=resume, overwrite=overwrite, retry_errors=retry_errors)
-    mine = placement.mine(entries)
-    todo = [(e, fp) for e in mine if (e.name, fp := fingerprint(e, base)) not in done]
-    summary = ScanSummary(target, len(mine), len(mine) - len(todo), [], cut)
-    with offline():
-        for i, (entry, fp) in enumerate(todo):
-            if hooks.start:
-                hooks.start(i, len(todo), entry)
-            record = scan_one(entry, fp, base, placement, hooks.probe_progress)
-            append_record(target, record)
-            summary.records.append(record)
-            if hooks.done:
-                hooks.done(record)
+    check_output(target)
+    with HeldOutput(target, "--out") as held:
+        done, cut = prepare_output(held, resume=resume, overwrite=overwrite, retry_errors=retry_errors)
+        mine = placement.mine(entries)
+        todo = [(e, fp) for e in mine if (e.name, fp := fingerprint(e, base)) not in done]
+        summary = ScanSummary(target, len(mine), len(mine) - len(todo), [], cut)
+        with offline():
+            for i, (entry, fp) in enumerate(todo):
+                if hooks.start:
+                    hooks.start(i, len(todo), entry)
+                record = scan_one(entry, fp, base, placement, hooks.probe_progress)
+                held.append(record)
+                summary.records.append(record)
+                if hooks.done:
+                    hooks.done(record)
     return summary
 
 
