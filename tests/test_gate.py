@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from scipy.stats import norm
+from scipy.stats import norm, t as stats_t
 
 from flatcheck.errors import ConfigError, InputError
 from flatcheck.gate import GateOutcome, decide_with_reruns, evaluate, parse_gate_config
@@ -234,3 +234,143 @@ def test_example_gates_file_is_valid():
 
     cfg = load_gate_config(ROOT / "examples" / "gates.yaml")
     assert cfg.needs_baseline and {"trace", "gini"} <= set(cfg.probes)
+
+
+# ---------------------------------------------------------------- baselines and pairing
+
+
+def traced(values, seed=0, offset=0.0, estimator="hutchinson", **top):
+    """A trace result with per-probe values, as schema 2.0 reports hold them."""
+    n = len(values)
+    mean = sum(values) / n
+    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    details = {"probe_values": list(values), "offset": offset, "estimator": estimator, "matrix": "hessian"}
+    return ProbeResult("trace", offset + mean, se, n, 0.0, seed=seed, details=details, dof=n - 1, **top).to_dict()
+
+
+def test_paired_comparison_tests_the_per_probe_differences():
+    values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]  # spread 4.4: unpaired, 20% is undecidable
+    cfg = gate({"field": "trace.value", "max_increase": "20%"})
+    same = evaluate(cfg, {"trace": traced(values)}, {"trace": traced(values)})[0]
+    # unchanged: v − 1.2·b = −0.2·b̄ with error 0.2·s_b, t with 15 degrees of freedom
+    b = sum(values) / 16
+    assert same.verdict == "pass" and same.paired == 16 and same.value == pytest.approx(b)
+    s_b = traced(values)["stderr"]
+    assert same.stderr == pytest.approx(0.2 * s_b)
+    half = stats_t.ppf(0.975, 15) * 0.2 * s_b
+    assert same.ci == pytest.approx((b - half, b + half))
+    # every probe value 1.5× larger: decided as a failure, paired
+    grown = evaluate(cfg, {"trace": traced([1.5 * v for v in values])}, {"trace": traced(values)})[0]
+    assert grown.verdict == "fail"
+    # the same values at another seed: unpaired, the interval straddles, and it says why
+    other = evaluate(cfg, {"trace": traced(values, seed=1)}, {"trace": traced(values)})[0]
+    assert other.verdict == "inconclusive" and other.paired is None and "seeds differ" in other.message
+
+
+def test_pairing_takes_the_common_first_probes_and_hutchpp_only_at_equal_counts():
+    values = [float(v) for v in range(1, 33)]
+    cfg = gate({"field": "trace.value", "max_increase": "20%"})
+    (c,) = evaluate(cfg, {"trace": traced(values[:8])}, {"trace": traced(values)})
+    assert c.paired == 8 and not c.capped and c.baseline == pytest.approx(sum(values[:8]) / 8)
+    (c,) = evaluate(cfg, {"trace": traced(values)}, {"trace": traced(values[:8])})
+    assert c.paired == 8 and c.capped  # a rerun cannot add pairs: the baseline holds 8
+    (c,) = evaluate(cfg, {"trace": traced(values[:8], estimator="hutchpp")},
+                    {"trace": traced(values, estimator="hutchpp")})
+    assert c.paired is None and "another count" in c.message
+    old = {"trace": {k: v for k, v in traced(values).items() if k != "details"}}
+    (c,) = evaluate(cfg, {"trace": traced(values)}, old)
+    assert c.paired is None and "no per-probe values" in c.message
+
+
+def test_student_t_for_few_draws_and_welch_for_two_sides():
+    from flatcheck.gate import quantile
+
+    assert quantile(0.95, 4) == pytest.approx(stats_t.ppf(0.975, 4))
+    assert quantile(0.95) == pytest.approx(Q)
+    cfg = gate({"field": "trace.value", "max": 100})
+    (c,) = evaluate(cfg, {"trace": traced([1.0, 2.0, 4.0])})
+    assert c.ci[1] - c.value == pytest.approx(stats_t.ppf(0.975, 2) * c.stderr)
+
+
+def _baseline(results, **meta):
+    from flatcheck.gate import Baseline
+
+    return Baseline(results, meta, "--baseline b.json")
+
+
+META = {"model": {"arch": "a", "source": "python", "parameters": 10, "probed_parameters": 10, "num_classes": 3,
+                  "loss": "cross_entropy", "label_smoothing": None, "params_filter": None},
+        "bn_mode": "eval", "data": {"name": "digits", "split": "train", "samples": 64, "fingerprint": "f"}}
+
+
+@pytest.mark.parametrize("value, match", [("nan", "not a finite number"), ("abc", "not a finite number"),
+                                          (None, "not a finite number"), ("inf", "not a finite number")])
+def test_a_baseline_value_a_rule_needs_must_be_a_finite_number(value, match):
+    from flatcheck.gate import check_baseline
+
+    cfg = gate({"field": "gini.value", "max_increase": "10%"})
+    with pytest.raises(InputError, match=match):
+        check_baseline(cfg, _baseline({"gini": {"value": value, "stderr": None}}, **META), META, seed=0)
+
+
+@pytest.mark.parametrize("path, new", [(("model", "arch"), "b"), (("model", "parameters"), 11),
+                                       (("data", "name"), "npz:x.npz"), (("data", "split"), "test"),
+                                       (("data", "samples"), 65)])
+def test_a_baseline_of_another_model_or_data_is_refused_unless_allowed(path, new):
+    import copy
+
+    from flatcheck.gate import check_baseline
+
+    cfg = gate({"field": "gini.value", "max_increase": "10%"})
+    base = _baseline({"gini": result(0.1, None, probe="gini").to_dict()}, **META)
+    other = copy.deepcopy(META)
+    other[path[0]][path[1]] = new
+    with pytest.raises(InputError, match=re.escape(".".join(path)) + ".*--allow-foreign-baseline"):
+        check_baseline(cfg, base, other, seed=0)
+    check_baseline(cfg, base, other, seed=0, allow_foreign=True)
+    check_baseline(cfg, base, META, seed=0)  # the same model: fine
+
+
+def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
+    from flatcheck.gate import check_baseline
+
+    values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]
+    cfg = gate({"field": "trace.value", "max_increase": "20%"})
+    base = _baseline({"trace": traced(values)}, **META)
+    with pytest.raises(InputError, match=r"can never be decided unpaired.*at least (\d+) probes \(it has 16\)") as exc:
+        check_baseline(cfg, base, META, seed=1)
+    need = int(re.search(r"at least (\d+)", str(exc.value)).group(1))
+    # with that many probes of the same spread, z·1.2·s_b falls below the margin
+    s_b = traced(values)["stderr"] * math.sqrt(16 / need)
+    assert stats_t.ppf(0.975, need - 1) * 1.2 * s_b < 0.2 * sum(values) / 16
+    check_baseline(cfg, base, META, seed=0)  # paired at its own seed: decidable
+
+
+def test_min_above_max_and_rtol_are_refused_in_gate_files():
+    with pytest.raises(ConfigError, match=r"rules\[0\]' has min 2 above max 1"):
+        gate({"field": "trace.value", "min": 2, "max": 1})
+    with pytest.raises(ConfigError, match="probes.trace.rtol"):
+        gate({"field": "trace.value", "max": 1}, probes={"trace": {"rtol": 0.1}})
+
+
+def test_gate_file_with_a_duplicate_key_is_refused(tmp_path):
+    from flatcheck.gate import load_gate_config
+
+    path = write_gates(tmp_path, "rules:\n  - {field: gini.value, max: 1}\nrules:\n  - {field: gini.value, max: 2}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'rules'"):
+        load_gate_config(path)
+
+
+def test_summary_counts_one_outcome_per_rule():
+    cfg = gate({"field": "trace.value", "max": 100}, {"field": "trace.value", "max": 11})
+    res = {"trace": result(10.0, 1.0)}
+    outcome = GateOutcome(evaluate(cfg, res), Report(meta={}, results=res), 0.95)
+    assert "1 passed · 0 failed · 1 inconclusive (1 counted as failed) · 0 skipped" in markdown(outcome)
+    assert sum(outcome.counts().values()) == 2
+
+
+def test_non_finite_numbers_in_a_check_are_null_in_json():
+    cfg = gate({"field": "trace.value", "max": 1})
+    (c,) = evaluate(cfg, {"trace": {"value": "nan", "stderr": None}})
+    assert c.verdict == "fail" and c.to_dict()["value"] is None
+    json.dumps(c.to_dict(), allow_nan=False)

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
 from scipy.stats import norm, t as student_t
 
 from .errors import ConfigError, InputError
@@ -127,15 +126,9 @@ def _num(x):
 
 
 def load_gate_config(path: str | Path) -> GateConfig:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"--config {path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--config {path}: cannot read ({exc})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    from .models.yamlfile import load_yaml
+
+    data = load_yaml(Path(path), f"--config {path}", error=ConfigError)
     return parse_gate_config(data, where=str(path))
 
 

@@ -37,6 +37,15 @@ def rules_table(outcome) -> Table:
     return table
 
 
+def _tally(outcome) -> str:
+    """One outcome per rule, so the counts add up to the rules: an inconclusive rule is counted
+    once, with what its policy made of it."""
+    n = outcome.counts()
+    held = sum(c.failed for c in outcome.checks if c.verdict == "inconclusive")
+    return (f"{n['pass']} passed · {n['fail']} failed · {n['inconclusive']} inconclusive ({held} counted as "
+            f"failed) · {n['skipped']} skipped")
+
+
 def junit_xml(outcome, suite: str = "flatcheck gate") -> str:
     counts = outcome.counts()
     failures = sum(1 for c in outcome.checks if c.failed)
@@ -65,8 +74,7 @@ def markdown(outcome, title: str = "flatcheck gate") -> str:
     head = "✅ passed" if outcome.passed else "❌ failed"
     n = outcome.counts()
     lines = [f"### {title}: {head}", "",
-             f"{n['pass']} passed · {sum(c.failed for c in outcome.checks)} failed · "
-             f"{n['inconclusive']} inconclusive · {n['skipped']} skipped · confidence {outcome.confidence:g}", "",
+             _tally(outcome) + f" · confidence {outcome.confidence:g}", "",
              "| rule | value ± stderr | CI | threshold | verdict |", "|---|---:|---:|---:|---|"]
     for c in outcome.checks:
         icon = "❌" if c.failed else {"pass": "✅", "inconclusive": "⚠️", "skipped": "⏭️"}.get(c.verdict, "")
