@@ -1041,3 +1041,75 @@ def test_json_has_null_where_a_detail_is_not_finite(monkeypatch):
 
     details = json.loads(result.stdout, parse_constant=refuse)["results"]["trace"]["details"]
     assert details["ratio"] is None and details["bounds"] == [None, 1.0]
+
+
+# ---------------------------------------------------------------- gates and their baselines
+
+
+GATE_RULES = "rules:\n  - {field: trace.value, max_increase: 20%}\n"
+
+
+def gate(tmp_path, baseline, rules=GATE_RULES, *extra):
+    cfg = tmp_path / "gates.yaml"
+    cfg.write_text("probes:\n  trace: {probes_max: 4}\n" + rules, encoding="utf-8")
+    args = ["--baseline", baseline] if baseline is not None else []
+    return invoke("gate", CKPT, "--spec", SPEC, *SMALL, "--config", cfg, *args, *extra)
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> dict:
+    """A real baseline: the same gate's JSON with --no-baseline (the README's first release)."""
+    import json
+
+    folder = tmp_path_factory.mktemp("release")
+    out = folder / "release.json"
+    cfg = folder / "gates.yaml"
+    cfg.write_text("probes:\n  trace: {probes_max: 4}\n" + GATE_RULES, encoding="utf-8")
+    res = invoke("gate", CKPT, "--spec", SPEC, *SMALL, "--config", cfg, "--no-baseline", "--json", out, "-q")
+    assert res.exit_code == 0, res.stderr
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def _write(tmp_path, data) -> Path:
+    import json
+
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_gate_baseline_without_results(tmp_path, release):
+    bad(gate(tmp_path, _write(tmp_path, {**release, "results": {}})), "base.json", "no results")
+
+
+@pytest.mark.parametrize("value", ["nan", "abc", None])
+def test_gate_baseline_value_not_a_finite_number(tmp_path, release, value):
+    data = {**release, "results": {**release["results"], "trace": {**release["results"]["trace"], "value": value}}}
+    bad(gate(tmp_path, _write(tmp_path, data)), "base.json", "trace.value", "not a finite number")
+
+
+@pytest.mark.parametrize("where, key, new", [("model", "arch", "resnet18"), ("model", "parameters", 99),
+                                             ("data", "samples", 63), ("data", "split", "test")])
+def test_gate_baseline_from_another_model_or_data(tmp_path, release, where, key, new):
+    data = {**release, where: {**release[where], key: new}}
+    bad(gate(tmp_path, _write(tmp_path, data)), "base.json", f"{where}.{key}", "--allow-foreign-baseline")
+    allowed = gate(tmp_path, _write(tmp_path, data), GATE_RULES, "--allow-foreign-baseline", "-q")
+    assert allowed.exit_code in (0, 1), allowed.stderr  # compared, as asked
+
+
+def test_gate_baseline_too_wide_for_the_rule(tmp_path, release):
+    """4 probes of the demo's trace (about ±20 %) can never decide a 20 % rule at another seed."""
+    bad(gate(tmp_path, _write(tmp_path, release), GATE_RULES, "--seed", "1"), "can never be decided",
+        "make the baseline with at least")
+
+
+def test_gate_rule_with_min_above_max(tmp_path):
+    bad(gate(tmp_path, None, "rules:\n  - {field: trace.value, min: 2, max: 1}\n"), "rules[0]", "min 2 above max 1")
+
+
+def test_trace_rtol_with_hutchpp():
+    bad(trace("--estimator", "hutchpp", "--rtol", "0.1"), "--rtol", "hutchinson")
+
+
+def test_hutchpp_larger_than_memory_is_refused_before_allocating():
+    bad(trace("--estimator", "hutchpp", "--probes-max", "3000000"), "--probes-max 3000000", "GiB", "at most")

@@ -410,14 +410,14 @@ def _slope(bound: Bound, b: float) -> float:
     return 1.0 + sign * bound.limit * (1.0 if b >= 0 else -1.0)
 
 
-def _baseline_number(bound: Bound, raw: Any, raw_se: Any) -> tuple[float, float]:
+def _baseline_number(bound: Bound, raw: Any, raw_se: Any, where: str = "--baseline") -> tuple[float, float]:
     """The baseline's value and stderr (0 when exact) as finite numbers, or bad input."""
     b, se = as_number(raw), (0.0 if raw_se is None else as_number(raw_se))
     if b is None or not math.isfinite(b):
-        raise InputError(f"--baseline: rule {bound.name} needs {bound.field}, which is {raw!r}, "
+        raise InputError(f"{where}: rule {bound.name} needs {bound.field}, which is {raw!r}, "
                          "not a finite number")
     if se is None or not math.isfinite(se) or se < 0:
-        raise InputError(f"--baseline: the standard error of {bound.field} is {raw_se!r}, "
+        raise InputError(f"{where}: the standard error of {bound.field} is {raw_se!r}, "
                          "not a finite non-negative number")
     return b, se
 
@@ -529,7 +529,7 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
             raw, raw_se = resolve_field(baseline.results, bound.field)
         except FieldMissing:
             continue  # a probe added since: skipped, and said so
-        b, s_b = _baseline_number(bound, raw, raw_se)
+        b, s_b = _baseline_number(bound, raw, raw_se, baseline.where)
         _check_decidable(bound, b, s_b, baseline, seed, level)
 
 
