@@ -530,25 +530,24 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
         except FieldMissing:
             continue  # a probe added since: skipped, and said so
         b, s_b = _baseline_number(bound, raw, raw_se, baseline.where)
-        _check_decidable(bound, b, s_b, baseline, seed, level)
+        _check_decidable(bound, b, s_b, baseline, seed, level, gate)
 
 
-def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, seed: int, level: float) -> None:
+def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, seed: int, level: float,
+                     gate: GateConfig) -> None:
     """Refuse a rule that no run can decide: even a current value known exactly (unpaired) or
     an unchanged model (paired) leaves the interval z·|slope|·s_b wider than the margin x·|b|.
     Paired, the statistic's baseline part is (slope − 1)·b_i = ±x·b_i, so |slope| becomes x."""
     if s_b == 0:
         return
     margin = bound.limit * abs(b)
-    result = baseline.results.get(bound.probe) or {}
     dof = _dof(baseline.results, bound)
-    pairable = (isinstance((result.get("details") or {}).get("probe_values"), list) and result.get("seed") == seed
-                and bound.field in (bound.probe, f"{bound.probe}.value"))
-    slope = bound.limit if pairable else abs(_slope(bound, b))
+    unpaired = _planned_unpaired(bound, gate, baseline, seed)
+    slope = abs(_slope(bound, b)) if unpaired else bound.limit
     z = quantile(level, dof)
     if z * slope * s_b < margin:
         return
-    how = "paired (same seed)" if pairable else "unpaired"
+    how = f"unpaired ({unpaired})" if unpaired else "paired (same seed and estimator)"
     msg = (f"{baseline.where}: rule {bound.name} can never be decided {how}: the baseline's "
            f"{bound.field} = {b:.6g} ± {s_b:.3g} moves the threshold by ±{z * slope * s_b:.3g}, "
            f"more than the rule's margin {margin:.3g}")
@@ -556,7 +555,29 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
         m = int(dof) + 1
         need = math.ceil(m * (z * slope * s_b / margin) ** 2) + 1
         msg += f"; make the baseline with at least {need} probes (it has {m})"
+    if unpaired:
+        msg += ", or with this gate file at this seed (flatcheck gate … --no-baseline --json) to compare paired"
     raise InputError(msg)
+
+
+def _planned_unpaired(bound: Bound, gate: GateConfig, baseline: Baseline, seed: int) -> str:
+    """Why this gate's run of `bound`'s probe will not pair with the baseline ("" when it will),
+    from the options it is about to run with; `pairing` decides again on the results."""
+    if bound.field not in (bound.probe, f"{bound.probe}.value"):
+        return "not a headline value"
+    result = baseline.results.get(bound.probe) or {}
+    details = result.get("details") or {}
+    if not isinstance(details.get("probe_values"), list):
+        return "the baseline has no per-probe values"
+    if result.get("seed") != seed:
+        return f"seeds differ: baseline {result.get('seed')}, now {seed}"
+    options = parse_options(bound.probe, gate.probes.get(bound.probe, {}))
+    planned = {"estimator": getattr(options, "estimator", None),
+               "matrix": getattr(options, "resolved_matrix", getattr(options, "matrix", None))}
+    for key, now in planned.items():
+        if details.get(key) != now:
+            return f"{key} differs: baseline {details.get(key)}, now {now}"
+    return ""
 
 
 # ---------------------------------------------------------------- reruns
