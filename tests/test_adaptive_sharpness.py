@@ -160,3 +160,19 @@ def test_second_order_by_forward_tangents_equals_the_product_route():
     assert math.isclose(a.value, b.value, abs_tol=tol) and math.isclose(a.stderr, b.stderr, abs_tol=tol)
     assert case.backend("func").capabilities.isdisjoint({"vhv"})
     assert not mod._ScaledOperator(CurvatureOperator(case.backend("func")), w).streams_total
+
+
+def test_result_carries_the_degrees_of_freedom_of_its_stderr():
+    """A gate's interval on S_ρ takes Student's t with draws − 1 (Monte Carlo) or probes − 1
+    (second order) degrees of freedom."""
+    from flatcheck.probes.adaptive_sharpness import AdaptiveSharpnessOptions, AdaptiveSharpnessProbe
+    from flatcheck.probes.registry import ProbeContext
+    from conftest import make_case
+
+    backend = make_case("mlp").backend()
+    probe = AdaptiveSharpnessProbe()
+    mc = probe.run(ProbeContext(backend=backend, seed=0), AdaptiveSharpnessOptions(noise_draws=5, probes_max=3))
+    assert mc.dof == 4 and mc.details["mc"]["draws"] == 5
+    second = probe.run(ProbeContext(backend=backend, seed=0),
+                       AdaptiveSharpnessOptions(method="second-order", probes_max=7))
+    assert second.dof == 6 and second.details["second_order"]["probes"] == 7

@@ -104,6 +104,8 @@ class AdaptiveSharpnessProbe:
             probe=self.name,
             value=head["value"],
             stderr=head["stderr"],
+            # the stderr is a sample standard deviation over the ± pairs (or probes): t intervals
+            dof=(head["draws"] if head is mc else head["probes"]) - 1,
             matvecs=matvecs,
             seconds=time.perf_counter() - start,
             seed=ctx.seed,
