@@ -158,3 +158,51 @@ def test_origin_nodes_within_round_off_of_zero_are_one_node():
     # a node beyond the tolerance stays outside the block and bounds the window
     m = origin_mass(rule, 1, zero_tol=1e-16)
     assert m.weight == pytest.approx(1e-19) and m.window == (-math.inf, 2.5e-16)
+
+
+def tanh_mlp_case(distinct: int, copies: int):
+    """A tanh MLP 12→32→8→4 in float64 (P = 716) on N = distinct·copies samples. Copies of a
+    sample add nothing to the GGN's rank, so its null share is 1 − distinct·3/P: the batch
+    bound 1 − N·3/P is attained for copies = 1 and far below the truth otherwise."""
+    from torch.utils.data import TensorDataset
+
+    from conftest import Case
+    from flatcheck.backends import ParamLayout, Problem
+    from flatcheck.data.batches import SampleSet
+    from flatcheck.models.spec import LossSpec
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 8), nn.Tanh(),
+                          nn.Linear(8, 4)).double()
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(distinct, 1, 3, 4, generator=g, dtype=torch.float64).repeat(copies, 1, 1, 1)
+    Y = torch.randint(0, 4, (distinct,), generator=g).repeat(copies)
+    samples = SampleSet(TensorDataset(X, Y), samples=len(X), batch_size=len(X), dtype=torch.float64)
+    problem = Problem(model=model, loss=LossSpec("cross_entropy"), samples=samples,
+                      layout=ParamLayout.from_model(model), bn_mode="eval")
+    return Case(model, problem, X, Y)
+
+
+@pytest.mark.parametrize("distinct, copies, steps", [(64, 1, 40), (16, 4, 12)],
+                         ids=["64 samples", "16 samples 4 times"])
+def test_degeneracy_error_covers_the_true_null_share(distinct, copies, steps):
+    """40 steps cannot resolve the 192 (or 48) non-zero eigenvalues, the smallest 4e-6·‖G‖:
+    the origin node takes in small ones with the null space. Before the stderr carried the
+    bracket: D = 0.8103 ± 0.0076 against a null share of 0.7318 (10 standard errors)."""
+    case = tanh_mlp_case(distinct, copies)
+    _, G = dense(case)
+    P = G.shape[0]
+    rank = int(torch.linalg.matrix_rank(G))
+    assert rank == distinct * 3
+    truth = 1 - rank / P
+    (req,) = probe_requests(["rank"], {"rank": {"matrix": "ggn", "lanczos_steps": steps, "starts": 8}})
+    r = create_probe("rank").run(ProbeContext(case.backend(), seed=0), req.options)
+    d = r.details
+    print(f"D = {r.value:.4f} ± {r.stderr:.4f} (statistical {d['statistical_stderr']:.4f}), null share {truth:.4f}")
+    assert not any(p["invariant"] for p in d["per_start"])  # the resolution is what is at stake
+    assert r.value - truth > 3 * d["statistical_stderr"]  # the origin weight alone overstates it
+    eps = 1e-12  # the batch bound is the bracket's low end, and attained for copies = 1
+    assert abs(r.value - truth) <= 2 * r.stderr + eps
+    assert d["bracket"]["low"] - eps <= truth <= d["bracket"]["high"] + eps
+    assert d["bracket"]["low"] == pytest.approx(1 - distinct * copies * 3 / P, rel=1e-12)
+    assert r.stderr == max(d["statistical_stderr"], d["bracket"]["half_width"])

@@ -142,6 +142,10 @@ class RankProbe:
     share of all eigenvalues strictly between the neighbours of the origin node(s), the
     "window" (module docstring: Chebyshev–Markov–Stieltjes). The resolution is the window's
     half-width: eigenvalues smaller than it cannot be told from 0 with this many steps.
+    The reported standard error is the larger of the one over start vectors and half the
+    width of the bracket in which the null space's share is known to lie (null_share_bracket),
+    so that value ± 2·stderr, the interval gates and tables use, does not claim a precision
+    the resolution cannot give.
 
     Warnings: when N samples alone force at least the degeneracy the architecture does (D
     then describes the sample set, not the model), and when the resolution exceeds 1 % of
@@ -163,7 +167,7 @@ class RankProbe:
         spectral = max(abs(result.nodes_min), abs(result.nodes_max))
         zero_tol = math.sqrt(torch.finfo(op.dtype).eps) * spectral
         masses = [origin_mass(r, 1 if ggn else 2, zero_tol) for r in result.rules]
-        degeneracy, stderr = mean_stderr(np.array([m.weight for m in masses]))
+        degeneracy, statistical = mean_stderr(np.array([m.weight for m in masses]))
         lo = min(m.window[0] for m in masses)
         hi = max(m.window[1] for m in masses)
         resolution = hi if ggn else max(-lo, hi)
@@ -178,13 +182,18 @@ class RankProbe:
         batch_rank = min(N * r_A, P)
         batch_bound = 1 - batch_rank / P
 
+        bracket = null_share_bracket(degeneracy, all(r.invariant for r in result.rules),
+                                     batch_bound if ggn else None)
+        stderr = max(statistical, bracket.half_width)
+
         warnings = _warnings(ggn, N, P, r_A, batch_bound, paper_bound, resolution, spectral,
                              options.lanczos_steps, all(m.lower_bound_holds for m in masses))
 
         bn_mode = problem.bn_mode
         symbol = "G" if ggn else "H"
         location = float(np.mean([m.location for m in masses]))
-        notes = (f"at λ ≈ {location:.3g} (resolution {resolution:.3g}); paper bound "
+        notes = (f"null-space share in [{bracket.low:.4g}, {bracket.high:.4g}] ({bracket.source}); "
+                 f"at λ ≈ {location:.3g} (resolution {resolution:.3g}); paper bound "
                  f"{_fmt_bound(paper_bound)}, batch bound {batch_bound:.4g}{'' if ggn else ' (for G)'}; "
                  f"{options.starts} starts × {max(r.steps for r in result.rules)} steps; bn {bn_mode}")
         if warnings:
@@ -209,6 +218,11 @@ class RankProbe:
                 "steps_taken": [r.steps for r in result.rules],
                 "origin_nodes": 1 if ggn else 2,
                 "degeneracy": {"value": degeneracy, "stderr": stderr},
+                "statistical_stderr": statistical,
+                "bracket": {"low": bracket.low, "high": bracket.high, "half_width": bracket.half_width,
+                            "source": bracket.source,
+                            "meaning": "the null space's share lies between low and high; the stderr is at "
+                                       "least half the width, so value ± 2·stderr covers it"},
                 "location": location,
                 "window": [lo, hi],
                 "resolution": resolution,
@@ -239,6 +253,33 @@ class RankProbe:
                 "warnings": warnings,
             },
         )
+
+
+@dataclass(frozen=True)
+class Bracket:
+    low: float
+    high: float
+    source: str  # where the low end comes from
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+
+def null_share_bracket(degeneracy: float, exact: bool, rank_floor: float | None) -> Bracket:
+    """Where the null space's share (P − rank)/P lies, given the origin weight D.
+
+    D is its upper end (module docstring: each weight is at least μ_v({0})). SLQ gives no
+    lower end: eigenvalues below the resolution weigh in the origin node just as zeros do,
+    and moments cannot tell them apart (on a tanh MLP at N = 64, 40 steps: D = 0.810 where
+    the share is 0.732). The low end is D itself only when every Krylov space closed (the
+    rule is then exact), else a rank bound that holds whatever the spectrum (G: the batch
+    bound), else 0. Statistics can put D below that bound; the bracket is then empty."""
+    if exact:
+        return Bracket(degeneracy, degeneracy, "exact: every start's Krylov space closed")
+    if rank_floor is not None and rank_floor > 0:
+        return Bracket(min(rank_floor, degeneracy), degeneracy, "low end: the batch bound")
+    return Bracket(0.0, degeneracy, "no lower bound: SLQ cannot tell eigenvalues below its resolution from 0")
 
 
 def _warnings(ggn: bool, N: int, P: int, r_A: int, batch_bound: float, paper_bound: float | None,
