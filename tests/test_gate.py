@@ -4,6 +4,7 @@ on the demo checkpoint. Thresholds are placed relative to value ± q·stderr, q 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import re
@@ -374,3 +375,15 @@ def test_non_finite_numbers_in_a_check_are_null_in_json():
     (c,) = evaluate(cfg, {"trace": {"value": "nan", "stderr": None}})
     assert c.verdict == "fail" and c.to_dict()["value"] is None
     json.dumps(c.to_dict(), allow_nan=False)
+
+
+def test_rules_table_folds_long_names_instead_of_cutting_them():
+    from rich.console import Console
+
+    cfg = gate({"field": "gini.details.accuracy", "min": 0.9, "name": "a_rather_long_rule_name_for_accuracy"})
+    res = {"gini": result(0.1, None, probe="gini", accuracy=0.95)}
+    console = Console(width=80, record=True, file=io.StringIO())
+    GateOutcome(evaluate(cfg, res), Report(meta={}, results=res), 0.95).render(console)
+    text = console.export_text()
+    first_column = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│"))
+    assert "…" not in text and "a_rather_long_rule_name_for_accuracymin0.9" in first_column.replace(" ", "")

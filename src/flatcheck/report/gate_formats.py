@@ -30,7 +30,9 @@ def rules_table(outcome) -> Table:
     table = Table(title=f"gate {status} · confidence {outcome.confidence:g}", title_justify="left")
     for col, just in (("rule", "left"), ("value ± stderr", "right"), ("CI", "right"), ("threshold", "right"),
                       ("verdict", "left"), ("note", "left")):
-        table.add_column(col, justify=just)
+        # fold, never cut: a rule or field name cut to "gini.detai…" in an 80-column CI log
+        # cannot be told from its neighbours
+        table.add_column(col, justify=just, overflow="fold")
     for c in outcome.checks:
         table.add_row(c.bound.name, fmt_pm(c.value, c.stderr), _ci(c), fmt(c.threshold),
                       f"[{_STYLE[c.verdict]}]{_verdict(c)}[/]", c.message)
