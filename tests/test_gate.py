@@ -387,3 +387,35 @@ def test_rules_table_folds_long_names_instead_of_cutting_them():
     text = console.export_text()
     first_column = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│"))
     assert "…" not in text and "a_rather_long_rule_name_for_accuracymin0.9" in first_column.replace(" ", "")
+
+
+def test_a_paired_rerun_remeasures_the_baseline_when_it_can():
+    """Paired over all 4 values the baseline holds, a 20% rule is inconclusive (t₃ is wide);
+    doubling both sides decides it. Without the baseline's checkpoint, no rerun is spent."""
+    import itertools
+
+    stream = [10.0 + 20 * math.sin(1.7 * i) for i in range(64)]  # the i-th probe value of one seed
+    cfg = gate({"field": "trace.value", "max_increase": "20%", "inconclusive": "rerun"}, max_reruns=4)
+    grown = [1.05 * v for v in stream]  # 5% more: passes once decided
+
+    def run(values, options):
+        return {"trace": ProbeResult(**{k: v for k, v in traced(values[:options["trace"].probes_max]).items()
+                                        if k in ("value", "stderr", "details", "dof", "seed", "probe")},
+                                     matvecs=0, seconds=0.0)}
+
+    calls = []
+
+    def rerun_baseline(more):
+        calls.append(more["trace"].probes_max)
+        return run(stream, more)
+
+    start = {"trace": TraceOptions(probes_max=4)}
+    base = {"trace": traced(stream[:4])}
+    (c,), _ = decide_with_reruns(cfg, run(grown, start), start, lambda more: run(grown, more), base,
+                                 rerun_baseline=rerun_baseline)
+    assert evaluate(cfg, run(grown, start), base)[0].verdict == "inconclusive"
+    assert c.verdict == "pass" and c.paired == calls[-1] > 4 and "re-measured" in c.message
+    spent = []
+    (c,), _ = decide_with_reruns(cfg, run(grown, start), start, lambda more: spent.append(1) or run(grown, more),
+                                 base, rerun_baseline=lambda more: None)
+    assert c.verdict == "inconclusive" and c.failed and spent == [] and c.capped

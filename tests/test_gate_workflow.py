@@ -124,3 +124,32 @@ def test_probe_vectors_do_not_depend_on_the_block_size():
     g = torch.Generator().manual_seed(3)
     pieces = torch.cat([rademacher_signs(k, 1000, g, device="cpu") for k in (5, 1, 2)])
     assert torch.equal(whole, pieces)
+
+
+def test_a_paired_rerun_doubles_both_sides(tmp_path):
+    """The head scaled by 0.97 (Tr(H) up a few percent) against a 4-probe baseline of the
+    original: paired over 4 probes the 20% rule is inconclusive (t₃ = 3.18); the rerun draws 8
+    probes on both sides — the baseline re-measured from its checkpoint, which its report names
+    — and passes. With the baseline's checkpoint gone, pairing cannot grow: no rerun is spent
+    and the rule counts as failed, saying why."""
+    release = tmp_path / "release.safetensors"
+    release.write_bytes(CKPT.read_bytes())
+    sd = load_file(str(CKPT))
+    sd["head.weight"] = sd["head.weight"] * 0.97
+    candidate = tmp_path / "candidate.safetensors"
+    save_file(sd, str(candidate))
+    cfg = tmp_path / "gates.yaml"
+    cfg.write_text("probes:\n  trace: {probes_max: 4}\nrules:\n"
+                   "  - {field: trace.value, max_increase: 20%, inconclusive: rerun}\n", encoding="utf-8")
+    common = ["--spec", SPEC, "--data", "digits", "--samples", str(SAMPLES), "--config", cfg, "--device", "cpu", "-q"]
+    base = tmp_path / "release.json"
+    assert invoke("gate", release, *common, "--no-baseline", "--json", base).exit_code == 0
+    res = invoke("gate", candidate, *common, "--baseline", base, "--json", "-")
+    (check,) = json.loads(res.stdout)["gate"]["checks"]
+    assert res.exit_code == 0 and check["verdict"] == "pass", check
+    assert check["paired"] == 8 and check["reruns"] == 1 and "re-measured" in check["message"]
+    release.unlink()
+    res = invoke("gate", candidate, *common, "--baseline", base, "--json", "-")
+    (check,) = json.loads(res.stdout)["gate"]["checks"]
+    assert res.exit_code == 1 and check["verdict"] == "inconclusive" and check["reruns"] == 0
+    assert check["paired"] == 4 and "the baseline's last probe value was paired" in check["message"]

@@ -600,17 +600,40 @@ def raise_effort(probe: str, options: Any, factor: float) -> Any:
 def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], options: dict[str, Any],
                        rerun: Callable[[dict[str, Any]], dict[str, ProbeResult]],
                        baseline: Mapping[str, Any] | None = None, confidence: float | None = None,
-                       no_baseline: bool = False) -> tuple[list[Check], dict[str, ProbeResult]]:
+                       no_baseline: bool = False,
+                       rerun_baseline: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+                       ) -> tuple[list[Check], dict[str, ProbeResult]]:
     """Evaluate, and while rules with policy rerun are inconclusive, rerun their probes with
-    more effort. `rerun({probe: options})` returns the new results of those probes."""
+    more effort. `rerun({probe: options})` returns the new results of those probes.
+
+    A paired comparison gains from a rerun only if both sides draw the new probes:
+    `rerun_baseline({probe: options})` re-measures the baseline's model with the same options
+    (None when its checkpoint is not at hand). Without it, pairing extends only over the
+    probe values the baseline report holds, and a check paired over all of them is not rerun.
+    """
     results, options = dict(results), dict(options)
+    baseline = dict(baseline) if baseline is not None else None
     checks = evaluate(gate, results, baseline, confidence, no_baseline=no_baseline)
     reruns: dict[str, int] = {}
+    remeasured: set[str] = set()
+
+    def wanted() -> dict[str, Any]:
+        probes = {c.bound.probe for c in checks if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun"
+                  and not (c.capped and rerun_baseline is None)}
+        more = {p: raise_effort(p, options[p], gate.effort_factor) for p in sorted(probes)}
+        return {p: o for p, o in more.items() if o is not None}
+
     for _ in range(gate.max_reruns):
-        wanted = {c.bound.probe for c in checks
-                  if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun" and not c.capped}
-        more = {p: raise_effort(p, options[p], gate.effort_factor) for p in sorted(wanted)}
-        more = {p: o for p, o in more.items() if o is not None}
+        more = wanted()
+        paired = {c.bound.probe for c in checks if c.paired is not None and c.bound.probe in more}
+        if paired and rerun_baseline is not None and baseline is not None:
+            again = rerun_baseline({p: more[p] for p in sorted(paired)})
+            if again is None:  # its checkpoint is not at hand: pairing stays within its values
+                rerun_baseline = None
+                more = wanted()
+            else:
+                baseline.update(_as_dicts(again))
+                remeasured |= paired
         if not more:
             break
         results.update(rerun(more))
@@ -618,6 +641,9 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
         for p in more:
             reruns[p] = reruns.get(p, 0) + 1
         checks = evaluate(gate, results, baseline, confidence, no_baseline=no_baseline)
+    for c in checks:
+        if c.bound.probe in remeasured and c.paired is not None:
+            c.message = f"{c.message}; baseline re-measured from its checkpoint"
     for c in checks:
         c.reruns = reruns.get(c.bound.probe, 0)
         if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun":
@@ -680,6 +706,32 @@ def follow_baseline(config, gate: GateConfig, baseline: Baseline):
     return dataclasses.replace(config, probes=tuple(requests))
 
 
+def _baseline_rerun(config, baseline: Baseline, progress) -> Callable[[dict[str, Any]], dict | None]:
+    """Re-measure the baseline's model with more probes (for a paired rerun): its checkpoint,
+    if the file its report names is still there with the same sha256, under this run's spec,
+    data and seed (check_baseline has made sure they describe the same model and samples).
+    Opened on first use; None from the callable when the checkpoint is not at hand."""
+    from . import api
+    from .config import ProbeRequest
+    from .models.checkpoint import file_sha256
+
+    state: dict[str, Any] = {}
+
+    def rerun(more: dict[str, Any]) -> dict | None:
+        if "session" not in state:
+            ck = baseline.meta.get("checkpoint") or {}
+            path = Path(ck["path"]) if isinstance(ck, dict) and isinstance(ck.get("path"), str) else None
+            same = path is not None and path.is_file() and file_sha256(path) == ck.get("sha256")
+            state["config"] = dataclasses.replace(config, checkpoint=path) if same else None
+            state["session"] = api.open_session(state["config"]) if same else None
+        if state["session"] is None:
+            return None
+        again = dataclasses.replace(state["config"], probes=tuple(ProbeRequest(p, o) for p, o in more.items()))
+        return api.run(again, progress, state["session"]).results
+
+    return rerun
+
+
 def run_gate(config, gate: GateConfig, *, baseline: Baseline | None = None, confidence: float | None = None,
              progress=None, allow_foreign: bool = False) -> GateOutcome:
     """Run the gate's probes on one model (RunConfig), decide, rerun where asked. Without a
@@ -707,6 +759,8 @@ def run_gate(config, gate: GateConfig, *, baseline: Baseline | None = None, conf
 
     checks, results = decide_with_reruns(gate, report.results, options, rerun,
                                          None if baseline is None else baseline.results, confidence,
-                                         no_baseline=baseline is None)
+                                         no_baseline=baseline is None,
+                                         rerun_baseline=None if baseline is None else
+                                         _baseline_rerun(config, baseline, progress))
     final = Report(meta=report.meta, results=results)
     return GateOutcome(checks, final, confidence if confidence is not None else gate.confidence, gate.source)
