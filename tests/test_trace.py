@@ -180,7 +180,7 @@ def test_exact_on_hessian_is_refused():
 @pytest.mark.parametrize("loss", ["cross_entropy", "sigmoid_mse"])
 @pytest.mark.parametrize("bn_mode", ["eval", "train"])
 def test_class_sampled_ggn_trace_is_unbiased_within_its_error(loss, bn_mode):
-    """Sampling K classes ∝ |λ| per sample: within Z reported standard errors of the dense Tr(G),
+    """Sampling K classes ∝ |λ|·‖u‖² per sample: within Z reported standard errors of the dense Tr(G),
     and the reported error matches the spread over independent seeds."""
     case = make_case("cnn", loss=loss, bn_mode=bn_mode)
     _, G = dense(case)

@@ -83,14 +83,14 @@ def _sigmoid_mse_curvature(logits: Tensor, y: Tensor) -> Tensor:
 
 
 def sample_columns(U: Tensor, lam: Tensor, k: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """Draw k of the C factor columns per sample with probability q and reweight by
-    λ/(k·q), so Σ_k λ' ‖Jᵀu'‖² is unbiased for Σ_c λ ‖Jᵀu‖² whatever q is.
+    """Draw k of the C factor columns per sample, with replacement, with probability q and
+    reweight by λ/(k·q), so Σ_k λ' ‖Jᵀu'‖² is unbiased for Σ_c λ ‖Jᵀu‖² whatever q is.
 
-    q ∝ |λ_c|·‖u_c‖² — each column's share if J were isotropic. SPEC suggests q ∝ p; for
-    cross entropy that keeps drawing the predicted class, whose column e_c − p ≈ 0 adds
-    almost nothing on a confident model (measured on the demo with k=2: ∝ p gave
-    27.1 ± 7.4 for a true 22.41). Draws are made on the CPU from `generator`, so a seed
-    gives the same classes on every device.
+    q ∝ |λ_c|·‖u_c‖² — each column's share if J were isotropic; for cross entropy
+    q_c ∝ p_c·‖e_c − p‖². Not q ∝ p: that keeps drawing the predicted class, whose column
+    e_c − p ≈ 0 adds almost nothing on a confident model, so the estimate is far noisier
+    (on the demo with k=2, ∝ p gave 27.1 ± 7.4 for a true 22.41). Draws are made on the
+    CPU from `generator`, so a seed gives the same classes on every device.
     """
     b, c, _ = U.shape
     q = (lam.abs() * U.pow(2).sum(1)).to(torch.float64).cpu()

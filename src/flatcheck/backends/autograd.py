@@ -227,7 +227,8 @@ class AutogradBackend:
         """Tr(G) per parameter tensor: (1/N) Σ_n Σ_k λ_nk ‖J_nᵀ u_nk‖².
 
         Exact with all C columns of the factorisation. With `class_samples` = K, each
-        sample uses K columns drawn with probability ∝ |λ_nk| (∝ p for cross entropy) and
+        sample uses K columns drawn with replacement, with probability ∝ |λ_nk|·‖u_nk‖²
+        (p_c·‖e_c − p‖² for cross entropy; see losses.sample_columns), and
         importance weights λ/(K·q): unbiased, with a standard error from the spread of the
         K single-draw estimates within each sample.
         """

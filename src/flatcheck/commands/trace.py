@@ -17,7 +17,9 @@ def trace_cmd(
     probes_max: Annotated[int, typer.Option("--probes-max", "--max-probes", help="most matrix-vector products")] = 100,
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="stop Hutchinson once stderr/|trace| < RTOL")] = None,
     class_samples: Annotated[Optional[int], typer.Option("--class-samples", help="exact GGN trace for many classes: "
-                                                         "sample K classes ∝ p per sample (unbiased, with stderr)")] = None,
+                                                         "sample K classes per sample, with replacement, ∝ |λ_c|·‖u_c‖² "
+                                                         "for the logit Hessian A = Σ_c λ_c u_c u_cᵀ (cross entropy: "
+                                                         "p_c·‖e_c − p‖²); unbiased, with stderr")] = None,
     layers: Annotated[bool, typer.Option("--layers/--no-layers", help="per-layer parts; without them the "
                                          "Hessian trace takes a route up to twice as fast (autograd backend)")] = True,
 ):

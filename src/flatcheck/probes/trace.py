@@ -109,7 +109,7 @@ class TraceProbe:
         route = _route(op, options, ctx.backend)
         sizes = layout.group_sizes()
         if options.estimator == "exact" and options.class_samples is not None:
-            notes = f"GGN trace, {options.class_samples} classes sampled ∝ p per sample"
+            notes = f"GGN trace, {options.class_samples} classes sampled ∝ |λ|·‖u‖² per sample"
         elif options.estimator == "exact":
             notes = "exact GGN trace"
         elif options.estimator == "hutchpp":
