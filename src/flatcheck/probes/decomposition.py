@@ -131,11 +131,13 @@ class DecompositionProbe:
         notes = (f"Σ terms {total:.4g} vs exact Tr(G) of the same weights {ggn_total:.4g} (rel. diff {rel_text}, "
                  f"{'exact' if exact else 'approximate: conv/shared layers'}); bound {bound:.4g}")
         return ProbeResult(
-            probe=self.name, value=total, stderr=None, matvecs=passes, seconds=time.perf_counter() - start,
+            probe=self.name, value=total, stderr=None, matvecs=0, seconds=time.perf_counter() - start,
             label="Σ_l s·centered", notes=notes,
             details={"total": total, "ggn_trace": ggn_total, "relative_difference": rel, "exact": exact,
                      "bound": bound, "dense_total": dense_terms, "dense_ggn_trace": dense_ggn,
-                     "loss": problem.loss.name, "per_layer": per_layer},
+                     "loss": problem.loss.name, "per_layer": per_layer,
+                     # the Jacobian rows' batched passes (C per batch), not the exact Tr(G)'s per-sample ones
+                     "backward_passes": passes},
         )
 
 

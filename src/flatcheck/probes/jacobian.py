@@ -143,6 +143,7 @@ class JacobianProbe:
             "num_classes": num_classes,
             "input_dim": input_dim,
             "samples": n,
+            "backward_passes": passes,  # batched reverse-mode passes; the probe makes no curvature products
             "frobenius": summarise(fro_t),
             "spectral": summarise(spec_t),
         }
@@ -170,7 +171,7 @@ class JacobianProbe:
         if method == "estimate" and details["spectral"]["unconverged"]:
             notes += f"; power iteration: {details['spectral']['unconverged']} samples above residual tol"
         return ProbeResult(
-            probe=self.name, value=details["frobenius"]["mean"], stderr=stderr, matvecs=passes,
+            probe=self.name, value=details["frobenius"]["mean"], stderr=stderr, matvecs=0,
             seconds=time.perf_counter() - start, seed=ctx.seed if method == "estimate" else None,
             label=f"mean ‖J_x‖_F ({options.output})", notes=notes, details=details,
         )

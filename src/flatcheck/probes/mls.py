@@ -126,11 +126,12 @@ class MLSProbe:
             "rank_tolerance": f"sigma > {eps:.3g} * max(C, D) * sigma_max",
             "local_dimensionality": torch.cat(ldim).mean().item(),
             "per_layer": per_layer,
+            "backward_passes": passes,  # batched, C per batch; the probe makes no curvature products
         }
         fmt = lambda b: "n/a" if b is None else f"{b:.4g}"  # noqa: E731
         notes = (f"MLS {mls:.4g} (bound {fmt(mls_bound)}), NMLS {nmls:.4g} (bound {fmt(nmls_bound)}), "
                  f"normalized MLS {details['normalized_mls']:.4g}, log-vol {details['log_volume']:.4g}, "
                  f"local dim {details['local_dimensionality']:.4g}")
-        return ProbeResult(probe=self.name, value=mls, stderr=None, matvecs=passes,
+        return ProbeResult(probe=self.name, value=mls, stderr=None, matvecs=0,
                            seconds=time.perf_counter() - start, label=f"MLS ({options.output})",
                            notes=notes, details=details)

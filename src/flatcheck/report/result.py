@@ -8,7 +8,8 @@ from typing import Any
 
 # 2.0: `dof` of the standard error, and a Hutchinson/Hutch++ trace's per-probe values
 # (details.probe_values, details.offset) and route (details.route), which gates pair on
-SCHEMA_VERSION = "2.0"
+# 2.1: jacobian, mls and decomposition report matvecs 0 and their backward passes in details.backward_passes
+SCHEMA_VERSION = "2.1"
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class ProbeResult:
     probe: str
     value: float | None
     stderr: float | None
-    matvecs: int
+    matvecs: int  # curvature (Hessian/GGN) products; other work is counted in `details`
     seconds: float
     seed: int | None = None
     label: str = ""  # what `value` is, e.g. "Tr(H)"
