@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import glob
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,8 +244,3 @@ def as_number(x: Any) -> float | None:
     if isinstance(x, str) and x.lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
         return float(x)
     return None
-
-
-def is_finite(x: Any) -> bool:
-    v = as_number(x)
-    return v is not None and math.isfinite(v)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -35,7 +35,6 @@ class Entry:
     describe: dict[str, Any]  # what identifies the model in the fingerprint
     checkpoint: Path | None = None
     skip_reason: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)
 
 
 def family(name: str) -> str:

@@ -48,10 +48,6 @@ class ParamLayout:
     def dim(self) -> int:
         return sum(self.sizes)
 
-    @property
-    def group_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(self.groups))
-
     def params(self, model: nn.Module) -> list[Tensor]:
         table = dict(model.named_parameters())
         return [table[n] for n in self.names]

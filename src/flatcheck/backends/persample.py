@@ -22,7 +22,6 @@ from torch import Tensor, nn
 from .layout import ParamLayout
 
 _CONV = (nn.Conv1d, nn.Conv2d)
-_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm)
 
 
 def _supported(m: nn.Module) -> bool:
