@@ -15,35 +15,37 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # importable by name: the forkserver children import it too
-import bench_peers as bp  # noqa: E402
+from peers import report, runner  # noqa: E402
+from peers.rows import Row, median_row  # noqa: E402
+from peers.tasks import DataCfg, ModelCfg, Task, plan  # noqa: E402
 
 
 def toy_plan(*kinds: str) -> list:
-    one, two = bp.DataCfg(16, 16), bp.DataCfg(16, 8)
+    one, two = DataCfg(16, 16), DataCfg(16, 8)
     tasks = {
-        "trace": [bp.Task("trace", one, dict(probes=4)), bp.Task("trace", two, dict(probes=3))],
-        "trace1": [bp.Task("trace", one, dict(probes=2))],
-        "eig": [bp.Task("eig", bp.DataCfg(16, 16, "float64"), dict(k=2, tol=1e-4, max_iter=30, power_iter=30))],
-        "slq": [bp.Task("slq", one, dict(steps=4, starts=2))],
-        "hvpgrad": [bp.Task("hvpgrad", two, dict(block=2))],
-        "block": [bp.Task("block", one, dict(block=3))],
-        "ggn": [bp.Task("ggn", one, dict(probes=4))],
+        "trace": [Task("trace", one, dict(probes=4)), Task("trace", two, dict(probes=3))],
+        "trace1": [Task("trace", one, dict(probes=2))],
+        "eig": [Task("eig", DataCfg(16, 16, "float64"), dict(k=2, tol=1e-4, max_iter=30, power_iter=30))],
+        "slq": [Task("slq", one, dict(steps=4, starts=2))],
+        "hvpgrad": [Task("hvpgrad", two, dict(block=2))],
+        "block": [Task("block", one, dict(block=3))],
+        "ggn": [Task("ggn", one, dict(probes=4))],
     }
-    demo = bp.plan(["demo"], False)[0]
-    return [bp.ModelCfg("demo", demo.title, demo.spec, demo.data, demo.checkpoint,
+    demo = plan(["demo"], False)[0]
+    return [ModelCfg("demo", demo.title, demo.spec, demo.data, demo.checkpoint,
                         tuple(t for k in kinds for t in tasks[k]))]
 
 
 @pytest.fixture(scope="module")
 def inline_run():
-    args = bp.parse_args(["--inline", "--models", "demo"])
+    args = runner.parse_args(["--inline", "--models", "demo"])
     models = toy_plan("trace", "eig", "slq", "hvpgrad", "block", "ggn")
-    return models, *bp.run_all(args, log=lambda s: None, models=models)[1:]
+    return models, *runner.run_all(args, log=lambda s: None, models=models)[1:]
 
 
 def test_every_backend_every_task(inline_run):
     models, rows, _ = inline_run
-    backends, broken = bp.discover_backends()
+    backends, broken = runner.discover_backends()
     assert "autograd" in backends and "distributed" not in backends
     assert not broken, f"flatcheck backends failed to import: {broken}"
     fc = [r for r in rows if r.is_flatcheck]
@@ -74,10 +76,10 @@ def test_every_backend_every_task(inline_run):
 
 def test_peers_are_rows_not_crashes(inline_run):
     models, rows, _ = inline_run
-    for peer, title in bp.PEER_TITLES.items():
+    for peer, title in runner.PEER_TITLES.items():
         mine = [r for r in rows if r.tool.startswith(title)]
         assert mine, f"no rows for {title}"
-        if bp.peer_available(peer) is not None:
+        if runner.peer_available(peer) is not None:
             assert all("not installed" in r.error for r in mine)
             continue
         for r in mine:
@@ -85,18 +87,18 @@ def test_peers_are_rows_not_crashes(inline_run):
             if r.error is None and r.task_kind == "trace":
                 assert r.hvps == (4 if "1 batch" in r.task else 3), (r.tool, r.hvps)
                 assert r.extra["ratios"], "peer rows carry peer time ÷ flatcheck time"
-    if bp.peer_available("pyhessian") is None:  # its density calls torch.eig, removed in torch 2
+    if runner.peer_available("pyhessian") is None:  # its density calls torch.eig, removed in torch 2
         slq = [r for r in rows if r.tool == "PyHessian" and r.task_kind == "slq"]
         assert slq and (slq[0].error is None or "eig" in slq[0].error)
 
 
 def test_tables_and_atomic_save(inline_run, tmp_path):
     models, rows, machine = inline_run
-    text = bp.markdown(models, rows, machine, "bench_peers.py --inline")
+    text = report.markdown(models, rows, machine, "bench_peers.py --inline")
     assert "## demo DigitsCNN" in text and "| flatcheck[autograd] |" in text
     assert "bench_peers.py --inline" in text and machine["versions"]["torch"] in text
-    bp.print_tables(models, rows, machine)
-    path = bp.save(text, tmp_path, rows)
+    report.print_tables(models, rows, machine)
+    path = report.save(text, tmp_path, rows)
     assert path.read_text() == text and (tmp_path / "latest.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "latest.md"]  # no temp files left
 
@@ -106,49 +108,49 @@ def test_subprocess_row_and_cli(tmp_path, capsys):
     args = ["--models", "demo", "--tasks", "trace", "--peers", "none", "--backends", "autograd",
             "--save", "--results-dir", str(tmp_path)]
     toy = toy_plan("trace1")
-    orig = bp.plan
-    bp.plan = lambda models, full: toy
+    orig = runner.plan
+    runner.plan = lambda models, full: toy
     try:
-        assert bp.main(args) == 0
+        assert runner.main(args) == 0
     finally:
-        bp.plan = orig
+        runner.plan = orig
     text = (tmp_path / "latest.md").read_text()
     assert "flatcheck[autograd]" in text and "FAILED" not in text
     assert "--peers none" in text
 
 
 def _row(seconds, peak=None, error=None, notes="n"):
-    return bp.Row("demo", "t", "trace", "flatcheck[autograd]", seconds=seconds, peak_mib=peak, error=error, notes=notes)
+    return Row("demo", "t", "trace", "flatcheck[autograd]", seconds=seconds, peak_mib=peak, error=error, notes=notes)
 
 
 def test_median_row_picks_the_median_run_and_the_largest_peak():
     runs = [_row(3.0, 10), _row(1.0, 30), _row(2.0, 20), _row(None, error="boom"), _row(9.0, 5)]
-    row = bp.median_row(runs)
+    row = median_row(runs)
     # four that ran: 1, 2, 3, 9 → the lower middle one, 2
     assert row.seconds == 2.0 and row.peak_mib == 30
     assert row.extra["repeats"] == [1.0, 2.0, 3.0, 9.0]
     assert "median time of 4 runs (1–9 s)" in row.notes and "1 of 5 runs FAILED: boom" in row.notes
-    assert bp.median_row([_row(5.0)]).notes == "n"  # one run: the row as it was
-    failed = bp.median_row([_row(None, error="a"), _row(None, error="b")])
+    assert median_row([_row(5.0)]).notes == "n"  # one run: the row as it was
+    failed = median_row([_row(None, error="a"), _row(None, error="b")])
     assert failed.error == "a"
     # a row read for its HVP ÷ gradient takes the run of median ratio, not of median time
-    runs = [bp.Row("demo", "t", "hvpgrad", "flatcheck[func]", seconds=s, extra={"ratio": q})
+    runs = [Row("demo", "t", "hvpgrad", "flatcheck[func]", seconds=s, extra={"ratio": q})
             for s, q in ((1.0, 3.0), (2.0, 1.0), (3.0, 2.0))]
-    row = bp.median_row(runs)
+    row = median_row(runs)
     assert row.seconds == 3.0 and row.extra["ratio"] == 2.0 and "median HVP ÷ gradient of 3 runs (1–3)" in row.notes
 
 
 def test_repeat_runs_each_tool_n_times_and_reports_medians():
-    args = bp.parse_args(["--inline", "--models", "demo", "--peers", "none", "--backends", "autograd",
+    args = runner.parse_args(["--inline", "--models", "demo", "--peers", "none", "--backends", "autograd",
                           "--repeat", "3"])
     log = []
-    models, rows, machine = bp.run_all(args, log=log.append, models=toy_plan("trace1"))
+    models, rows, machine = runner.run_all(args, log=log.append, models=toy_plan("trace1"))
     assert [r.tool for r in rows] == ["flatcheck[autograd]", "flatcheck[autograd+parts]"]
     for r in rows:
         times = r.extra["repeats"]
         assert len(times) == 3 and r.seconds == times[1] and "median time of 3 runs" in r.notes
     # the tools take turns: autograd, parts, autograd, parts, …
     assert ["+parts" in line for line in log] == [False, True] * 3
-    assert "3 repetitions per row" in bp.markdown(models, rows, machine, "x", repeat=3)
+    assert "3 repetitions per row" in report.markdown(models, rows, machine, "x", repeat=3)
     with pytest.raises(SystemExit):
-        bp.parse_args(["--repeat", "0"])
+        runner.parse_args(["--repeat", "0"])
