@@ -1,4 +1,4 @@
-"""Head-trace benchmark in the shape of seed 003 Tables 1–2: the Hessian trace of the loss
+"""Head-trace benchmark in the shape of Taleghani et al. 2026, Tables 1–2: the Hessian trace of the loss
 w.r.t. the final linear layer of a GAP CNN, by four methods, for growing batch size and
 number of classes.
 

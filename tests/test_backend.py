@@ -74,7 +74,7 @@ def test_train_mode_leaves_running_stats_bit_identical():
 
 
 def test_bn_mode_changes_the_numbers():
-    """The two modes are different functions (seed 001 reports 10^3× gaps); make sure both are honoured."""
+    """The two modes are different functions (Granziol 2020 reports 10^3× gaps); make sure both are honoured."""
     eval_tr = make_case("cnn", bn_mode="eval").backend().ggn_trace().per_param.sum()
     train_tr = make_case("cnn", bn_mode="train").backend().ggn_trace().per_param.sum()
     assert not torch.isclose(eval_tr, train_tr, rtol=1e-3)

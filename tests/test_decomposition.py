@@ -1,4 +1,5 @@
-"""Seed 000's centered decomposition: per-layer terms equal the exact GGN trace of dense layers."""
+"""Anonymous 2025's centered decomposition ("Sharpness can be manipulated and misleading for
+generalization"): per-layer terms equal the exact GGN trace of dense layers."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Conventions (SPEC "Conventions"), with f the logits and e_y the one-hot target:
 - cross_entropy:   ℓ = −log softmax(f)_y
 - label_smoothing: cross entropy against (1 − α)·e_y + α/C (torch's definition)
 - mse:             ℓ = ½‖f − e_y‖²            (the ½ makes A = I)
-- sigmoid_mse:     ℓ = ½‖σ(f) − e_y‖²         (seed 002 App. F)
+- sigmoid_mse:     ℓ = ½‖σ(f) − e_y‖²         (Chen et al. 2023 App. F)
 
 A = ∇²_f ℓ is what the GGN G = (1/N) Σ Jᵀ A J uses. It is written as
 A = Σ_k λ_k u_k u_kᵀ so that Tr(Jᵀ A J) = Σ_k λ_k ‖Jᵀ u_k‖² needs only VJPs.

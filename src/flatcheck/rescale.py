@@ -1,4 +1,5 @@
-"""Function-preserving reparametrisations (SPEC "Diagnostics", seed 000 Fig. 1).
+"""Function-preserving reparametrisations (SPEC "Diagnostics"; Fig. 1 of Anonymous 2025, "Sharpness
+can be manipulated and misleading for generalization").
 
 - relu-pair: z_{l+1} = W_{l+1} φ(W_l x + b_l) with φ positively homogeneous (ReLU, pooling, …):
   W_l, b_l ×α and W_{l+1} ×1/α leave the function unchanged.

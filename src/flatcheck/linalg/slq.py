@@ -1,4 +1,4 @@
-"""Stochastic Lanczos quadrature (Ghorbani, Krishnan & Xiao 2019; seed 001 App. B).
+"""Stochastic Lanczos quadrature (Ghorbani, Krishnan & Xiao 2019; Granziol 2020 App. B).
 
 For a unit start vector v, m Lanczos steps give T_m = S diag(θ) Sᵀ, and the Gauss rule
 with nodes θ_j and weights w_j = S_{1j}² integrates the spectral measure of H seen from v,

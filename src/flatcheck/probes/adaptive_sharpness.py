@@ -1,4 +1,4 @@
-"""Probe 5 (SPEC; Kwon et al. 2021, Andriushchenko et al. 2023, seed 002 §E.2, App. F):
+"""Probe 5 (SPEC; Kwon et al. 2021, Andriushchenko et al. 2023, Chen et al. 2023 §E.2, App. F):
 elementwise adaptive average-case sharpness."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class AdaptiveSharpnessProbe:
 
     Second order: S_ρ ≈ (ρ²/2)·Tr(diag|w| H diag|w|), by Hutchinson on the operator
     V ↦ (H (V⊙|w|))⊙|w| with Rademacher V, with its own standard error and matvecs.
-    `loss` replaces the spec's loss for this probe (seed 002 uses sigmoid-mse for ViTs).
+    `loss` replaces the spec's loss for this probe (Chen et al. 2023 use sigmoid-mse for ViTs).
     The headline value is the Monte Carlo estimate unless method is "second-order".
     """
 

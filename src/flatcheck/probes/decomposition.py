@@ -1,5 +1,8 @@
-"""Probe 12 (SPEC, seed 000 §3, App. A.1): the centered decomposition of Tr(G) per Linear/Conv
-layer and its scale-aware upper bound, next to the exact GGN trace of the same weights."""
+"""Probe 12 (SPEC, Anonymous 2025 §3, App. A.1): the centered decomposition of Tr(G) per Linear/Conv
+layer and its scale-aware upper bound, next to the exact GGN trace of the same weights.
+
+Anonymous 2025: "Sharpness can be manipulated and misleading for generalization", under
+double-blind review."""
 
 from __future__ import annotations
 
@@ -59,7 +62,7 @@ class DecompositionProbe:
     - M^{(l)} = (∂f/∂z^{(l)})(∂f/∂z^{(l)})ᵀ (C×C, f = logits), λmax(M) = σ_max(∂f/∂z^{(l)})²;
     - centered = Σ_i p_i (v_i − v̄)ᵀ M (v_i − v̄) with v_i = e_i, v̄ = p, i.e. Tr(A M) for the
       loss's output Hessian A (diag(p) − ppᵀ for cross entropy; Tr(A M) for mse/sigmoid-mse);
-    - term = s_{l−1}·centered, the layer's share of Tr(G) in seed 000's decomposition;
+    - term = s_{l−1}·centered, the layer's share of Tr(G) in Anonymous 2025's decomposition;
     - bound = 2 s_{l−1} λmax(M) Σ_i p_i ‖v_i‖² (= 2 s λmax for cross entropy, since ‖e_i‖ = 1;
       for other losses s λmax Tr(A), the same Rayleigh bound).
 

@@ -1,4 +1,5 @@
-"""Probe 7 (SPEC; seed 003 Theorem 1, Corollary 3): exact Hessian trace of the loss w.r.t. the head."""
+"""Probe 7 (SPEC; Taleghani et al. 2026, Theorem 1, Corollary 3): exact Hessian trace of the loss
+w.r.t. the head."""
 
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ class HeadTraceProbe:
         Tr_W = (1/N) Σ_n Tr(A_n) ‖φ_n‖²,   Tr_b = (1/N) Σ_n Tr(A_n),   A_n = ∇²_z ℓ_n,
 
     for every loss (z is linear in W and b; for cross entropy Tr(A) = Σ_j p_j(1 − p_j), which
-    is seed 003's Theorem 1 and Corollary 3). φ is the head's input; for a conv head followed
-    by global average pooling, the average patch. The value is Tr_W + Tr_b; each is reported.
+    is Taleghani et al. 2026, Theorem 1 and Corollary 3). φ is the head's input; for a conv
+    head followed by global average pooling, the average patch. The value is Tr_W + Tr_b; each is reported.
 
     The head is the spec's (or `head`), whatever `--params` says: this is a trace over the
     head by definition. `verify` recomputes the Hessian diagonal of the head by autograd

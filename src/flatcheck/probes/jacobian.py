@@ -64,8 +64,8 @@ def choose_method(method: str, num_classes: int, input_dim: int) -> str:
 @register_probe
 class JacobianProbe:
     """Per sample n: ‖J_n‖_F and ‖J_n‖_2 of J_n = ∂f(x_n)/∂x_n (f = logits or softmax(logits));
-    value = mean over S of ‖J_n‖_F; details hold mean and max of both norms (seed 004 uses the
-    max of the spectral norm of the softmaxed model).
+    value = mean over S of ‖J_n‖_F; details hold mean and max of both norms (MacDonald et al.
+    2023 use the max of the spectral norm of the softmaxed model).
 
     method exact: the C rows of every J_n (C batched backward passes), norms from its singular
     values. method estimate (auto picks it when C > 128 or C·D is large): ‖J_n‖²_F from K
@@ -75,7 +75,8 @@ class JacobianProbe:
 
     --exclude-region y,x,h,w: per sample √(‖J_out‖²_F / n_out) · √n_region, J_out the columns of
     J at pixels outside the region (all channels). n counts spatial positions only
-    (n_out = H·W − h·w, n_region = h·w, as seed 000 Table 3: 32×32 − 8×8 and 8×8 for RGB input);
+    (n_out = H·W − h·w, n_region = h·w, as in Table 3 of Anonymous 2025, "Sharpness can be
+    manipulated and misleading for generalization": 32×32 − 8×8 and 8×8 for RGB input);
     counting channels too would multiply both n by the channel count, which cancels.
 
     Eval-mode BatchNorm only: batch statistics make J_n depend on the other samples.

@@ -130,7 +130,7 @@ def num_classes(ctx: ProbeContext) -> int:
 
 @register_probe
 class RankProbe:
-    """Rank degeneracy D at the origin (seed 001 §3.2, App. D): the SLQ weight of the node
+    """Rank degeneracy D at the origin (Granziol 2020 §3.2, App. D): the SLQ weight of the node
     nearest 0 (GGN), or of the two nodes nearest 0 combined (Hessian; their weighted mean is
     the location), averaged over start vectors with its standard error. Reported beside the
     paper's bound D ≥ 1 − 4·C·(Σ_l N_l + d_x)/P (neurons counted by NEURON_RULE, printed in

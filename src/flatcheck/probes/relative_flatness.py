@@ -1,4 +1,4 @@
-"""Probe 6 (SPEC; Petzka et al. 2021, seed 003 Definition 1): relative flatness κ of the head."""
+"""Probe 6 (SPEC; Petzka et al. 2021, Taleghani et al. 2026 Definition 1): relative flatness κ of the head."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ class RelativeFlatnessProbe:
     Per-class contributions κ_s = Σ_{s'} ⟨w_s, w_s'⟩ Tr(H_{s,s'}) sum to κ (details.per_class).
     The bias is not part of κ (Petzka's definition is over the weights).
 
-    Seed 003's convolutional version (Definition 1) replaces φ by the channel-wise average
-    patch φ̄ of the conv head's input and w_s by the flattened filter. For a 1×1-conv head
+    Taleghani et al. 2026's convolutional version (Definition 1) replaces φ by the channel-wise
+    average patch φ̄ of the conv head's input and w_s by the flattened filter. For a 1×1-conv head
     followed by global average pooling the patch is one pixel, φ̄ is the pooled feature vector
     and the filter is the weight row, so Definition 1 coincides with the formula above; the
     same holds for a larger kernel, with φ̄ the average (C_in·K_H·K_W) patch, which is what
@@ -70,6 +70,6 @@ class RelativeFlatnessProbe:
                 "weight_trace": stats.weight_trace,
                 "weight_sqnorm": W.to(dtype=stats.class_kappa.dtype).pow(2).sum().item(),
                 "mean_feature_sqnorm": stats.feature_sqnorm,
-                "convolutional_definition": "coincides (seed 003 Def. 1 with the average patch = φ)",
+                "convolutional_definition": "coincides (Taleghani et al. 2026 Def. 1 with the average patch = φ)",
             },
         )

@@ -39,7 +39,7 @@ def check_plot_target(path: str, flag: str = "--plot") -> None:
 
 def plot_density(path: str, grid: np.ndarray, density: np.ndarray, *, title: str,
                  nodes: np.ndarray | None = None) -> None:
-    """Spectral density on a log y-axis (as seed 001 Fig. 1), written atomically.
+    """Spectral density on a log y-axis (as Granziol 2020, Fig. 1), written atomically.
 
     Uses the object-oriented Figure/Agg API rather than pyplot, so a user's interactive
     backend and global figure state are left alone.
