@@ -149,8 +149,8 @@ class QuadraticForms:
 
 def preload() -> None:
     """Import what tracing and the first jvp load: make_fx imports torch._inductor's config,
-    and with it torch._dynamo, ~3 s on this CPU in a process that has not imported them yet
-    (importing timm does; a model of flatcheck's own zoo alone does not)."""
+    and with it torch._dynamo, seconds of importing in a process that has not imported them
+    yet (importing timm does; a model of flatcheck's own zoo alone does not)."""
     import torch._inductor.config  # noqa: F401
     from torch.fx.experimental.proxy_tensor import make_fx  # noqa: F401
 
@@ -407,7 +407,8 @@ def _choose(node: fx.Node, moving: set) -> _Rule:
     return _NESTED
 
 
-# Ops common enough that nested jvp's overhead shows (log-softmax was 18 % of a demo probe):
+# Ops common enough that nested jvp's overhead shows (nested, log-softmax alone costs about a
+# fifth of a demo probe):
 # their tangent f′(x)x′ and source f″(x)[x′, x′] written out. Each is checked against the
 # nested-jvp rule in the tests.
 def _unary(df: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]):

@@ -11,8 +11,8 @@ _COLUMNS = 2**18  # per chunk: k·2¹⁸ float64 numbers (2 MiB per row) instead
 def rowsum64(block: Tensor) -> Tensor:
     """block (k, n) → (k,) sums accumulated in float64.
 
-    torch's sum(dtype=float64) first converts the whole input (measured: 254 MiB for a
-    3 × 11M float32 block), which would double an estimator's peak memory.
+    torch's sum(dtype=float64) first converts the whole input to a float64 copy (254 MiB
+    for a 3 × 11M float32 block), which would double an estimator's peak memory.
     """
     if block.dtype == torch.float64:
         return block.sum(1)
