@@ -338,13 +338,87 @@ def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
     values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]
     cfg = gate({"field": "trace.value", "max_increase": "20%"})
     base = _baseline({"trace": traced(values)}, **META)
-    with pytest.raises(InputError, match=r"can never be decided unpaired.*at least (\d+) probes \(it has 16\)") as exc:
+    with pytest.raises(InputError, match=r"cannot pass an unchanged model unpaired.*probes_max ≥ (\d+) "
+                                         r"\(it has 16\)") as exc:
         check_baseline(cfg, base, META, seed=1)
-    need = int(re.search(r"at least (\d+)", str(exc.value)).group(1))
-    # with that many probes of the same spread, z·1.2·s_b falls below the margin
+    need = int(re.search(r"probes_max ≥ (\d+)", str(exc.value)).group(1))
+    # with that many probes of the same spread on both sides, an unchanged model's interval
+    # z·√(1 + 1.2²)·s_b falls inside the margin
     s_b = traced(values)["stderr"] * math.sqrt(16 / need)
-    assert stats_t.ppf(0.975, need - 1) * 1.2 * s_b < 0.2 * sum(values) / 16
+    assert stats_t.ppf(0.975, need - 1) * math.sqrt(1 + 1.2**2) * s_b < 0.2 * sum(values) / 16
     check_baseline(cfg, base, META, seed=0)  # paired at its own seed: decidable
+
+
+def test_a_zero_margin_is_met_paired_and_refused_unpaired():
+    from flatcheck.gate import check_baseline
+
+    values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]
+    cfg = gate({"field": "trace.value", "max_increase": 0})
+    base = _baseline({"trace": traced(values)}, **META)
+    check_baseline(cfg, base, META, seed=0)
+    (c,) = evaluate(cfg, {"trace": traced(values)}, {"trace": traced(values)})
+    assert c.verdict == "pass" and c.stderr is None  # every per-probe difference is 0
+    with pytest.raises(InputError, match=r"cannot pass an unchanged model unpaired.*margin 0"):
+        check_baseline(cfg, base, META, seed=1)
+    zero = _baseline({"trace": result(0.0, 0.5).to_dict()}, **META)
+    with pytest.raises(InputError, match="margin 0"):
+        check_baseline(cfg, zero, META, seed=0)
+
+
+def test_a_layer_rule_at_the_same_seed_is_refused_when_an_unchanged_model_could_not_pass():
+    """Parts are compared unpaired: a rule an unchanged model could fail is refused up front."""
+    from flatcheck.gate import check_baseline
+
+    layers = {"head": {"value": 2.1587, "stderr": 0.1535}}
+    cfg = gate({"field": "trace.details.layers.head.value", "max_increase": "20%"})
+    base = _baseline({"trace": {**traced([1.0, 2.0, 3.0]), "details": {**traced([1.0, 2.0, 3.0])["details"],
+                                                                        "layers": layers}}}, **META)
+    with pytest.raises(InputError, match="only a headline value is paired"):
+        check_baseline(cfg, base, META, seed=0)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda r: r["details"].pop("offset"), "probe_values/offset"),
+    (lambda r: r.update(value=r["value"] * 10), "edited or corrupted"),
+    (lambda r: r["details"].update(probe_values=[2 * v for v in r["details"]["probe_values"]]), "edited or corrupted"),
+    (lambda r: r["details"].update(probe_values=[1.0]), "probe_values/offset"),
+])
+def test_a_baseline_whose_probe_values_do_not_give_its_value_is_refused(edit, match):
+    from flatcheck.gate import check_baseline
+
+    res = traced([10.0 + 6 * math.sin(3 * i) for i in range(16)])
+    check_baseline(gate({"field": "trace.value", "max_increase": "20%"}), _baseline({"trace": res}, **META), META,
+                   seed=0)
+    edit(res)
+    with pytest.raises(InputError, match=match):
+        check_baseline(gate({"field": "trace.value", "max_increase": "20%"}), _baseline({"trace": res}, **META),
+                       META, seed=0)
+
+
+def test_a_baseline_of_another_matrix_is_refused():
+    from flatcheck.gate import check_baseline
+
+    res = traced([1.0, 2.0, 3.0])
+    cfg = gate({"field": "trace.value", "max_increase": "20%"}, probes={"trace": {"estimator": "exact"}})
+    with pytest.raises(InputError, match="hessian matrix, this gate's of the ggn"):
+        check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=0)
+
+
+@pytest.mark.parametrize("version, ok", [("2.1", True), ("1.0", True), (None, True), ("9.9", False),
+                                         (2.1, False), ("two", False)])
+def test_baseline_schema_version(tmp_path, version, ok):
+    from flatcheck.gate import load_baseline
+
+    data = {"results": {"gini": {"value": 0.1}}}
+    if version is not None:
+        data["schema_version"] = version
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(data))
+    if ok:
+        load_baseline(path)
+    else:
+        with pytest.raises(ConfigError, match="schema_version"):
+            load_baseline(path)
 
 
 def test_min_above_max_and_rtol_are_refused_in_gate_files():

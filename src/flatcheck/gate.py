@@ -376,7 +376,7 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
         else:
             sigma = math.sqrt(se**2 + (slope * base_se) ** 2)
             dof = _welch(se, dof, slope * base_se, _dof(baseline, bound))
-            check.message = why
+            check.message = why if sigma > 0 and _headline(bound) else ""
     else:
         threshold, sigma = bound.limit, se
     check.threshold = threshold
@@ -422,9 +422,18 @@ def _baseline_number(bound: Bound, raw: Any, raw_se: Any, where: str = "--baseli
     return b, se
 
 
+# fields whose stderr comes from the same draws as the headline's (a trace's parts)
+_SAME_DRAWS = ("trace.details.layers.", "trace.details.per_parameter.")
+
+
+def _headline(bound: Bound) -> bool:
+    return bound.field in (bound.probe, f"{bound.probe}.value")
+
+
 def _dof(results: Mapping[str, Any], bound: Bound) -> float | None:
-    """Degrees of freedom of a headline value's stderr; None (normal) for other fields."""
-    if bound.field not in (bound.probe, f"{bound.probe}.value"):
+    """Degrees of freedom of a headline value's stderr (and of a trace's parts, which are
+    averages over the same probes); None (normal) for other fields."""
+    if not (_headline(bound) or bound.field.startswith(_SAME_DRAWS)):
         return None
     dof = (results.get(bound.probe) or {}).get("dof")
     return float(dof) if isinstance(dof, (int, float)) and not isinstance(dof, bool) and dof >= 1 else None
@@ -477,7 +486,23 @@ def load_baseline(path: str | Path) -> Baseline:
     if bad:
         raise ConfigError(f"{where}: results.{bad[0]} is not a probe result (a mapping)")
     meta = {k: v for k, v in data.items() if k not in ("results", "gate")}
+    _check_schema(meta.get("schema_version"), where)
     return Baseline(data["results"], meta, where)
+
+
+def _check_schema(version: Any, where: str) -> None:
+    """A report of a newer major schema may mean anything; an absent version is an old report
+    (compared unpaired: it holds no per-probe values)."""
+    from .report.result import SCHEMA_VERSION
+
+    if version is None:
+        return
+    parts = version.split(".") if isinstance(version, str) else []
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"{where}: schema_version {version!r} is not MAJOR.MINOR")
+    if int(parts[0]) > int(SCHEMA_VERSION.split(".")[0]):
+        raise ConfigError(f"{where}: schema_version {version} is newer than this flatcheck's "
+                          f"{SCHEMA_VERSION}; compare with the flatcheck that wrote it")
 
 
 # What makes two reports measure the same quantity: the function (architecture, parameters,
@@ -530,48 +555,107 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
         except FieldMissing:
             continue  # a probe added since: skipped, and said so
         b, s_b = _baseline_number(bound, raw, raw_se, baseline.where)
+        result = baseline.results.get(bound.probe) or {}
+        _check_same_quantity(bound, result, gate, baseline.where)
+        if _headline(bound):
+            _check_probe_values(bound, result, b, s_b, baseline.where)
         _check_decidable(bound, b, s_b, baseline, seed, level, gate)
+
+
+def _planned_options(gate: GateConfig, probe: str) -> Any:
+    return parse_options(probe, gate.probes.get(probe, {}))
+
+
+def _check_same_quantity(bound: Bound, result: Mapping[str, Any], gate: GateConfig, where: str) -> None:
+    """A Tr(G) baseline does not bound a Tr(H): refuse when the baseline says it measured
+    another matrix than the one this gate's options will."""
+    options = _planned_options(gate, bound.probe)
+    now = getattr(options, "resolved_matrix", getattr(options, "matrix", None))
+    then = (result.get("details") or {}).get("matrix")
+    if now is not None and then is not None and now != then:
+        raise InputError(f"{where}: rule {bound.name}: the baseline's {bound.probe} is of the {then} matrix, "
+                         f"this gate's of the {now}: not the same quantity (set probes.{bound.probe}.matrix)")
+
+
+def _check_probe_values(bound: Bound, result: Mapping[str, Any], b: float, s_b: float, where: str) -> None:
+    """Per-probe values a comparison would pair on must give the value and stderr the report
+    shows (value = offset + mean, stderr = sd/√n): otherwise the verdict would follow numbers
+    the report does not show — an edited or corrupted baseline."""
+    details = result.get("details") or {}
+    values = details.get("probe_values")
+    if values is None:
+        return
+    nums = [as_number(v) for v in values] if isinstance(values, list) else [None]
+    offset = as_number(details.get("offset"))
+    if len(nums) < 2 or any(v is None or not math.isfinite(v) for v in nums) or offset is None \
+            or not math.isfinite(offset):
+        raise InputError(f"{where}: {bound.probe}.details.probe_values/offset are not two or more finite numbers "
+                         "and a number: the report was edited or cut")
+    n = len(nums)
+    mean = sum(nums) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in nums) / (n - 1))
+    scale = max(abs(offset), max(abs(v) for v in nums), 1e-300)
+    # both sides are sums of the same float64 numbers in another order: agree to round-off
+    if abs(offset + mean - b) > 1e-9 * scale or abs(sd / math.sqrt(n) - s_b) > 1e-9 * max(sd, 1e-300):
+        raise InputError(f"{where}: {bound.field} is {b:.6g} ± {s_b:.3g}, but its probe_values and offset give "
+                         f"{offset + mean:.6g} ± {sd / math.sqrt(n):.3g}: the report was edited or corrupted")
 
 
 def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, seed: int, level: float,
                      gate: GateConfig) -> None:
-    """Refuse a rule that no run can decide: even a current value known exactly (unpaired) or
-    an unchanged model (paired) leaves the interval z·|slope|·s_b wider than the margin x·|b|.
-    Paired, the statistic's baseline part is (slope − 1)·b_i = ±x·b_i, so |slope| becomes x."""
+    """Refuse a rule that an unchanged model could not pass, before the run.
+
+    Unpaired, an unchanged model measured as precisely as the baseline has v − T = −x·|b| with
+    error √(1 + slope²)·s_b. Paired, the per-probe statistic of an unchanged model is
+    (1 − slope)·b_i = ∓x·b_i: error x·s_b. Either must leave the interval z·error inside the
+    margin x·|b|; a 0 % margin can only be met paired (where an unchanged model differs by 0)."""
     if s_b == 0:
         return
     margin = bound.limit * abs(b)
     dof = _dof(baseline.results, bound)
     unpaired = _planned_unpaired(bound, gate, baseline, seed)
-    slope = abs(_slope(bound, b)) if unpaired else bound.limit
+    if not unpaired:
+        if margin == 0 or z_error_ok(level, dof, bound.limit * s_b, margin):
+            return
+        factor = bound.limit
+    else:
+        factor = math.sqrt(1 + _slope(bound, b) ** 2)
+        if margin > 0 and z_error_ok(level, dof, factor * s_b, margin):
+            return
     z = quantile(level, dof)
-    if z * slope * s_b < margin:
-        return
     how = f"unpaired ({unpaired})" if unpaired else "paired (same seed and estimator)"
-    msg = (f"{baseline.where}: rule {bound.name} can never be decided {how}: the baseline's "
-           f"{bound.field} = {b:.6g} ± {s_b:.3g} moves the threshold by ±{z * slope * s_b:.3g}, "
-           f"more than the rule's margin {margin:.3g}")
-    if dof is not None:
+    msg = (f"{baseline.where}: rule {bound.name} cannot pass an unchanged model {how}: the baseline's "
+           f"{bound.field} = {b:.6g} ± {s_b:.3g} gives an interval of ±{z * factor * s_b:.3g}, not inside the "
+           f"rule's margin {margin:.3g}")
+    if dof is not None and margin > 0:
         m = int(dof) + 1
-        need = math.ceil(m * (z * slope * s_b / margin) ** 2) + 1
-        msg += f"; make the baseline with at least {need} probes (it has {m})"
-    if unpaired:
+        need = math.ceil(m * (z * factor * s_b / margin) ** 2) + 1
+        # in the unit of the probe's effort option: Hutch++ spends 3 products per residual probe
+        result = baseline.results.get(bound.probe) or {}
+        per = result.get("matvecs", m) / m if isinstance(result.get("matvecs"), int) and result["matvecs"] else 1
+        option = effort_option(bound.probe) or "probes"
+        msg += f"; make the baseline with {option} ≥ {math.ceil(need * per)} (it has {round(m * per)})"
+    if unpaired and _headline(bound):
         msg += ", or with this gate file at this seed (flatcheck gate … --no-baseline --json) to compare paired"
     raise InputError(msg)
+
+
+def z_error_ok(level: float, dof: float | None, error: float, margin: float) -> bool:
+    return quantile(level, dof) * error < margin
 
 
 def _planned_unpaired(bound: Bound, gate: GateConfig, baseline: Baseline, seed: int) -> str:
     """Why this gate's run of `bound`'s probe will not pair with the baseline ("" when it will),
     from the options it is about to run with; `pairing` decides again on the results."""
-    if bound.field not in (bound.probe, f"{bound.probe}.value"):
-        return "not a headline value"
+    if not _headline(bound):
+        return "only a headline value is paired"
     result = baseline.results.get(bound.probe) or {}
     details = result.get("details") or {}
     if not isinstance(details.get("probe_values"), list):
         return "the baseline has no per-probe values"
     if result.get("seed") != seed:
         return f"seeds differ: baseline {result.get('seed')}, now {seed}"
-    options = parse_options(bound.probe, gate.probes.get(bound.probe, {}))
+    options = _planned_options(gate, bound.probe)
     planned = {"estimator": getattr(options, "estimator", None),
                "matrix": getattr(options, "resolved_matrix", getattr(options, "matrix", None))}
     for key, now in planned.items():
