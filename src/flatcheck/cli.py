@@ -7,12 +7,15 @@ Results go to stdout; progress, warnings and errors to stderr. Exit codes: 0 ok,
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
+import os
 import sys
 import traceback
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Optional, get_origin
 
 import typer
 from rich.console import Console
@@ -23,6 +26,17 @@ from . import __version__
 from .entry import interrupted
 from .errors import FlatcheckError
 
+
+@dataclass(frozen=True)
+class FileRole:
+    """Marks a path parameter, inside its Annotated[...], as a file the command reads or writes,
+    so that an output naming an input (or another output) is refused before the run."""
+
+    writes: bool
+
+
+READS, WRITES = FileRole(writes=False), FileRole(writes=True)
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -32,7 +46,7 @@ app = typer.Typer(
 
 # -- options every probe command shares ---------------------------------------------------
 _COMMON: list[tuple[str, Any, Any]] = [
-    ("spec", Annotated[Path, typer.Option("--spec", help="model spec YAML (see model_specs/)")], ...),
+    ("spec", Annotated[Path, typer.Option("--spec", help="model spec YAML (see model_specs/)"), READS], ...),
     ("data", Annotated[str, typer.Option("--data", help="data set: digits, synthetic, cifar10, cifar100, mnist, "
                                          "fashion-mnist, svhn, npz:PATH, imagefolder:PATH")], "digits"),
     ("data_root", Annotated[Optional[Path], typer.Option("--data-root", help="folder holding torchvision data sets "
@@ -55,8 +69,8 @@ _COMMON: list[tuple[str, Any, Any]] = [
                                              "(--backend func; falls back to eager if it cannot)")], False),
     ("trust_packages", Annotated[Optional[list[str]], typer.Option("--trust-package", help="let a 'source: python' "
                                  "spec import this package (repeatable); a python spec is code")], None),
-    ("json_out", Annotated[Optional[str], typer.Option("--json", help="write the JSON report to PATH ('-' = stdout)")],
-     None),
+    ("json_out", Annotated[Optional[str], typer.Option("--json", help="write the JSON report to PATH ('-' = stdout)"),
+                           WRITES], None),
     ("quiet", Annotated[bool, typer.Option("--quiet", "-q", help="no progress or warnings on stderr")], False),
     ("debug", Annotated[bool, typer.Option("--debug", help="show tracebacks")], False),
 ]
@@ -78,23 +92,47 @@ def probe_command(name: str, help: str) -> Callable:
             inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in _COMMON
         ]
         own_names = {p.name for p in own}
+        roles = {p.name: role for p in own + shared if (role := _file_role(p.annotation)) is not None}
 
         @functools.wraps(fn)
-        def wrapper(**kwargs):
+        def wrapper(click_context: typer.Context, **kwargs):
+            files = _named_files(roles, kwargs, click_context)
             common = {k: kwargs.pop(k) for k in list(kwargs) if k not in own_names}
             checkpoint = kwargs.pop("checkpoint")
-            _execute(checkpoint, common, lambda: fn(checkpoint=checkpoint, **kwargs))
+            _execute(checkpoint, common, lambda: fn(checkpoint=checkpoint, **kwargs), files)
 
-        wrapper.__signature__ = inspect.Signature(own + shared)
-        wrapper.__annotations__ = {**{p.name: p.annotation for p in own}, **{n: a for n, a, _ in _COMMON}}
+        # typer passes the click context to a parameter of this type: it names the flags
+        context = inspect.Parameter("click_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+        wrapper.__signature__ = inspect.Signature(own + shared + [context])
+        wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
         app.command(name, help=help)(wrapper)
         return fn
 
     return deco
 
 
+def _flag(param: Any) -> str:
+    """A click parameter as the user writes it: its first option name, or an argument's NAME."""
+    return param.opts[0] if param.param_type_name == "option" else param.name.upper()
+
+
+def _file_role(annotation: Any) -> FileRole | None:
+    if get_origin(annotation) is not Annotated:
+        return None
+    return next((m for m in annotation.__metadata__ if isinstance(m, FileRole)), None)
+
+
+def _named_files(roles: dict[str, FileRole], values: dict[str, Any], ctx: typer.Context
+                 ) -> list[tuple[str, str, bool]]:
+    """(flag, path, writes) of the marked parameters given a path, each named by its flag."""
+    labels = {p.name: _flag(p) for p in ctx.command.params}
+    # '-' is a standard stream (--json -), not a file that could be clobbered
+    return [(labels.get(name, name), str(values[name]), role.writes) for name, role in roles.items()
+            if values.get(name) is not None and str(values[name]) != "-"]
+
+
 Checkpoint = Annotated[Path, typer.Argument(help="checkpoint: .safetensors, or .pt/.pth/.bin (read with weights_only)",
-                                            show_default=False)]
+                                            show_default=False), READS]
 
 
 @probe_command("probe", help="Run several probes in one pass, e.g. --probes trace,gini.")
@@ -128,12 +166,16 @@ def version_cmd() -> None:
     print(f"flatcheck {__version__} (torch {torch.__version__})")
 
 
-def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple]) -> None:
+def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple],
+             files: list[tuple[str, str, bool]]) -> None:
     err = Console(stderr=True)
     debug, quiet = common.pop("debug"), common.pop("quiet")
     json_out = common.pop("json_out")
 
     def body() -> int:
+        from .report.io import check_distinct_files
+
+        check_distinct_files(files + _data_file(common["data"]))
         with warnings.catch_warnings():
             if quiet:
                 warnings.simplefilter("ignore")
@@ -170,6 +212,13 @@ def guarded(debug: bool, body: Callable[[], int | None]) -> None:
         raise typer.Exit(code)
 
 
+def _data_file(uri: str) -> list[tuple[str, str, bool]]:
+    """The file a `--data KIND:PATH` reads (npz:PATH), as an input of the run; a folder
+    (imagefolder:PATH) cannot be overwritten by an output file, and a named set has no path."""
+    path = uri.partition(":")[2]
+    return [("--data", path, False)] if path and os.path.isfile(os.path.expanduser(path)) else []
+
+
 def _run(checkpoint, common, names, options, quiet, err, execute=None):
     from . import api
     from .config import RunConfig, probe_requests
@@ -179,7 +228,9 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None):
     execute = execute or api.run
     params = tuple(p.strip() for p in (common.pop("params") or "").split(",") if p.strip())
     config = RunConfig(checkpoint=checkpoint, probes=probe_requests(names, options), params=params, **common)
-    if quiet or not is_main_process():
+    # a progress bar is drawn only on a terminal; elsewhere rich's Progress just adds a blank
+    # line to stderr when it stops, ahead of any error line
+    if quiet or not is_main_process() or not err.is_interactive:
         return execute(config, None)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -243,5 +294,39 @@ def _load_commands() -> None:
 _load_commands()
 
 
-def main() -> None:
-    app()
+# typer ≥ 0.2x carries its own copy of click: its exception classes are those of the module
+# that typer's public BadParameter comes from, whichever click that is
+_click_errors = importlib.import_module(typer.BadParameter.__module__)
+
+
+def main() -> int:
+    """Run the command; returns its exit code. click's usage errors (a bad value, a missing or
+    unknown option or command) become the CLI's one `error:` line, exit 2."""
+    try:
+        code = app(standalone_mode=False)
+    except getattr(_click_errors, "NoArgsIsHelpError", ()) as exc:  # bare `flatcheck`: the help
+        exc.show()
+        return exc.exit_code
+    except _click_errors.UsageError as exc:
+        _error_line(_usage_message(exc))
+        return exc.exit_code
+    except _click_errors.ClickException as exc:
+        _error_line(f"error: {exc.format_message()}")
+        return exc.exit_code
+    except typer.Abort:  # click's end of input at a prompt (flatcheck asks none): a user stopping it
+        return interrupted()
+    # non-standalone click returns typer.Exit's code, or else the command's return value
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
+
+
+def _usage_message(exc: Exception) -> str:
+    """click's Usage/Try/Error lines as one: the flag at fault, what was wrong, where help is."""
+    ctx = getattr(exc, "ctx", None)
+    where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+    param = getattr(exc, "param", None)
+    if isinstance(exc, _click_errors.MissingParameter) or param is None or not exc.message:
+        what = exc.format_message()
+    else:
+        what = f"{_flag(param)}: {exc.message}"
+    what = what.rstrip(".")
+    return f"error: {what[:1].lower()}{what[1:]}{where}"

@@ -16,6 +16,9 @@ from .probes.registry import list_probes, parse_options
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 DEFAULT_SAMPLES = 1000
+# torch's generators take up to 2**64 - 1, but probes offset the seed to get further streams
+# (adaptive-sharpness adds 0x9E3779B9), and a signed 64-bit seed round-trips through any JSON reader
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,8 @@ class RunConfig:
             raise ConfigError(f"--bn-mode must be one of {', '.join(BN_MODES)}, got {self.bn_mode!r}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", self.device):
             raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        if self.seed < 0:
-            raise ConfigError(f"--seed must be non-negative, got {self.seed}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed must be an integer from 0 to {MAX_SEED} (2**63 - 1), got {self.seed}")
         if not self.probes:
             raise ConfigError("no probes requested; see `flatcheck list-probes`")
         object.__setattr__(self, "trust_packages", _package_names(self.trust_packages))

@@ -31,11 +31,10 @@ def main() -> None:
     try:
         from .cli import main as cli_main
 
-        cli_main()
-        code: object = 0
+        code: object = cli_main()
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
-    except SystemExit as exc:  # typer turns an interrupt while parsing into a silent exit 130
+    except SystemExit as exc:  # a sys.exit() anywhere in a command
         code = exc.code
     # on the way out: a second Ctrl-C must not turn the message or the interpreter's
     # shutdown into a traceback

@@ -7,18 +7,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli import Checkpoint, probe_command
+from ..cli import READS, WRITES, Checkpoint, probe_command
 
 
 @probe_command("gate", help="Check probe results against the rules of a gates YAML file (exit 1 on failure).")
 def gate_cmd(
     checkpoint: Checkpoint,
-    config: Annotated[Path, typer.Option("--config", help="gates YAML: probes, their options and rules")],
+    config: Annotated[Path, typer.Option("--config", help="gates YAML: probes, their options and rules"), READS],
     baseline: Annotated[Optional[Path], typer.Option("--baseline", help="JSON report of an earlier run, for "
-                                                     "max_increase/max_decrease rules")] = None,
-    junit: Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (one testcase per rule)")] = None,
+                                                     "max_increase/max_decrease rules"), READS] = None,
+    junit: Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (one testcase per rule)"),
+                     WRITES] = None,
     summary: Annotated[Optional[Path], typer.Option("--summary", help="write a Markdown summary "
-                                                    "(e.g. $GITHUB_STEP_SUMMARY)")] = None,
+                                                    "(e.g. $GITHUB_STEP_SUMMARY)"), WRITES] = None,
     confidence: Annotated[Optional[float], typer.Option("--confidence", help="level of the intervals of "
                                                         "stochastic values [default: the file's, else 0.95]")] = None,
     allow_foreign_baseline: Annotated[bool, typer.Option(

@@ -14,7 +14,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import ConfigError
 
@@ -62,6 +62,37 @@ def check_writable(path: str | Path, flag: str) -> None:
                           f"({exc.strerror or exc})") from None
     os.close(fd)
     os.unlink(tmp)
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file: the same resolved path (symlinks, `..`, a file not yet
+    written) or, both existing, the same inode (hard links, a case-insensitive file system)."""
+    a, b = os.path.expanduser(a), os.path.expanduser(b)
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
+def check_distinct_files(files: Sequence[tuple[str, str | Path, bool]]) -> None:
+    """Refuse, before any work, an output that is one of the run's inputs or another output:
+    the run would destroy its own input, or one output would replace the other.
+
+    files: (flag, path, writes) for every file the command reads or writes."""
+    for i, (flag, path, writes) in enumerate(files):
+        for other_flag, other, other_writes in files[i + 1:]:
+            if (writes or other_writes) and same_file(path, other):
+                raise ConfigError(_clash(flag, path, writes, other_flag, other, other_writes))
+
+
+def _clash(flag: str, path: str | Path, writes: bool, other_flag: str, other: str | Path, other_writes: bool) -> str:
+    both = f"{flag} {path} and {other_flag} {other} are the same file"
+    if writes and other_writes:
+        return f"{both}: one output would replace the other; give each its own path"
+    output = flag if writes else other_flag
+    return f"{both}: writing {output} would overwrite an input of the run; give {output} another path"
 
 
 def _mode_for(real: Path) -> int:
