@@ -1113,3 +1113,135 @@ def test_trace_rtol_with_hutchpp():
 
 def test_hutchpp_larger_than_memory_is_refused_before_allocating():
     bad(trace("--estimator", "hutchpp", "--probes-max", "3000000"), "--probes-max 3000000", "GiB", "at most")
+
+
+# ---------------------------------------------------------------- outputs that clobber inputs, and the one error line
+# An output path that names an input (or another output) is refused before the run, whichever
+# way it names it; stderr holds the one error line and nothing else, read raw from a real
+# process (not a terminal, without -q); click's usage errors follow the same contract.
+
+MAX_SEED = 2**63 - 1
+
+
+def clone(source: Path, folder: Path, how: str) -> tuple[Path, Path]:
+    """A copy of `source` in `folder`, and a second path naming the same file `how`."""
+    path = folder / source.name
+    path.write_bytes(source.read_bytes())
+    other = folder / f"other{source.suffix}"
+    if how == "same":
+        return path, path
+    if how == "dotdot":
+        (folder / "sub").mkdir()
+        return path, folder / "sub" / ".." / source.name
+    if how == "symlink":
+        other.symlink_to(path)
+    else:
+        os.link(path, other)
+    return path, other
+
+
+@pytest.mark.parametrize("how", ["same", "dotdot", "symlink", "hardlink"])
+@pytest.mark.parametrize("what", ["checkpoint", "spec", "npz"])
+def test_json_onto_an_input_is_refused_before_the_run(tmp_path, never_runs, what, how):
+    source = {"checkpoint": CKPT, "spec": SPEC}.get(what)
+    if source is None:
+        x, y = digit_images()
+        write_npz(tmp_path / "digits.npz", x, y)
+        source = tmp_path / "digits.npz"
+        (tmp_path / "data").mkdir()
+    folder = tmp_path / "data" if what == "npz" else tmp_path
+    path, alias = clone(source, folder, how)
+    before = path.read_bytes()
+    kwargs = {"ckpt": path} if what == "checkpoint" else {"spec": path} if what == "spec" else {}
+    extra = ["--data", f"npz:{path}"] if what == "npz" else []
+    flag = {"checkpoint": "CHECKPOINT", "spec": "--spec", "npz": "--data"}[what]
+    bad(trace(*EXACT_HEAD, *extra, "--json", alias, **kwargs), flag, "--json", "same file", "overwrite an input")
+    assert path.read_bytes() == before
+
+
+def gate_outputs(tmp_path: Path, *flags_and_paths) -> tuple:
+    cfg = tmp_path / "gates.yaml"
+    cfg.write_text("probes:\n  trace: {probes_max: 4}\n" + GATE_RULES, encoding="utf-8")
+    base = tmp_path / "base.json"
+    base.write_text("{}", encoding="utf-8")
+    named = {"gates.yaml": cfg, "base.json": base, "g.out": tmp_path / "g.out"}
+    args = [named.get(a, a) for a in flags_and_paths]
+    return invoke("gate", CKPT, "--spec", SPEC, *SMALL, "--config", cfg, *args), cfg, base
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--no-baseline", "--json", "g.out", "--junit", "g.out", "--summary", "g.out"], ["--junit", "--summary"]),
+    (["--no-baseline", "--json", "g.out", "--junit", "g.out"], ["--junit", "--json", "replace the other"]),
+    (["--no-baseline", "--json", "g.out", "--summary", "g.out"], ["--summary", "--json", "replace the other"]),
+    (["--no-baseline", "--junit", "gates.yaml"], ["--config", "--junit", "overwrite an input"]),
+    (["--baseline", "base.json", "--summary", "base.json"], ["--baseline", "--summary", "overwrite an input"]),
+    (["--baseline", "base.json", "--json", "base.json"], ["--baseline", "--json", "overwrite an input"]),
+], ids=["all-three", "junit-json", "summary-json", "junit-config", "summary-baseline", "json-baseline"])
+def test_gate_outputs_that_clash(tmp_path, never_runs, args, names):
+    result, cfg, base = gate_outputs(tmp_path, *args)
+    bad(result, *names, "same file")
+    assert not (tmp_path / "g.out").exists() and base.read_text() == "{}" and cfg.read_text().startswith("probes:")
+
+
+def run_cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(MODULE + [str(a) for a in args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def one_error_line(proc: subprocess.CompletedProcess, *names: str) -> str:
+    """The contract on the raw stderr of a real process: nothing before or after the line."""
+    assert proc.returncode == 2, f"exit {proc.returncode}\nstderr: {proc.stderr!r}"
+    assert proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith("error:") and proc.stderr.count("\n") == 1 and proc.stderr.endswith("\n"), \
+        repr(proc.stderr)
+    for name in names:
+        assert name in proc.stderr, f"{name!r} not in {proc.stderr!r}"
+    return proc.stderr
+
+
+def test_error_during_the_run_is_the_only_line_on_stderr(tmp_path):
+    # the progress display is live when a later batch fails (no -q)
+    x, y = digit_images()
+    x = x.astype(np.float32) / np.float32(255)
+    x[LATER, 3, 3] = np.nan
+    uri = write_npz(tmp_path / "holes.npz", x, y)
+    one_error_line(run_cli("trace", CKPT, "--spec", SPEC, *SMALL, "--probes-max", "8", "--data", uri),
+                   f"sample {LATER} ", "non-finite inputs")
+
+
+def test_a_run_without_q_writes_nothing_to_stderr_when_not_a_terminal():
+    proc = run_cli("trace", CKPT, "--spec", SPEC, *SMALL, *EXACT_HEAD)
+    assert proc.returncode == 0 and proc.stderr == "", repr(proc.stderr)
+    assert "Tr(" in proc.stdout
+
+
+@pytest.mark.parametrize("args, names", [
+    (["trace", CKPT, "--spec", SPEC, "--samples", "x"], ["--samples", "integer", "trace --help"]),
+    (["gate", CKPT, "--spec", SPEC, "--config", SPEC, "--confidence", "high"], ["--confidence", "number"]),
+    (["trace", CKPT], ["--spec", "missing"]),
+    (["trace"], ["checkpoint", "missing"]),
+    (["nosuch", CKPT], ["nosuch", "command", "flatcheck --help"]),
+    (["trace", CKPT, "--spec", SPEC, "--bogus"], ["--bogus", "no such option"]),
+], ids=["samples-x", "confidence-high", "no-spec", "no-checkpoint", "unknown-command", "unknown-flag"])
+def test_usage_errors_are_one_line(args, names):
+    one_error_line(run_cli(*args), *names)
+
+
+def test_help_and_bare_command_still_show_help():
+    helped = run_cli("trace", "--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("Usage:") and "--samples" in helped.stdout
+    bare = run_cli()
+    assert bare.returncode == 2 and "Usage:" in bare.stdout + bare.stderr and "trace" in bare.stdout + bare.stderr
+
+
+@pytest.mark.parametrize("seed", ["99999999999999999999", str(2**64), str(MAX_SEED + 1)])
+def test_seed_beyond_64_bits(seed):
+    bad(trace("--seed", seed), "--seed", seed, f"0 to {MAX_SEED}")
+
+
+def test_largest_seed_runs():
+    # adaptive-sharpness offsets the seed for its second stream: the largest seed must still fit torch
+    result = invoke("adaptive-sharpness", CKPT, "--spec", SPEC, *SMALL, "--seed", MAX_SEED, "--json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["seed"] == MAX_SEED
