@@ -64,8 +64,7 @@ def test_hutchinson_interval_covers_the_dense_trace_at_20_probes(kind):
     """The 95 % interval a gate draws (value ± t₀.₉₇₅,m−1·stderr, flatcheck.gate.quantile) covers
     the dense float64 Tr(H) of a small network within the binomial band over 400 seeds at m = 20.
     The CNN's Hessian has two outlying eigenvalues (1.16 and 0.68 of a trace of 1.96), so its
-    probe values are right-skewed: the normal quantile covered 17 of 20 on the demo CNN, every
-    miss low."""
+    probe values are right-skewed, and misses fall on the low side."""
     from flatcheck.gate import quantile
 
     H, _ = dense(make_case(kind))
@@ -76,7 +75,10 @@ def test_hutchinson_interval_covers_the_dense_trace_at_20_probes(kind):
         est = hutchinson(DenseOperator(H), generator=torch.Generator().manual_seed(seed), max_probes=m)
         assert est.dof == m - 1 and len(est.samples) == m
         covered += abs(est.value - true) <= quantile(0.95, est.dof) * est.stderr
-    lo, hi = stats.binom.ppf(1e-3, seeds, 0.95), stats.binom.isf(1e-3, seeds, 0.95)
+    # the seeds are fixed, so the two-sided 1 % binomial band is a fixed bar, not a false-alarm
+    # rate: t covers 381 (MLP) and 374 (CNN) of 400 inside [368, 390]; the normal quantile's
+    # 367 on the CNN falls below it
+    lo, hi = stats.binom.ppf(0.005, seeds, 0.95), stats.binom.isf(0.005, seeds, 0.95)
     assert lo <= covered <= hi, (covered, lo, hi)
 
 
