@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -21,7 +22,16 @@ def ensure_process_group(device: torch.device) -> tuple[int, int]:
         if not launched():
             raise ConfigError("--backend distributed needs a launcher: torchrun --nproc-per-node K -m flatcheck ...")
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        # A process group left to the interpreter's teardown can have its worker threads
+        # destroyed while still joinable, which aborts the rank (SIGABRT, "terminate called
+        # without an active exception") after its work is done, so torchrun reports a failure.
+        atexit.register(_close_process_group)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _close_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def is_main_process() -> bool:
