@@ -309,19 +309,15 @@ def pairing(bound: Bound, current: Mapping[str, Any], baseline: Mapping[str, Any
     vectors depend on its count (a sketch of k = count/3 columns), so it pairs only at equal
     counts.
     """
-    if bound.field not in (bound.probe, f"{bound.probe}.value"):
+    if not _headline(bound):
         return None, ""
     cur, base = current.get(bound.probe) or {}, baseline.get(bound.probe) or {}
     cd, bd = cur.get("details") or {}, base.get("details") or {}
-    if not isinstance(bd.get("probe_values"), list):
-        return None, "unpaired: the baseline has no per-probe values (schema < 2.0 or not a sampled estimate)"
     if not isinstance(cd.get("probe_values"), list):
         return None, "unpaired: this run kept no per-probe values"
-    for key, what in (("estimator", "estimators"), ("matrix", "matrices")):
-        if cd.get(key) != bd.get(key):
-            return None, f"unpaired: {what} differ (baseline {bd.get(key)}, now {cd.get(key)})"
-    if cur.get("seed") != base.get("seed"):
-        return None, f"unpaired: seeds differ (baseline {base.get('seed')}, now {cur.get('seed')})"
+    why = _other_probes(base, cur.get("seed"), cd.get("estimator"), cd.get("matrix"))
+    if why:
+        return None, f"unpaired: {why}"
     c_vals, b_vals = cd["probe_values"], bd["probe_values"]
     if cd.get("estimator") != "hutchinson" and len(c_vals) != len(b_vals):
         return None, (f"unpaired: {cd.get('estimator')} draws other vectors at another count "
@@ -562,15 +558,16 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
         _check_decidable(bound, b, s_b, baseline, seed, level, gate)
 
 
-def _planned_options(gate: GateConfig, probe: str) -> Any:
-    return parse_options(probe, gate.probes.get(probe, {}))
+def _planned(gate: GateConfig, probe: str) -> tuple[Any, Any]:
+    """(estimator, matrix) of `probe` as this gate will run it (None where it has no such option)."""
+    options = parse_options(probe, gate.probes.get(probe, {}))
+    return getattr(options, "estimator", None), getattr(options, "resolved_matrix", getattr(options, "matrix", None))
 
 
 def _check_same_quantity(bound: Bound, result: Mapping[str, Any], gate: GateConfig, where: str) -> None:
     """A Tr(G) baseline does not bound a Tr(H): refuse when the baseline says it measured
     another matrix than the one this gate's options will."""
-    options = _planned_options(gate, bound.probe)
-    now = getattr(options, "resolved_matrix", getattr(options, "matrix", None))
+    now = _planned(gate, bound.probe)[1]
     then = (result.get("details") or {}).get("matrix")
     if now is not None and then is not None and now != then:
         raise InputError(f"{where}: rule {bound.name}: the baseline's {bound.probe} is of the {then} matrix, "
@@ -649,18 +646,21 @@ def _planned_unpaired(bound: Bound, gate: GateConfig, baseline: Baseline, seed: 
     from the options it is about to run with; `pairing` decides again on the results."""
     if not _headline(bound):
         return "only a headline value is paired"
-    result = baseline.results.get(bound.probe) or {}
-    details = result.get("details") or {}
+    estimator, matrix = _planned(gate, bound.probe)
+    return _other_probes(baseline.results.get(bound.probe) or {}, seed, estimator, matrix)
+
+
+def _other_probes(base: Mapping[str, Any], seed: Any, estimator: Any, matrix: Any) -> str:
+    """Why a run at `seed` with `estimator` on `matrix` draws other probe vectors than the
+    baseline result `base` did, or cannot be matched to them ("" when it draws the same)."""
+    details = base.get("details") or {}
     if not isinstance(details.get("probe_values"), list):
-        return "the baseline has no per-probe values"
-    if result.get("seed") != seed:
-        return f"seeds differ: baseline {result.get('seed')}, now {seed}"
-    options = _planned_options(gate, bound.probe)
-    planned = {"estimator": getattr(options, "estimator", None),
-               "matrix": getattr(options, "resolved_matrix", getattr(options, "matrix", None))}
-    for key, now in planned.items():
+        return "the baseline has no per-probe values (schema < 2.0 or not a sampled estimate)"
+    for key, now in (("estimator", estimator), ("matrix", matrix)):
         if details.get(key) != now:
-            return f"{key} differs: baseline {details.get(key)}, now {now}"
+            return f"{key} differs (baseline {details.get(key)}, now {now})"
+    if base.get("seed") != seed:
+        return f"seeds differ (baseline {base.get('seed')}, now {seed})"
     return ""
 
 
