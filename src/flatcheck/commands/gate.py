@@ -31,6 +31,7 @@ def gate_cmd(
 ):
     from ..errors import ConfigError
     from ..gate import load_baseline, load_gate_config, run_gate
+    from ..report.io import check_writable
 
     gate = load_gate_config(config)
     if confidence is not None and not 0 < confidence < 1:
@@ -43,8 +44,8 @@ def gate_cmd(
         raise ConfigError(f"{config}: rule '{rule}' compares with a baseline; pass --baseline REPORT.json "
                           "(or --no-baseline to skip such rules)")
     for target, flag in ((junit, "--junit"), (summary, "--summary")):
-        if target is not None and (target.is_dir() or not target.parent.is_dir()):
-            raise ConfigError(f"{flag} {target}: not a writable file path")
+        if target is not None:
+            check_writable(target, flag)
 
     def execute(run_config, progress):
         outcome = run_gate(run_config, gate, baseline=base, confidence=confidence, progress=progress,
