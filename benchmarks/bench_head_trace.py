@@ -2,7 +2,7 @@
 w.r.t. the final linear layer of a GAP CNN, by four methods, for growing batch size and
 number of classes.
 
-  closed form   flatcheck.head: (1/N) Σ_n Tr(A_n)(‖φ_n‖² + 1), one forward
+  closed form   flatcheck.probes._head: (1/N) Σ_n Tr(A_n)(‖φ_n‖² + 1), one forward
   autograd      the exact diagonal, one Hessian-vector product per head coordinate (reference)
   hutchinson    500 Rademacher probes through the same HVPs, with its standard error
   torch.func    vmap over basis vectors of a forward-over-reverse HVP, diagonal only
@@ -29,7 +29,7 @@ from torch.utils.data import TensorDataset
 from flatcheck.backends import ParamLayout, Problem, create_backend
 from flatcheck.backends.base import model_mode
 from flatcheck.data.batches import SampleSet
-from flatcheck.head import head_statistics, resolve_head
+from flatcheck.probes._head import head_statistics, resolve_head
 from flatcheck.linalg import hutchinson
 from flatcheck.losses import per_sample_loss
 from flatcheck.models.spec import LossSpec

@@ -513,7 +513,7 @@ def test_gap_stops_on_a_broken_test_split_rather_than_skipping(tmp_path):
 
 
 def test_gap_skips_a_source_serving_train_as_test(tmp_path, monkeypatch):
-    from flatcheck.data import registry
+    from flatcheck.data import catalogue as registry
 
     x, y = digit_images()
     f = write_npz(tmp_path / "train_only.npz", x, y, test=False).partition(":")[2]

@@ -15,7 +15,7 @@ import pytest
 from scipy.stats import norm, t as stats_t
 
 from flatcheck.errors import ConfigError, InputError
-from flatcheck.gate import GateOutcome, decide_with_reruns, evaluate, parse_gate_config
+from flatcheck.workflows.gate import GateOutcome, decide_with_reruns, evaluate, parse_gate_config
 from flatcheck.probes.trace import TraceOptions
 from flatcheck.report.gate_formats import junit_xml, markdown
 from flatcheck.report.result import ProbeResult, Report
@@ -230,7 +230,7 @@ def test_trace_parts_only_where_a_rule_reads_them_or_the_file_asks():
 
 
 def test_example_gates_file_is_valid():
-    from flatcheck.gate import load_gate_config
+    from flatcheck.workflows.gate import load_gate_config
     from test_cli import ROOT
 
     cfg = load_gate_config(ROOT / "examples" / "gates.yaml")
@@ -284,7 +284,7 @@ def test_pairing_takes_the_common_first_probes_and_hutchpp_only_at_equal_counts(
 
 
 def test_student_t_for_few_draws_and_welch_for_two_sides():
-    from flatcheck.gate import quantile
+    from flatcheck.workflows.gate import quantile
 
     assert quantile(0.95, 4) == pytest.approx(stats_t.ppf(0.975, 4))
     assert quantile(0.95) == pytest.approx(Q)
@@ -294,7 +294,7 @@ def test_student_t_for_few_draws_and_welch_for_two_sides():
 
 
 def _baseline(results, **meta):
-    from flatcheck.gate import Baseline
+    from flatcheck.workflows.gate import Baseline
 
     return Baseline(results, meta, "--baseline b.json")
 
@@ -307,7 +307,7 @@ META = {"model": {"arch": "a", "source": "python", "parameters": 10, "probed_par
 @pytest.mark.parametrize("value, match", [("nan", "not a finite number"), ("abc", "not a finite number"),
                                           (None, "not a finite number"), ("inf", "not a finite number")])
 def test_a_baseline_value_a_rule_needs_must_be_a_finite_number(value, match):
-    from flatcheck.gate import check_baseline
+    from flatcheck.workflows.gate import check_baseline
 
     cfg = gate({"field": "gini.value", "max_increase": "10%"})
     with pytest.raises(InputError, match=match):
@@ -320,7 +320,7 @@ def test_a_baseline_value_a_rule_needs_must_be_a_finite_number(value, match):
 def test_a_baseline_of_another_model_or_data_is_refused_unless_allowed(path, new):
     import copy
 
-    from flatcheck.gate import check_baseline
+    from flatcheck.workflows.gate import check_baseline
 
     cfg = gate({"field": "gini.value", "max_increase": "10%"})
     base = _baseline({"gini": result(0.1, None, probe="gini").to_dict()}, **META)
@@ -333,7 +333,7 @@ def test_a_baseline_of_another_model_or_data_is_refused_unless_allowed(path, new
 
 
 def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
-    from flatcheck.gate import check_baseline
+    from flatcheck.workflows.gate import check_baseline
 
     values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]
     cfg = gate({"field": "trace.value", "max_increase": "20%"})
@@ -350,7 +350,7 @@ def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
 
 
 def test_a_zero_margin_is_met_paired_and_refused_unpaired():
-    from flatcheck.gate import check_baseline
+    from flatcheck.workflows.gate import check_baseline
 
     values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]
     cfg = gate({"field": "trace.value", "max_increase": 0})
@@ -367,7 +367,7 @@ def test_a_zero_margin_is_met_paired_and_refused_unpaired():
 
 def test_a_layer_rule_at_the_same_seed_is_refused_when_an_unchanged_model_could_not_pass():
     """Parts are compared unpaired: a rule an unchanged model could fail is refused up front."""
-    from flatcheck.gate import check_baseline
+    from flatcheck.workflows.gate import check_baseline
 
     layers = {"head": {"value": 2.1587, "stderr": 0.1535}}
     cfg = gate({"field": "trace.details.layers.head.value", "max_increase": "20%"})
@@ -384,7 +384,7 @@ def test_a_layer_rule_at_the_same_seed_is_refused_when_an_unchanged_model_could_
     (lambda r: r["details"].update(probe_values=[1.0]), "probe_values/offset"),
 ])
 def test_a_baseline_whose_probe_values_do_not_give_its_value_is_refused(edit, match):
-    from flatcheck.gate import check_baseline
+    from flatcheck.workflows.gate import check_baseline
 
     res = traced([10.0 + 6 * math.sin(3 * i) for i in range(16)])
     check_baseline(gate({"field": "trace.value", "max_increase": "20%"}), _baseline({"trace": res}, **META), META,
@@ -396,7 +396,7 @@ def test_a_baseline_whose_probe_values_do_not_give_its_value_is_refused(edit, ma
 
 
 def test_a_baseline_of_another_matrix_is_refused():
-    from flatcheck.gate import check_baseline
+    from flatcheck.workflows.gate import check_baseline
 
     res = traced([1.0, 2.0, 3.0])
     cfg = gate({"field": "trace.value", "max_increase": "20%"}, probes={"trace": {"estimator": "exact"}})
@@ -407,7 +407,7 @@ def test_a_baseline_of_another_matrix_is_refused():
 @pytest.mark.parametrize("version, ok", [("2.1", True), ("1.0", True), (None, True), ("9.9", False),
                                          (2.1, False), ("two", False)])
 def test_baseline_schema_version(tmp_path, version, ok):
-    from flatcheck.gate import load_baseline
+    from flatcheck.workflows.gate import load_baseline
 
     data = {"results": {"gini": {"value": 0.1}}}
     if version is not None:
@@ -429,7 +429,7 @@ def test_min_above_max_and_rtol_are_refused_in_gate_files():
 
 
 def test_gate_file_with_a_duplicate_key_is_refused(tmp_path):
-    from flatcheck.gate import load_gate_config
+    from flatcheck.workflows.gate import load_gate_config
 
     path = write_gates(tmp_path, "rules:\n  - {field: gini.value, max: 1}\nrules:\n  - {field: gini.value, max: 2}\n")
     with pytest.raises(ConfigError, match="duplicate key 'rules'"):

@@ -19,7 +19,7 @@ from scipy import stats
 
 from flatcheck import api
 from flatcheck.config import RunConfig, probe_requests
-from flatcheck.gate import Baseline, check_baseline, evaluate, load_gate_config, run_gate
+from flatcheck.workflows.gate import Baseline, check_baseline, evaluate, load_gate_config, run_gate
 from test_cli import CKPT, ROOT, SPEC, invoke
 
 GATES = ROOT / "examples" / "gates.yaml"

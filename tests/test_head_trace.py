@@ -17,7 +17,7 @@ from conftest import make_case
 from flatcheck.backends import ParamLayout, Problem, create_backend
 from flatcheck.backends.base import model_mode
 from flatcheck.data.batches import SampleSet
-from flatcheck.head import HeadError, head_statistics, logit_curvature, resolve_head
+from flatcheck.probes._head import HeadError, head_statistics, logit_curvature, resolve_head
 from flatcheck.losses import output_hessian_factors, per_sample_loss
 from flatcheck.models.spec import LossSpec
 from flatcheck.probes.registry import ProbeContext, create_probe, parse_options

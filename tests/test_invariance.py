@@ -14,7 +14,7 @@ from conftest import dense, make_case
 from flatcheck.backends import Problem, create_backend
 from flatcheck.cli import app
 from flatcheck.errors import ConfigError
-from flatcheck.rescale import apply_rescaling, find_rescaling
+from flatcheck.workflows.rescale import apply_rescaling, find_rescaling
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS64 = torch.finfo(torch.float64).eps

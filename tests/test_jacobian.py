@@ -14,7 +14,7 @@ from flatcheck.backends import ParamLayout, Problem, create_backend
 from flatcheck.backends.base import model_mode
 from flatcheck.data.batches import SampleSet
 from flatcheck.errors import ConfigError
-from flatcheck.inputjac import power_spectral
+from flatcheck.probes._inputjac import power_spectral
 from flatcheck.models.spec import LossSpec
 from flatcheck.probes.registry import ProbeContext, create_probe, parse_options
 

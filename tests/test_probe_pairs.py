@@ -30,8 +30,8 @@ from torch import nn
 from conftest import dense, make_case
 from flatcheck.api import open_session, run
 from flatcheck.config import RunConfig, probe_requests
-from flatcheck.head import head_batches, resolve_head
-from flatcheck.inputjac import iter_rows
+from flatcheck.probes._head import head_batches, resolve_head
+from flatcheck.probes._inputjac import iter_rows
 from flatcheck.probes.registry import list_probes
 from flatcheck.report.result import ProbeResult
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from flatcheck.backends import create_backend
 from flatcheck.backends.base import model_mode
-from flatcheck.head import head_statistics, resolve_head
+from flatcheck.probes._head import head_statistics, resolve_head
 from flatcheck.probes.registry import ProbeContext, create_probe, parse_options
 from test_head_trace import RTOL, build, close, dense_head, make_problem
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from flatcheck.stats import correlate
+from flatcheck.workflows.stats import correlate
 from test_cli import invoke
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -61,11 +61,11 @@ def test_hutchinson_standard_error_is_calibrated():
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_hutchinson_interval_covers_the_dense_trace_at_20_probes(kind):
-    """The 95 % interval a gate draws (value ± t₀.₉₇₅,m−1·stderr, flatcheck.gate.quantile) covers
+    """The 95 % interval a gate draws (value ± t₀.₉₇₅,m−1·stderr, flatcheck.workflows.gate.quantile) covers
     the dense float64 Tr(H) of a small network within the binomial band over 400 seeds at m = 20.
     The CNN's Hessian has two outlying eigenvalues (1.16 and 0.68 of a trace of 1.96), so its
     probe values are right-skewed, and misses fall on the low side."""
-    from flatcheck.gate import quantile
+    from flatcheck.workflows.gate import quantile
 
     H, _ = dense(make_case(kind))
     true = H.trace().item()

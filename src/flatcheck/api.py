@@ -20,7 +20,7 @@ from .backends import Backend, ParamLayout, Problem, create_backend
 from .backends.base import model_mode
 from .config import DEFAULT_SAMPLES, RunConfig
 from .data.batches import SampleSet
-from .dist import launched, local_cuda_device
+from .backends._dist import launched, local_cuda_device
 from .data.preprocess import Preprocess
 from .data.registry import create_dataset
 from .errors import ConfigError, DataError, InputError, ModelError, first_line

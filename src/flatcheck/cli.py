@@ -23,8 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import __version__
-from .entry import interrupted
-from .errors import FlatcheckError
+from .errors import FlatcheckError, interrupted
 
 
 @dataclass(frozen=True)
@@ -223,7 +222,7 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None):
     from . import api
     from .config import RunConfig, probe_requests
 
-    from .dist import is_main_process
+    from .backends._dist import is_main_process
 
     execute = execute or api.run
     params = tuple(p.strip() for p in (common.pop("params") or "").split(",") if p.strip())
@@ -259,7 +258,7 @@ def _emit(report, json_out: str | None, layers: bool) -> None:
     from .report.io import dump_json
     from .report.render import render
 
-    from .dist import is_main_process
+    from .backends._dist import is_main_process
 
     if not is_main_process():  # under torchrun every rank holds the same result; rank 0 speaks
         return

@@ -13,17 +13,7 @@ import os
 import signal
 import sys
 
-EXIT_INTERRUPTED = 130
-_told = False
-
-
-def interrupted() -> int:
-    """Say "interrupted" on stderr; returns the exit code that goes with it."""
-    global _told
-    _told = True
-    sys.stderr.write("interrupted\n")
-    sys.stderr.flush()
-    return EXIT_INTERRUPTED
+from .errors import EXIT_INTERRUPTED, interrupted
 
 
 def main() -> None:
@@ -39,8 +29,8 @@ def main() -> None:
     # on the way out: a second Ctrl-C must not turn the message or the interpreter's
     # shutdown into a traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if code == EXIT_INTERRUPTED and not _told:  # once, whichever layer caught it
-        interrupted()
+    if code == EXIT_INTERRUPTED:
+        interrupted()  # says it only if the command has not
     sys.exit(code)
 
 

@@ -7,6 +7,22 @@ is a bug in flatcheck and is reported as 101.
 
 from __future__ import annotations
 
+import sys
+
+EXIT_INTERRUPTED = 130
+_told = False
+
+
+def interrupted() -> int:
+    """Say "interrupted" on stderr, once per process, whichever layer caught the Ctrl-C (the
+    command, or the entry point around it); returns the exit code that goes with it."""
+    global _told
+    if not _told:
+        _told = True
+        sys.stderr.write("interrupted\n")
+        sys.stderr.flush()
+    return EXIT_INTERRUPTED
+
 
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message ("" when it has none), for one-line reports."""

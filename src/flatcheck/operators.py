@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .backends.base import Backend
-from .backends.layout import ParamLayout
+from .layout import ParamLayout
 from .errors import ConfigError
 
 MATRICES = ("hessian", "ggn")

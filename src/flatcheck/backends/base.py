@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from ..models.spec import LossSpec
-from .layout import ParamLayout
+from ..layout import ParamLayout
 
 BN_MODES = ("eval", "train")
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..dist import ensure_process_group
+from ._dist import ensure_process_group
 from .base import GGNTrace, Problem, create_backend, register_backend
 
 

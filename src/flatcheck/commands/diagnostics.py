@@ -24,7 +24,7 @@ def invariance_cmd(
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="PROBE.KEY=VALUE, repeatable")] = None,
 ):
     from ..config import parse_option_assignments
-    from ..invariance import check_invariance
+    from ..workflows.invariance import check_invariance
 
     def execute(config, progress):
         return check_invariance(config, alpha, layer, progress)

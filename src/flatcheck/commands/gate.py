@@ -30,7 +30,7 @@ def gate_cmd(
                               "its --json can be the next --baseline)")] = False,
 ):
     from ..errors import ConfigError
-    from ..gate import load_baseline, load_gate_config, run_gate
+    from ..workflows.gate import load_baseline, load_gate_config, run_gate
     from ..report.io import check_writable
 
     gate = load_gate_config(config)

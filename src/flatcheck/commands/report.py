@@ -38,7 +38,7 @@ def report_cmd(
         from ..cli import _check_json_target, _error_line
         from ..errors import ConfigError
         from ..report.io import dump_json
-        from ..results_io import load_results
+        from ..workflows.results_io import load_results
 
         if not 0 < confidence < 1:
             raise ConfigError(f"--confidence must be between 0 and 1 (exclusive), got {confidence}")
@@ -87,8 +87,8 @@ def _columns(records, fields, x, y, correlate) -> list[str]:
 
 
 def _row(record: dict[str, Any], columns: list[str]) -> dict[str, Any]:
-    from ..results_io import FieldMissing, as_number, resolve_field
-    from ..scan_sources import family
+    from ..workflows.results_io import FieldMissing, as_number, resolve_field
+    from ..workflows.scan_sources import family
 
     row = {"model": record["model"], "family": record.get("family") or family(record["model"]),
            "status": record.get("status", "ok"), "error": record.get("error"), "values": {}}
@@ -123,7 +123,7 @@ def _pairs(columns, x, y, correlate) -> list[tuple[str, str]]:
 
 
 def _correlations(table, columns, x, y, correlate, confidence, n_boot, seed) -> list[dict]:
-    from ..stats import correlate as corr
+    from ..workflows.stats import correlate as corr
 
     out = []
     for a, b in _pairs(columns, x, y, correlate):
@@ -157,7 +157,7 @@ def _plot(path, records, table, columns, x, y, correlate, logx, logy) -> int:
 def _densities(records, Density) -> list:
     """Spectral densities wherever a result's details hold equal-length lists "grid" and
     "density" (or "values"), at the top of details or one mapping down (details.density)."""
-    from ..scan_sources import family
+    from ..workflows.scan_sources import family
 
     out = []
     for rec in records:

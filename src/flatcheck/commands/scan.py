@@ -57,8 +57,8 @@ def scan_cmd(
 
         from ..config import RunConfig, parse_option_assignments, probe_requests
         from ..data.registry import parse_uri
-        from ..scan import Placement, run_scan
-        from ..scan_sources import parse_kwargs
+        from ..workflows.scan import Placement, run_scan
+        from ..workflows.scan_sources import parse_kwargs
 
         if resume and overwrite:
             raise _config_error("--resume and --overwrite contradict each other")
@@ -81,7 +81,7 @@ def scan_cmd(
                 summary = _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_errors,
                                              placement, quiet)
             except KeyboardInterrupt:
-                from ..scan import shard_path
+                from ..workflows.scan import shard_path
 
                 target = shard_path(out, placement.rank, placement.world_size)
                 _say(f"interrupted; every finished model is in {target}; continue with --resume", quiet=False)
@@ -122,7 +122,7 @@ def _parse_size(text: str | None) -> tuple[int, ...] | None:
 
 
 def _entries(patterns, models_file, checkpoints, pretrained, weights_dir, kwargs, input_size):
-    from ..scan_sources import checkpoint_entries, names_from_file, timm_entry, timm_names
+    from ..workflows.scan_sources import checkpoint_entries, names_from_file, timm_entry, timm_names
 
     if not patterns and models_file is None and checkpoints is None:
         raise _config_error("nothing to scan: give --timm PATTERN, --models-file FILE or --checkpoints DIR")
@@ -151,7 +151,7 @@ def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_er
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from ..scan import ScanHooks
+    from ..workflows.scan import ScanHooks
 
     tag = f"[rank {placement.rank}/{placement.world_size}] " if placement.world_size > 1 else ""
     if quiet:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from flatcheck.data.registry import DataSource, MissingSplitError, register_dataset
+from flatcheck.data.catalogue import DataSource, MissingSplitError, register_dataset
 from flatcheck.errors import DataError, InternalError
 
 _ROOT_HELP = "then pass --data-root or set FLATCHECK_DATA_ROOT"

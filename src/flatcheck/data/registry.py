@@ -18,80 +18,29 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+import flatcheck.data.builtin  # noqa: F401  (registers the built-in sources)
+from flatcheck.data.catalogue import (
+    _REGISTRY, ROOT_ENV, SPLITS, DataSource, MissingSplitError, _canonical, register_dataset,
+)
 from flatcheck.data.preprocess import Preprocess
 from flatcheck.data.transform import apply_preprocess
 from flatcheck.errors import DataError, InternalError
 
-SPLITS = ("train", "test")
-ROOT_ENV = "FLATCHECK_DATA_ROOT"
 _AS_IS = Preprocess()  # frozen, so one shared default is safe
-
-
-class MissingSplitError(DataError):
-    """The source has no such split. A factory raises it rather than serve another split's
-    samples under the name; `flatcheck probe` then skips `gap`, where any other DataError
-    (an unreadable file, bad values) stops the run."""
-
-
-@dataclass(frozen=True)
-class DataSource:
-    """What a registered factory returns.
-
-    dataset[i] -> (x, y): x float tensor in [0, 1], (C,H,W) image or (D,) vector; y int.
-    """
-
-    dataset: Dataset
-    num_classes: int | None
-    description: str
-
-
-@dataclass(frozen=True)
-class _Entry:
-    factory: Callable[..., DataSource]
-    takes_path: bool
-
-
-_REGISTRY: dict[str, _Entry] = {}
-
-
-def _canonical(name: str) -> str:
-    # users type fashion_mnist, Fashion-MNIST, fashionmnist ...; one spelling is stored
-    return name.strip().lower().replace("_", "-")
-
-
-def register_dataset(name: str, *, takes_path: bool = False) -> Callable:
-    """Decorator registering `fn(*, root, split, path, num_classes, input_size, seed) -> DataSource`."""
-    key = _canonical(name)
-
-    def decorate(fn: Callable[..., DataSource]) -> Callable[..., DataSource]:
-        if key in _REGISTRY and _REGISTRY[key].factory is not fn:
-            raise InternalError(f"data set '{key}' is registered twice")
-        _REGISTRY[key] = _Entry(fn, takes_path)
-        return fn
-
-    return decorate
-
-
-def _load_builtins() -> None:
-    # imported lazily: builtin.py imports this module to register itself
-    import flatcheck.data.builtin  # noqa: F401
 
 
 def list_datasets(pattern: str = "*") -> list[str]:
     """Registered names matching the fnmatch `pattern` (case-insensitive), sorted."""
-    _load_builtins()
     pat = pattern.lower()
     return sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pat))
 
 
 def _usage() -> str:
-    _load_builtins()
     return ", ".join(f"{n}:PATH" if _REGISTRY[n].takes_path else n for n in sorted(_REGISTRY))
 
 
 def parse_uri(uri: str) -> tuple[str, str | None]:
     """`name` or `name:PATH` -> (canonical name, path or None); DataError for unknown names."""
-    _load_builtins()
     name, sep, path = uri.partition(":")
     key = _canonical(name)
     if key not in _REGISTRY:

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 
 from ..backends.base import model_mode
-from ..hooks import is_relu_like, named_matching, record
+from ._hooks import is_relu_like, named_matching, record
 from ..report.result import ProbeResult
 from .registry import ProbeContext, register_probe
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..hooks import is_linear_like, named_matching
-from ..inputjac import iter_rows, require_independent
+from ._hooks import is_linear_like, named_matching
+from ._inputjac import iter_rows, require_independent
 from ..losses import output_hessian_factors
 from ..report.result import ProbeResult
 from .registry import ProbeContext, register_probe

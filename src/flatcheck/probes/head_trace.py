@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..backends import ParamLayout, Problem, create_backend
 from ..errors import ConfigError
-from ..head import Head, HeadStatistics, head_statistics, resolve_head
+from ._head import Head, HeadStatistics, head_statistics, resolve_head
 from ..report.result import ProbeResult
 from .registry import ProbeContext, register_probe
 

@@ -11,7 +11,7 @@ import torch
 
 from ..backends.base import model_mode
 from ..errors import ConfigError
-from ..inputjac import (ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
+from ._inputjac import (ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
                         require_independent, sample_chunks, spectral_stats, summarise)
 from ..report.result import ProbeResult
 from .registry import ProbeContext, register_probe

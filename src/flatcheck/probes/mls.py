@@ -11,8 +11,8 @@ from typing import ClassVar, Literal
 import torch
 from torch import nn
 
-from ..hooks import is_linear_like, named_matching
-from ..inputjac import iter_rows, require_independent, spectral_stats
+from ._hooks import is_linear_like, named_matching
+from ._inputjac import iter_rows, require_independent, spectral_stats
 from ..report.result import ProbeResult
 from .registry import ProbeContext, register_probe
 

@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol
 
 import torch
@@ -59,11 +60,11 @@ def register_probe(cls: type) -> type:
 
 
 def _load_builtin() -> None:
-    from .. import probes as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name != "registry":
-            importlib.import_module(f"{pkg.__name__}.{info.name}")
+    # the probe modules are this module's siblings, found by file name (not imported by name
+    # here, which would make the package and its registry import each other)
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if info.name != "registry" and not info.name.startswith("_"):  # _name: helpers, not probes
+            importlib.import_module(f"{__package__}.{info.name}")
 
 
 def list_probes(pattern: str = "*") -> list[str]:

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..head import head_statistics, resolve_head
+from ._head import head_statistics, resolve_head
 from ..report.result import ProbeResult
 from .registry import ProbeContext, register_probe
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 LINEAR = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 # maps with φ(αx) = αφ(x) for α > 0; dropout is off in every flatcheck forward

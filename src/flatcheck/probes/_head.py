@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .backends.base import Backend
-from .errors import ConfigError, InputError, SpecError
-from .models.sources import find_head
-from .models.spec import LossSpec, ModelSpec
+from ..backends.base import Backend
+from ..errors import ConfigError, InputError, SpecError
+from ..models.sources import find_head
+from ..models.spec import LossSpec, ModelSpec
 
 
 class HeadError(InputError):
@@ -185,7 +185,7 @@ def logit_curvature(logits: Tensor, y: Tensor, loss: LossSpec) -> tuple[Tensor, 
     It keeps Tr(A) and Tr(A·M) at O(C) and O(C²) per sample where the generic factors
     (B, C, C) of losses.output_hessian_factors would cost C² memory per sample.
     """
-    from .losses import apply_output_hessian
+    from ..losses import apply_output_hessian
 
     z = logits.detach().to(torch.float64)
     if loss.name in ("cross_entropy", "label_smoothing"):

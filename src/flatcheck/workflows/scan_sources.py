@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import ConfigError
-from .models.checkpoint import SAFETENSORS_EXTS, TORCH_EXTS
+from ..errors import ConfigError
+from ..models.checkpoint import SAFETENSORS_EXTS, TORCH_EXTS
 
 CKPT_EXTS = SAFETENSORS_EXTS + TORCH_EXTS
 HF_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm's hub loader looks for
@@ -70,7 +70,7 @@ def names_from_file(path: Path) -> list[str]:
 
 def timm_entry(name: str, *, pretrained: bool, kwargs: dict[str, Any], input_size: tuple[int, ...] | None,
                weights_dir: Path | None) -> Entry:
-    from .models.spec import spec_from_dict
+    from ..models.spec import spec_from_dict
 
     spec_dict: dict[str, Any] = {"source": "timm", "arch": name, "kwargs": dict(kwargs)}
     if input_size is not None:
@@ -170,7 +170,7 @@ def offline() -> Iterator[None]:
 
 
 def checkpoint_entries(folder: Path) -> list[Entry]:
-    from .models.spec import load_spec
+    from ..models.spec import load_spec
 
     if not folder.is_dir():
         raise ConfigError(f"--checkpoints {folder}: not a folder")
@@ -194,7 +194,7 @@ def checkpoint_entries(folder: Path) -> list[Entry]:
 
 def parse_kwargs(items: list[str]) -> dict[str, Any]:
     """["img_size=64", "drop_rate=0.1"] → typed values (YAML scalars)."""
-    from .models.yamlfile import load_yaml
+    from ..models.yamlfile import load_yaml
 
     out = {}
     for item in items:

@@ -11,10 +11,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from .api import ProgressFn, open_session, run
-from .config import RunConfig
-from .report.render import fmt, fmt_pm, header
-from .report.result import ProbeResult, Report
+from ..api import ProgressFn, open_session, run
+from ..config import RunConfig
+from ..report.render import fmt, fmt_pm, header
+from ..report.result import ProbeResult, Report
 from .rescale import Rescaling, apply_rescaling, find_rescaling
 
 Z = 4.0  # a stochastic value "moved" when the change exceeds Z combined standard errors

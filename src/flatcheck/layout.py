@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError
-from ..linalg.reduce import rowsum64
+from .errors import ConfigError
+from .linalg.reduce import rowsum64
 
 
 @dataclass(frozen=True)

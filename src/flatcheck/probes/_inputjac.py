@@ -23,9 +23,9 @@ from typing import Callable, Iterator, Literal
 import torch
 from torch import Tensor, nn
 
-from .backends.base import model_mode
-from .errors import ConfigError
-from .hooks import Call, record
+from ..backends.base import model_mode
+from ..errors import ConfigError
+from ._hooks import Call, record
 
 Output = Literal["logits", "softmax"]
 # Rows of all samples of one chunk together; a single sample larger than this still runs.

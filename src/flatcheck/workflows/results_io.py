@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import ConfigError, InputError
+from ..errors import ConfigError, InputError
 
 SHARD_SUFFIX = ".rank"  # scan.jsonl.rank0, scan.jsonl.rank1 … one per torchrun rank
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import RunConfig
-from .errors import ConfigError
-from .report.result import SCHEMA_VERSION
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..report.result import SCHEMA_VERSION
 from .results_io import HeldOutput, load_results, record_key, repair_tail, shard_path
 from .scan_sources import Entry, family, offline
 
@@ -142,7 +142,7 @@ def scan_one(entry: Entry, fp: str, base: RunConfig, placement: Placement,
              progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
     import torch
 
-    from . import api
+    from .. import api
 
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "kind": RECORD_KIND, "model": entry.name, "family": family(entry.name),
@@ -175,7 +175,7 @@ def scan_one(entry: Entry, fp: str, base: RunConfig, placement: Placement,
 
 
 def _one_line(exc: BaseException) -> str:
-    from .errors import FlatcheckError
+    from ..errors import FlatcheckError
 
     text = " ".join(str(exc).split())
     # flatcheck's own messages are written for users; anything else needs its type to be read

@@ -40,9 +40,9 @@ from typing import Any, Callable, Mapping
 
 from scipy.stats import norm, t as student_t
 
-from .errors import ConfigError, InputError
-from .probes.registry import get_probe_class, parse_options
-from .report.result import ProbeResult
+from ..errors import ConfigError, InputError
+from ..probes.registry import get_probe_class, parse_options
+from ..report.result import ProbeResult
 from .results_io import FieldMissing, as_number, resolve_field
 
 POLICIES = ("fail", "pass", "rerun")
@@ -126,7 +126,7 @@ def _num(x):
 
 
 def load_gate_config(path: str | Path) -> GateConfig:
-    from .models.yamlfile import load_yaml
+    from ..models.yamlfile import load_yaml
 
     data = load_yaml(Path(path), f"--config {path}", error=ConfigError)
     return parse_gate_config(data, where=str(path))
@@ -489,7 +489,7 @@ def load_baseline(path: str | Path) -> Baseline:
 def _check_schema(version: Any, where: str) -> None:
     """A report of a newer major schema may mean anything; an absent version is an old report
     (compared unpaired: it holds no per-probe values)."""
-    from .report.result import SCHEMA_VERSION
+    from ..report.result import SCHEMA_VERSION
 
     if version is None:
         return
@@ -768,7 +768,7 @@ class GateOutcome:
                          "counts": self.counts(), "checks": [c.to_dict() for c in self.checks]}}
 
     def render(self, console) -> None:
-        from .report.gate_formats import rules_table
+        from ..report.gate_formats import rules_table
 
         console.print(rules_table(self))
 
@@ -777,7 +777,7 @@ def follow_baseline(config, gate: GateConfig, baseline: Baseline):
     """The run config with the baseline's route where the gate chose its own and the two runs
     draw the same probes (same seed): then an unchanged model reproduces the baseline's
     per-probe values exactly, not only to the round-off between two routes."""
-    from .config import ProbeRequest
+    from ..config import ProbeRequest
 
     requests = []
     for req in config.probes:
@@ -795,9 +795,9 @@ def _baseline_rerun(config, baseline: Baseline, progress) -> Callable[[dict[str,
     if the file its report names is still there with the same sha256, under this run's spec,
     data and seed (check_baseline has made sure they describe the same model and samples).
     Opened on first use; None from the callable when the checkpoint is not at hand."""
-    from . import api
-    from .config import ProbeRequest
-    from .models.checkpoint import file_sha256
+    from .. import api
+    from ..config import ProbeRequest
+    from ..models.checkpoint import file_sha256
 
     state: dict[str, Any] = {}
 
@@ -822,8 +822,8 @@ def run_gate(config, gate: GateConfig, *, baseline: Baseline | None = None, conf
     baseline, relative rules are skipped (the caller asked for that: --no-baseline)."""
     import datetime
 
-    from . import api
-    from .report.result import Report
+    from .. import api
+    from ..report.result import Report
 
     if baseline is not None:
         config = follow_baseline(config, gate, baseline)
@@ -836,7 +836,7 @@ def run_gate(config, gate: GateConfig, *, baseline: Baseline | None = None, conf
     options = {r.name: r.options for r in config.probes}
 
     def rerun(more: dict[str, Any]) -> dict[str, ProbeResult]:
-        from .config import ProbeRequest
+        from ..config import ProbeRequest
 
         again = dataclasses.replace(config, probes=tuple(ProbeRequest(p, o) for p, o in more.items()))
         return api.run(again, progress, session).results

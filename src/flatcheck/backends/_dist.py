@@ -8,7 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def launched() -> bool:
