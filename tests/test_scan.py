@@ -160,3 +160,130 @@ def test_two_ranks_cover_the_single_process_scan(tiny, tmp_path):
         for probe, r in rec["results"].items():
             # same seeded init, data and probe draws: the same numbers up to float64 summation order
             assert got["results"][probe]["value"] == pytest.approx(r["value"], rel=1e-10, abs=1e-12)
+
+
+# ---------------------------------------------------------------- a model per child process
+
+BUILDERS = '''
+import os
+import signal
+
+
+def killed(**kwargs):
+    """Dies as the kernel's OOM killer would end it: SIGKILL, no exception, no cleanup."""
+    ballast = bytearray(64 * 2**20)  # touched, so the child's peak memory shows it
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def out_of_memory(**kwargs):
+    raise MemoryError("cannot allocate 1.2 TB")
+'''
+
+
+def python_spec(arch: str) -> str:
+    return f"source: python\narch: {arch}\nnum_classes: 10\ninput_size: [1, 8, 8]\nloss: cross_entropy\n"
+
+
+def test_a_model_whose_process_is_killed_is_recorded_and_the_scan_goes_on(tmp_path, monkeypatch):
+    import shutil
+
+    # python-source models, imported under the trust rule (--trust-package)
+    pkg = tmp_path / "pkgs"
+    pkg.mkdir()
+    (pkg / "doomed_models.py").write_text(BUILDERS)
+    monkeypatch.syspath_prepend(str(pkg))
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    for name, arch in (("a_killed", "doomed_models:killed"), ("b_memory", "doomed_models:out_of_memory"),
+                       ("c_demo", "flatcheck.zoo.demo_cnn:DigitsCNN")):
+        shutil.copy(ROOT / "demo" / "digits_cnn.safetensors", folder / f"{name}.safetensors")
+        (folder / f"{name}.yaml").write_text(python_spec(arch))
+    out = tmp_path / "scan.jsonl"
+    res = invoke("scan", "--checkpoints", folder, "--trust-package", "doomed_models", "--probes", "gini",
+                 "--data", "digits", "--samples", "16", "-q", "--out", out)
+    assert res.exit_code == 0, res.stderr
+    killed, memory, demo = lines(out)
+    assert [r["model"] for r in (killed, memory, demo)] == ["a_killed", "b_memory", "c_demo"]
+    # the parent wrote the killed child's record: the signal, and its peak memory from wait4
+    assert killed["status"] == "error" and "killed by SIGKILL" in killed["error"] and "OOM" in killed["error"]
+    assert killed["process"]["signal"] == signal.SIGKILL and killed["process"]["exit_code"] is None
+    assert killed["process"]["peak_rss_bytes"] >= 64 * 2**20  # the ballast it touched
+    assert f"{killed['process']['peak_rss_bytes'] / 2**30:.2f} GiB" in killed["error"]
+    # a MemoryError is the model's own error, reported by the child, which then exits normally
+    assert memory["status"] == "error" and "MemoryError: cannot allocate 1.2 TB" in memory["error"]
+    assert memory["process"]["exit_code"] == 0 and memory["process"]["signal"] is None
+    assert demo["status"] == "ok" and demo["results"]["gini"]["value"] is not None
+    assert demo["process"]["peak_rss_bytes"] > 0 and demo["process"]["signal"] is None
+    # the rest of the record is a scan record like any other, resumable
+    assert killed["kind"] == "flatcheck.scan" and killed["fingerprint"] and killed["settings"]["data"] == "digits"
+    res = invoke("scan", "--checkpoints", folder, "--trust-package", "doomed_models", "--probes", "gini",
+                 "--data", "digits", "--samples", "16", "-q", "--out", out, "--resume")
+    assert res.exit_code == 0 and len(lines(out)) == 3
+
+
+def test_the_child_does_not_keep_the_output_locked(tmp_path):
+    """The held output's descriptor is closed in the child: its flock is the parent's alone."""
+    import fcntl
+
+    from flatcheck.workflows import child_process
+    from flatcheck.workflows.results_io import HeldOutput
+
+    out = tmp_path / "scan.jsonl"
+    with HeldOutput(out, "--out") as held:
+        def work(send):
+            send(["probe", 1, 2, None, None])
+            return {"holds": _holds(held.fd, out)}
+
+        got = []
+        outcome = child_process.run_in_child(work, on_message=got.append, close_in_child=(held.fd,))
+    assert outcome.result == {"holds": False} and got == [["probe", 1, 2, None, None]]
+    assert outcome.exit_code == 0 and outcome.signal is None and outcome.died is None
+    fd = os.open(out, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again once the parent let go
+    os.close(fd)
+
+
+def _holds(fd: int, path: Path) -> bool:
+    # the number may be open again for something else (the child's own stdout copy)
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- --shard I/N
+
+
+def test_shards_cover_the_single_process_scan(tiny, tmp_path):
+    _, single_out, names, _ = tiny
+    out = tmp_path / "scan.jsonl"
+    mf = models_file(tmp_path, names)
+    for i in range(3):
+        res = scan("--models-file", mf, *TINY, "--out", out, "--shard", f"{i}/3")
+        assert res.exit_code == 0, res.stderr
+    shards = [lines(out.with_name(f"scan.jsonl.rank{i}")) for i in range(3)]
+    assert [[r["model"] for r in s] for s in shards] == [names[i::3] for i in range(3)]
+    assert [s[0]["rank"] for s in shards] == [0, 1, 2] and {s[0]["world_size"] for s in shards} == {3}
+    single = {r["model"]: r for r in lines(single_out)}
+    for rec in (r for s in shards for r in s):
+        assert rec["fingerprint"] == single[rec["model"]]["fingerprint"]
+        for probe, r in single[rec["model"]]["results"].items():
+            assert rec["results"][probe]["value"] == r["value"]  # same process layout: bit for bit
+    res = invoke("report", out, "--fields", "gini", "--json", "-", "-q")
+    assert res.exit_code == 0, res.stderr
+    assert sorted(m["model"] for m in json.loads(res.stdout)["models"]) == sorted(names)
+
+
+@pytest.mark.parametrize("text", ["3/3", "1", "a/b", "-1/2", "0/0"])
+def test_shard_is_checked(tmp_path, text):
+    res = scan("--timm", "test_resnet", "--probes", "gini", "--out", tmp_path / "s.jsonl", "--shard", text)
+    assert res.exit_code == 2 and res.stderr.startswith("error: --shard") and "\n" not in res.stderr.strip()
+    assert not (tmp_path / "s.jsonl").exists()
+
+
+def test_shard_is_refused_under_torchrun(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    res = scan("--timm", "test_resnet", "--probes", "gini", "--out", tmp_path / "s.jsonl", "--shard", "0/2")
+    assert res.exit_code == 2 and "torchrun" in res.stderr

@@ -10,7 +10,9 @@ import typer
 from ..cli import app, guarded
 
 _HELP = ("Run probes over many models (a timm pattern, a file of names, a folder of checkpoints + specs); "
-         "append one JSON line per model to --out. Under torchrun each rank writes OUT.rankN.")
+         "append one JSON line per model to --out. Each model runs in its own process, so one the system "
+         "kills for memory is recorded and the scan goes on. Under torchrun, or with --shard I/N, each "
+         "rank writes OUT.rankN.")
 
 
 @app.command("scan", help=_HELP)
@@ -29,7 +31,13 @@ def scan_cmd(
                                                               "constructor, repeatable (e.g. img_size=64)")] = None,
     input_size: Annotated[Optional[str], typer.Option("--input-size", help="override timm's data config: S or "
                                                       "C,H,W (use with e.g. --model-kwargs img_size=S)")] = None,
-    probes: Annotated[str, typer.Option("--probes", help="comma-separated probe names")] = "trace,gini",
+    probes: Annotated[Optional[str], typer.Option("--probes", help="comma-separated probe names [default: "
+                                                  "trace,gini, or the preset's]", show_default=False)] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="a paper's protocol: mls-vs-sharpness (Chen et "
+                                                  "al. 2023 Fig. 4: sigmoid+MSE adaptive sharpness and normalized "
+                                                  "MLS, 1000 samples); your own flags override it")] = None,
+    shard: Annotated[Optional[str], typer.Option("--shard", help="I/N: this process is shard I (from 0) of N "
+                                                 "started independently (a job array); writes OUT.rankI")] = None,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="PROBE.KEY=VALUE, repeatable")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="skip models already in --out (same settings)")] = False,
     retry_errors: Annotated[bool, typer.Option("--retry-errors", help="with --resume: redo models that "
@@ -38,7 +46,8 @@ def scan_cmd(
     data: Annotated[str, typer.Option("--data", help="data set (see `flatcheck probe --help`)")] = "synthetic",
     data_root: Annotated[Optional[Path], typer.Option("--data-root", help="folder of torchvision data sets")] = None,
     split: Annotated[str, typer.Option("--split", help="train or test")] = "train",
-    samples: Annotated[Optional[int], typer.Option("--samples", help="first N samples per model")] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", help="first N samples per model [default: "
+                                                   "flatcheck's, or the preset's]")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size")] = 128,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N (auto under torchrun: "
                                         "cuda:LOCAL_RANK)")] = "auto",
@@ -49,6 +58,9 @@ def scan_cmd(
     backend: Annotated[str, typer.Option("--backend")] = "autograd",
     trust_package: Annotated[Optional[list[str]], typer.Option("--trust-package", help="let 'source: python' "
                                                                 "specs import this package (repeatable)")] = None,
+    budget: Annotated[Optional[float], typer.Option("--budget", help="seconds per model for its probes: "
+                                                    "iterative ones stop when it is spent and report what they "
+                                                    "reached (details.stop_reason: budget) [default: none]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ):
@@ -57,20 +69,28 @@ def scan_cmd(
 
         from ..config import RunConfig, parse_option_assignments, probe_requests
         from ..data.registry import parse_uri
+        from ..workflows.presets import preset as find_preset
         from ..workflows.scan import Placement, run_scan
         from ..workflows.scan_sources import parse_kwargs
 
         if resume and overwrite:
             raise _config_error("--resume and --overwrite contradict each other")
-        placement = Placement.from_env()
+        placement = Placement.from_shard(shard) if shard is not None else Placement.from_env()
         parse_uri(data)  # an unknown data set is the user's error, not every model's
+        chosen = find_preset(preset) if preset is not None else None
+        names = probes or (chosen.probes if chosen else "trace,gini")
+        assignments = [*(chosen.options if chosen else ()), *(option or [])]  # the user's -o come last and win
+        if chosen and probes:
+            names_given = {n.strip() for n in probes.split(",")}
+            assignments = [a for a in assignments if a.split(".", 1)[0] in names_given or a in (option or [])]
         base = RunConfig(
             checkpoint=None, spec=Path("<per model>"),
-            probes=probe_requests(probes, parse_option_assignments(option or [])),
-            data=data, data_root=data_root, split=split, samples=samples, batch_size=batch_size,
+            probes=probe_requests(names, parse_option_assignments(assignments)),
+            data=data, data_root=data_root, split=split,
+            samples=samples if samples is not None or chosen is None else chosen.samples, batch_size=batch_size,
             device=_device_for(device, placement), dtype=dtype, bn_mode=bn_mode, seed=seed,
             params=tuple(p.strip() for p in (params or "").split(",") if p.strip()), backend=backend,
-            trust_packages=trust_package,
+            trust_packages=trust_package, budget=budget,
         )
         entries = _entries(timm_pattern or [], models_file, checkpoints, pretrained, weights_dir,
                            parse_kwargs(model_kwargs or []), _parse_size(input_size))
@@ -175,7 +195,7 @@ def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_er
             err.print(f"{tag}{rec['status']:>7}  {rec['model']}  {rec['seconds']:.1f}s{extra}", markup=False,
                       highlight=False)
 
-        def probe_progress(desc, d, total):
+        def probe_progress(desc, d, total, **_):
             if desc not in inner:
                 inner[desc] = bar.add_task(f"  {desc}", total=total)
             bar.update(inner[desc], completed=d, total=total)

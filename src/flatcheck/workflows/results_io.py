@@ -17,7 +17,37 @@ from typing import Any, Iterable
 
 from ..errors import ConfigError, InputError
 
-SHARD_SUFFIX = ".rank"  # scan.jsonl.rank0, scan.jsonl.rank1 … one per torchrun rank
+SHARD_SUFFIX = ".rank"  # scan.jsonl.rank0, scan.jsonl.rank1 … one per torchrun rank or --shard
+
+# ---------------------------------------------------------------- the record
+
+# Where a record sits on a training trajectory: top-level integer fields (absent or null when
+# unknown). A scan of --checkpoints reads them from the checkpoint's name or its safetensors
+# metadata; the training tracker writes the step it was called with. `report --x step` plots
+# any field against them.
+TRAJECTORY_FIELDS = ("step", "epoch")
+# The run settings that decide what a number means (the scan's fingerprint fields, less the
+# model): results whose settings differ are not points of one comparison.
+SETTINGS_FIELDS = ("data", "data_root", "split", "samples", "batch_size", "dtype", "bn_mode", "seed", "params",
+                   "backend", "probes")
+
+
+def new_record(model: str, *, kind: str, fingerprint: str, origin: str, settings: dict[str, Any],
+               family: str | None = None, step: int | None = None, epoch: int | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One JSONL line of a scan or of a training tracker, before its results are filled in.
+
+    status is "ok", "error" (with `error`, one line) or "skipped"; `results` maps a probe's
+    name to its ProbeResult.to_dict(); `extra` holds what a tracker's caller passed (lr, loss)."""
+    from ..report.result import SCHEMA_VERSION
+    from .scan_sources import family as family_of
+
+    return {
+        "schema_version": SCHEMA_VERSION, "kind": kind, "model": model, "family": family or family_of(model),
+        "fingerprint": fingerprint, "origin": origin, "status": "ok", "error": None,
+        "step": step, "epoch": epoch, "settings": settings, "extra": dict(extra or {}),
+        "seconds": 0.0, "results": {},
+    }
 
 
 def shard_path(out: Path, rank: int, world_size: int) -> Path:
@@ -146,7 +176,8 @@ def load_results(paths: Iterable[str | Path]) -> Loaded:
 
 
 def record_key(rec: dict[str, Any]) -> tuple:
-    return (rec.get("model"), rec.get("fingerprint"))
+    # a trajectory holds one model many times: each step (or epoch) is its own record
+    return (rec.get("model"), rec.get("fingerprint"), *(rec.get(f) for f in TRAJECTORY_FIELDS))
 
 
 def _read_one(path: Path, notes: list[str]) -> list[dict[str, Any]]:

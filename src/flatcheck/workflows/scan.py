@@ -6,10 +6,11 @@ models whose (name, fingerprint) is already in the file; the fingerprint hashes 
 that changes the numbers (model, weights, data, samples, probes and their options, seed …),
 so a scan resumed with other settings redoes the models rather than mixing results.
 
-Under torchrun (RANK/WORLD_SIZE set) rank r takes models i ≡ r (mod world) and writes its
-own shard OUT.rank{r}; the ranks never talk to each other, and `flatcheck report` merges.
-A model that fails — bad spec, load error, OOM, non-finite result — becomes a record with
-status "error" and the scan goes on.
+Under torchrun (RANK/WORLD_SIZE set), or as shard I of `--shard I/N`, rank r takes models
+i ≡ r (mod world) and writes its own shard OUT.rank{r}; the ranks never talk to each other,
+and `flatcheck report` merges. Each model runs in a child process; a model that fails — bad
+spec, load error, MemoryError, a child the kernel kills, non-finite result — becomes a record
+with status "error" (and the child's peak memory in `process`) and the scan goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +28,9 @@ from typing import Any, Callable
 
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..report.result import SCHEMA_VERSION
-from .results_io import HeldOutput, load_results, record_key, repair_tail, shard_path
-from .scan_sources import Entry, family, offline
+from . import child_process
+from .results_io import HeldOutput, load_results, new_record, record_key, repair_tail, shard_path
+from .scan_sources import Entry, offline
 
 RECORD_KIND = "flatcheck.scan"
 
@@ -51,18 +53,43 @@ class Placement:
             raise ConfigError(f"RANK {rank} is not within WORLD_SIZE {world}")
         return cls(rank, world, local)
 
+    @classmethod
+    def from_shard(cls, text: str) -> "Placement":
+        """--shard I/N: for schedulers that start N independent processes (a Slurm job array,
+        N plain shells); shard I takes models i ≡ I (mod N) and writes OUT.rankI, as rank I of
+        a torchrun would, so `flatcheck report` merges them the same way."""
+        if _under_torchrun():
+            raise ConfigError(f"--shard {text}: torchrun shards the scan already (RANK/WORLD_SIZE are set); "
+                              "leave --shard out under torchrun")
+        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+        if not m:
+            raise ConfigError(f"--shard expects I/N (shard I of N, counted from 0), got {text!r}")
+        rank, world = int(m.group(1)), int(m.group(2))
+        if world < 1 or rank >= world:
+            raise ConfigError(f"--shard {text}: I must be from 0 to N-1 (shards are counted from 0)")
+        return cls(rank, world, 0)
+
     def mine(self, entries: list[Entry]) -> list[Entry]:
         return [e for i, e in enumerate(entries) if i % self.world_size == self.rank]
 
 
-def fingerprint(entry: Entry, base: RunConfig) -> str:
-    run = {
+def _under_torchrun() -> bool:
+    return any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK"))
+
+
+def run_settings(base: RunConfig) -> dict[str, Any]:
+    """What changes the numbers besides the model (results_io.SETTINGS_FIELDS)."""
+    return {
         "data": base.data, "data_root": str(base.data_root) if base.data_root else None, "split": base.split,
         "samples": base.samples, "batch_size": base.batch_size, "dtype": base.dtype, "bn_mode": base.bn_mode,
         "seed": base.seed, "params": list(base.params), "backend": base.backend,
         "probes": [[r.name, dataclasses.asdict(r.options)] for r in base.probes],
     }
-    blob = json.dumps({"model": entry.name, **entry.describe, "run": run}, sort_keys=True, default=str)
+
+
+def fingerprint(entry: Entry, base: RunConfig) -> str:
+    blob = json.dumps({"model": entry.name, **entry.describe, "run": run_settings(base)}, sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -113,24 +140,39 @@ def prepare_output(out: HeldOutput, *, resume: bool, overwrite: bool, retry_erro
 
 def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
              retry_errors: bool = False, placement: Placement = Placement(), hooks: ScanHooks = ScanHooks(),
-             ) -> ScanSummary:
+             isolate: bool = True) -> ScanSummary:
     """Run `base`'s probes on each of this rank's entries, appending a record per model.
 
-    The rank's output file is held (results_io.HeldOutput) from before it is read until the
-    last record is written: a second scan onto it is refused rather than both appending
-    the same models; other ranks' shards are other files and do not wait on it."""
+    Each model runs in a child process (child_process.run_in_child) unless `isolate` is off or
+    the platform has no fork: a model the kernel kills is then an error record, with the
+    signal and the child's peak memory, and the scan goes on. The rank's output file is held
+    (results_io.HeldOutput) from before it is read until the last record is written: a second
+    scan onto it is refused rather than both appending the same models; other ranks' shards
+    are other files and do not wait on it."""
     target = shard_path(out, placement.rank, placement.world_size)
     check_output(target)
+    settings = json.loads(json.dumps(run_settings(base), default=str))
     with HeldOutput(target, "--out") as held:
         done, cut = prepare_output(held, resume=resume, overwrite=overwrite, retry_errors=retry_errors)
         mine = placement.mine(entries)
-        todo = [(e, fp) for e in mine if (e.name, fp := fingerprint(e, base)) not in done]
+        todo = [(e, fp) for e in mine if (e.name, fp := fingerprint(e, base), e.step, e.epoch) not in done]
         summary = ScanSummary(target, len(mine), len(mine) - len(todo), [], cut)
         with offline():
+            if isolate and child_process.available():
+                _preload()
             for i, (entry, fp) in enumerate(todo):
                 if hooks.start:
                     hooks.start(i, len(todo), entry)
-                record = scan_one(entry, fp, base, placement, hooks.probe_progress)
+                record = new_record(entry.name, kind=RECORD_KIND, fingerprint=fp, origin=entry.origin,
+                                    settings=settings, step=entry.step, epoch=entry.epoch)
+                record.update(checkpoint=str(entry.checkpoint) if entry.checkpoint else None,
+                              rank=placement.rank, world_size=placement.world_size)
+                if entry.trajectory_from:
+                    record["trajectory_from"] = dict(entry.trajectory_from)
+                if isolate and child_process.available():
+                    record = scan_isolated(entry, record, base, hooks.probe_progress, (held.fd,))
+                else:
+                    record = scan_one(entry, record, base, hooks.probe_progress)
                 held.append(record)
                 summary.records.append(record)
                 if hooks.done:
@@ -138,18 +180,53 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
     return summary
 
 
-def scan_one(entry: Entry, fp: str, base: RunConfig, placement: Placement,
-             progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+def _preload() -> None:
+    # import once in the parent, so that every forked child starts with it imported
+    from .. import api  # noqa: F401
+
+
+def scan_isolated(entry: Entry, record: dict[str, Any], base: RunConfig,
+                  progress: Callable[..., None] | None, close_in_child: tuple[int, ...]) -> dict[str, Any]:
+    """scan_one in a child process; the parent fills in what the child could not say."""
+    t0 = time.perf_counter()
+
+    def work(send) -> dict[str, Any]:
+        def forward(desc: str, done: int, total: int, *, value: float | None = None,
+                    stderr: float | None = None) -> None:
+            send([desc, done, total, _finite_or_none(value), _finite_or_none(stderr)])
+
+        return scan_one(entry, record, base, forward if progress is not None else None)
+
+    def on_message(msg) -> None:
+        desc, done, total, value, stderr = msg
+        progress(desc, done, total, value=value, stderr=stderr)
+
+    outcome = child_process.run_in_child(work, on_message=on_message if progress is not None else None,
+                                         close_in_child=close_in_child)
+    result = outcome.result if outcome.result is not None else {
+        **record, "status": "error", "error": f"{outcome.died}; peak resident memory "
+                                              f"{_gib(outcome.peak_rss_bytes)}",
+        "seconds": round(time.perf_counter() - t0, 3)}
+    result["process"] = {"peak_rss_bytes": outcome.peak_rss_bytes, "exit_code": outcome.exit_code,
+                         "signal": outcome.signal}
+    return result
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def scan_one(entry: Entry, record: dict[str, Any], base: RunConfig,
+             progress: Callable[..., None] | None = None) -> dict[str, Any]:
     import torch
 
     from .. import api
 
-    record: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "kind": RECORD_KIND, "model": entry.name, "family": family(entry.name),
-        "fingerprint": fp, "origin": entry.origin, "status": "ok", "error": None,
-        "checkpoint": str(entry.checkpoint) if entry.checkpoint else None,
-        "rank": placement.rank, "world_size": placement.world_size, "seconds": 0.0, "results": {},
-    }
+    record = dict(record)
     if entry.skip_reason:
         return {**record, "status": "skipped", "error": entry.skip_reason}
     t0 = time.perf_counter()

@@ -35,6 +35,9 @@ class Entry:
     describe: dict[str, Any]  # what identifies the model in the fingerprint
     checkpoint: Path | None = None
     skip_reason: str | None = None
+    step: int | None = None  # where on a training trajectory (checkpoint folders only)
+    epoch: int | None = None
+    trajectory_from: dict[str, str] | None = None  # "step"/"epoch" → "file name" or "metadata"
 
 
 def family(name: str) -> str:
@@ -188,8 +191,20 @@ def checkpoint_entries(folder: Path) -> list[Entry]:
                        "spec": str(spec_path) if spec_path else None}, checkpoint=ckpt)
         if spec_path is None:
             entry.skip_reason = f"no spec: expected {ckpt.with_suffix('.yaml').name} or spec.yaml in {folder}"
+        _place(entry, ckpt)
         out.append(entry)
     return out
+
+
+def _place(entry: Entry, ckpt: Path) -> None:
+    """The checkpoint's step/epoch on its training run (trajectory.position)."""
+    from .trajectory import position
+
+    pos = position(ckpt)
+    entry.step, entry.epoch = pos.values.get("step"), pos.values.get("epoch")
+    entry.trajectory_from = pos.source or None
+    if pos.problem and not entry.skip_reason:
+        entry.skip_reason = pos.problem
 
 
 def parse_kwargs(items: list[str]) -> dict[str, Any]:

@@ -1,0 +1,138 @@
+"""Run one piece of work in a forked child process, so that its death is not the caller's.
+
+A scan runs each model this way: when the kernel's OOM killer (or anything else) kills the
+child, the parent is still alive to write that model's record — with the signal and the
+child's peak resident memory, which os.wait4 returns as ru_maxrss even for a killed child —
+and to go on with the next model. Memory a model leaks or fragments is returned to the system
+when its child exits.
+
+fork rather than a fresh interpreter: the child starts with torch, timm and flatcheck already
+imported (a fresh `python -m` pays ~5 s of imports per model). The parent never runs a model
+itself, so it has initialised neither CUDA nor OpenMP's thread pool, which fork cannot carry.
+
+The child talks to the parent over a pipe, one JSON line per message: {"progress": [...]} while
+it works, then {"result": ...} once. A child that dies mid-line leaves a partial line, which the
+parent ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# ru_maxrss is in KiB on Linux and in bytes on macOS
+_MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
+
+
+@dataclass
+class ChildOutcome:
+    result: Any  # what `work` returned, or None when the child did not get to send it
+    exit_code: int | None  # None when killed by a signal
+    signal: int | None
+    peak_rss_bytes: int
+
+    @property
+    def died(self) -> str | None:
+        """Why the child ended without a result, in words; None when it sent one."""
+        if self.result is not None:
+            return None
+        if self.signal is not None:
+            name = signal.Signals(self.signal).name if self.signal in signal.Signals._value2member_map_ else str(self.signal)
+            why = " (most often the kernel's OOM killer, when memory ran out)" if self.signal == signal.SIGKILL else ""
+            return f"the model's process was killed by {name}{why}"
+        return f"the model's process exited with code {self.exit_code} before sending its result"
+
+
+def available() -> bool:
+    return hasattr(os, "fork") and hasattr(os, "wait4")
+
+
+def run_in_child(work: Callable[[Callable[[Any], None]], Any], *, on_message: Callable[[Any], None] | None = None,
+                 close_in_child: tuple[int, ...] = ()) -> ChildOutcome:
+    """Call `work(send)` in a forked child and return its result with how the child ended.
+
+    `send(obj)` (in the child) passes a JSON-able message to `on_message` (in the parent) while
+    the work runs. `close_in_child`: descriptors the child must not keep open (a held output's
+    flock would otherwise outlive a killed parent). On KeyboardInterrupt in the parent the
+    child is killed and reaped before the interrupt goes on."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        _child(work, read_fd, write_fd, close_in_child)
+    os.close(write_fd)
+    result = None
+    try:
+        with os.fdopen(read_fd, "rb") as pipe:
+            for line in pipe:
+                if not line.endswith(b"\n"):
+                    break  # cut off by the child's death
+                msg = json.loads(line)
+                if "result" in msg:
+                    result = msg["result"]
+                elif on_message is not None:
+                    on_message(msg["message"])
+        _, status, usage = os.wait4(pid, 0)
+    except BaseException:
+        _kill_and_reap(pid)
+        raise
+    return ChildOutcome(
+        result=result,
+        exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        peak_rss_bytes=usage.ru_maxrss * _MAXRSS_UNIT,
+    )
+
+
+def _child(work, read_fd: int, write_fd: int, close_in_child: tuple[int, ...]) -> None:
+    code = 1
+    try:
+        os.close(read_fd)
+        for fd in close_in_child:
+            os.close(fd)
+        # the parent's Ctrl-C handling (kill this child, write the interrupt line) is the
+        # parent's; this child just ends when the parent kills it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # fresh stream objects: a lock of the parent's, held by another thread at the fork,
+        # would never be released here
+        sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+        sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
+        out = os.fdopen(write_fd, "wb", buffering=0)
+
+        def send(obj: Any) -> None:
+            out.write((json.dumps({"message": obj}, allow_nan=False) + "\n").encode())
+
+        result = work(send)
+        out.write((json.dumps({"result": result}, allow_nan=False) + "\n").encode())
+        out.close()
+        code = 0
+    except BaseException:  # noqa: BLE001 — reported to the parent by the exit code
+        try:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)  # no atexit handlers, no parent's cleanup run twice
+
+
+def _kill_and_reap(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def own_peak_rss_bytes() -> int:
+    """This process's peak resident memory (for work run without a child)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _MAXRSS_UNIT
