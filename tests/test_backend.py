@@ -134,7 +134,7 @@ def test_first_order_graphs_are_kept_across_products():
 
 
 def test_graphs_beyond_the_budget_are_rebuilt(monkeypatch):
-    import flatcheck.backends.autograd as ag
+    import flatcheck.engines.kept as kept
     from conftest import dense
 
     case = make_case("mlp", n=23, batch_size=10)
@@ -143,7 +143,7 @@ def test_graphs_beyond_the_budget_are_rebuilt(monkeypatch):
     _, held = probe._grad_with_graph(next(iter(case.problem.samples)))
     # the estimate (twice the leaf modules' outputs, plus the gradients) is at least the gradients
     assert held >= H.shape[0] * 8
-    monkeypatch.setattr(ag, "GRAPH_CACHE_BYTES", held + held // 2)  # room for one batch's graph, not two
+    monkeypatch.setattr(kept, "GRAPH_CACHE_BYTES", held + held // 2)  # room for one batch's graph, not two
     b = case.backend("autograd")
     calls = _forwards(case.model)
     V = torch.randn(2, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(2))
@@ -155,3 +155,105 @@ def test_graphs_beyond_the_budget_are_rebuilt(monkeypatch):
     assert calls[0] == 8  # batches 1 and 2 again, batch 0 from its kept graph
     assert torch.allclose(second, first, rtol=0, atol=1e3 * torch.finfo(torch.float64).eps * first.abs().max().item())
     assert ((second - V @ H).norm() / (V @ H).norm()).item() < 1e3 * torch.finfo(torch.float64).eps
+
+
+# ---------------------------------------------------------------- the contract and the registry
+
+
+def test_capabilities_are_the_methods_a_backend_has():
+    from flatcheck.backends import Backend, ExactGGN, GGNVp, Hvp, HvpSums, Outputs, Vhv
+
+    case = make_case("mlp")
+    autograd, func = case.backend("autograd"), case.backend("func")
+    for cap in (Backend, Hvp, GGNVp, Outputs, HvpSums, Vhv, ExactGGN):
+        assert isinstance(autograd, cap), cap.__name__
+    assert isinstance(func, Backend) and isinstance(func, ExactGGN)
+    # func's Hutchinson takes vmapped (k, P) products: it has neither streamed route
+    assert not isinstance(func, HvpSums) and not isinstance(func, Vhv)
+    assert not isinstance(object(), Hvp)
+
+
+def test_backends_are_found_by_module_name():
+    from flatcheck.backends import list_backends
+
+    assert list_backends() == ["autograd", "distributed", "func"]
+
+
+def test_unknown_backend_and_option_are_refused_naming_the_choices():
+    from flatcheck.backends import create_backend
+    from flatcheck.errors import ConfigError
+
+    case = make_case("mlp")
+    for name in ("nope", "autograd:func", "distributed:distributed", "distributed:nope"):
+        with pytest.raises(ConfigError, match=f"--backend '{name}' is unknown; available: autograd, distributed, "
+                                              "func, distributed:autograd, distributed:func"):
+            create_backend(name, case.problem)
+    with pytest.raises(ConfigError, match=r"--compile needs --backend func or distributed:func \(it compiles "):
+        create_backend("autograd", case.problem, compile=True)
+
+
+def _wrapper(monkeypatch):
+    """A wrapper registered for the test, as distributed is: `wrap:INNER` builds INNER over the
+    same problem and records what it was given."""
+    from flatcheck.backends import registry
+
+    built = []
+
+    def wrap(problem, make):
+        inner = make(problem)
+        built.append(inner)
+        return inner
+
+    monkeypatch.setitem(registry._WRAPPERS, "wrap", registry._Wrapper(wrap, "autograd"))
+    return built
+
+
+def test_rebuild_keeps_the_wrapper_the_inner_backend_and_its_options(monkeypatch):
+    """gap, head-trace and adaptive-sharpness ask for a backend over another sample set,
+    layout or loss; what --backend and --compile chose stays chosen."""
+    from dataclasses import replace
+
+    from flatcheck.backends import ParamLayout, create_backend, rebuild
+    from flatcheck.backends.func import FuncBackend
+    from flatcheck.models.spec import LossSpec
+
+    built = _wrapper(monkeypatch)
+    case = make_case("mlp")
+    H, _ = dense(case)
+    backend = create_backend("wrap:func", case.problem, compile=True)
+    assert backend.spec.name == "wrap:func" and dict(backend.spec.options) == {"compile": True}
+    assert isinstance(built[-1], FuncBackend) and built[-1]._hv is not None  # compiled
+
+    layout = ParamLayout.from_model(case.model, ("5.*",))
+    head = rebuild(backend, layout=layout)
+    assert len(built) == 2 and isinstance(head, FuncBackend) and head._hv is not None
+    assert head.spec == backend.spec and head.problem.layout == layout
+
+    # products of the rebuilt backend are those of its problem (no compiling here: slow)
+    sub = rebuild(create_backend("wrap:func", case.problem), layout=layout)
+    start = case.problem.layout.dim - layout.dim
+    V = torch.randn(2, layout.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    assert _rel(sub.hvp(V), V @ H[start:, start:]) < 1e3 * EPS
+
+    other = rebuild(create_backend("wrap", case.problem), loss=LossSpec("mse"))
+    assert other.spec.name == "wrap" and other.problem.loss.name == "mse"
+    assert other.problem == replace(case.problem, loss=LossSpec("mse"))
+    assert type(built[-1]).__name__ == "AutogradBackend"
+
+
+def test_a_sharded_backend_has_the_capabilities_of_the_one_it_shards(monkeypatch):
+    from flatcheck.backends import ExactGGN, HvpSums, Vhv, create_backend
+    import flatcheck.backends.distributed as distributed
+
+    monkeypatch.setattr(distributed, "ensure_process_group", lambda device: (0, 1))
+    monkeypatch.setattr(distributed.DistributedBackend, "_sum", lambda self, t: t)  # one rank: the sum is itself
+    case = make_case("mlp")
+    H, G = dense(case)
+    ref, fn = create_backend("distributed", case.problem), create_backend("distributed:func", case.problem)
+    assert isinstance(ref, HvpSums) and isinstance(ref, Vhv) and isinstance(ref, ExactGGN)
+    assert not isinstance(fn, HvpSums) and not isinstance(fn, Vhv) and isinstance(fn, ExactGGN)
+    assert ref.spec.name == "distributed" and fn.spec.name == "distributed:func"
+    V = torch.randn(2, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    for b in (ref, fn):
+        assert _rel(b.hvp(V), V @ H) < 1e3 * EPS and _rel(b.ggn_vp(V), V @ G) < 1e3 * EPS
+        assert abs(b.ggn_trace().per_param.sum().item() - G.trace().item()) <= 1e3 * EPS * G.trace().item()

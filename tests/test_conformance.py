@@ -1,4 +1,5 @@
-"""Every backend against dense float64 ground truth, and every probe on every backend.
+"""Every backend against dense float64 ground truth; the backends compared with each other
+where their code differs; and every probe on a backend with only the capabilities it declares.
 
 The autograd backend is the reference; the others must give the same products (to float64
 round-off) and hence, with the same seed, the same probe results.
@@ -15,9 +16,10 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import dense, make_case
-from flatcheck.backends import list_backends
+from flatcheck.backends import ExactGGN, GGNVp, Hvp, HvpSums, Outputs, Vhv, create_backend, list_backends, registry
+from flatcheck.backends.base import capability_name
 from flatcheck.cli import app
-from flatcheck.probes.registry import list_probes
+from flatcheck.probes.registry import create_probe, list_probes, parse_options, requirements
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS = torch.finfo(torch.float64).eps
@@ -76,33 +78,98 @@ FAST = {
     "rank": ["-o", "rank.lanczos_steps=8", "-o", "rank.starts=2"],
     "adaptive-sharpness": ["-o", "adaptive-sharpness.noise_draws=2", "-o", "adaptive-sharpness.probes_max=4"],
 }
+# runs that take the other matrix's products
+GGN = {"trace": ["-o", "trace.probes_max=8", "-o", "trace.matrix=ggn"],
+       "lmax": ["-o", "lmax.k=2", "-o", "lmax.max_iter=20", "-o", "lmax.matrix=ggn"]}
+
+
+def _options(probe: str, args: list[str]):
+    raw = dict(a.split(".", 1)[1].split("=", 1) for a in args[1::2])
+    return parse_options(probe, raw)
+
+
+def _needs(probe: str, args: list[str]) -> frozenset[type]:
+    return requirements(create_probe(probe), _options(probe, args))
+
+
+def _run(probe: str, args: list[str], backend: str) -> float | None:
+    result = CliRunner().invoke(app, [
+        "probe", str(ROOT / "demo" / "digits_cnn.safetensors"), "--spec", str(ROOT / "model_specs" / "demo_digits.yaml"),
+        "--samples", "24", "--batch-size", "16", "--dtype", "float64", "--probes", probe, *args,
+        "--backend", backend, "--json", "-", "--quiet",
+    ])
+    assert result.exit_code == 0, (backend, result.stderr)
+    return _values(json.loads(result.stdout))[probe]
 
 
 def _values(d: dict) -> dict[str, float]:
     return {k: r["value"] for k, r in d["results"].items()}
 
 
-@pytest.mark.parametrize("probe", list_probes())
-def test_every_probe_agrees_across_backends(probe):
-    runs = {}
-    for backend in BACKENDS:
-        result = CliRunner().invoke(app, [
-            "probe", str(ROOT / "demo" / "digits_cnn.safetensors"), "--spec", str(ROOT / "model_specs" / "demo_digits.yaml"),
-            "--samples", "24", "--batch-size", "16", "--dtype", "float64", "--probes", probe, *FAST.get(probe, []),
-            "--backend", backend, "--json", "-", "--quiet",
-        ])
-        assert result.exit_code == 0, (backend, result.stderr)
-        runs[backend] = _values(json.loads(result.stdout))[probe]
+# Where the backends' code differs: the Hessian and GGN products (double backward against
+# jvp∘grad, streamed sums against (k, P) products). Probes that need only `outputs` or the
+# exact GGN trace run the same code (Problem.outputs, flatcheck.engines.ggn_trace) on every
+# backend, so comparing them across backends could not fail; the contract test below
+# covers them instead.
+PRODUCT_RUNS = [(p, args) for p in list_probes() for args in (FAST.get(p, []), *([GGN[p]] if p in GGN else []))
+                if _needs(p, args) & {Hvp, GGNVp}]
+
+
+@pytest.mark.parametrize("probe,args", PRODUCT_RUNS, ids=[f"{p}{'-ggn' if a in GGN.values() else ''}"
+                                                          for p, a in PRODUCT_RUNS])
+def test_probes_on_products_agree_across_backends(probe, args):
+    runs = {backend: _run(probe, args, backend) for backend in BACKENDS}
     ref = runs["autograd"]
     for backend, value in runs.items():
-        if ref is None:
-            assert value is None
-        else:
-            # same seed, same draws: only float64 round-off separates the backends
-            assert math.isclose(value, ref, rel_tol=1e-8, abs_tol=1e-12), (backend, value, ref)
+        # same seed, same draws: only float64 round-off separates the backends
+        assert math.isclose(value, ref, rel_tol=1e-8, abs_tol=1e-12), (backend, value, ref)
 
 
-STREAMING = [b for b in BACKENDS if "hvp_sums" in make_case("mlp").backend(b).capabilities]
+def _restricted(needs: frozenset[type]):
+    """A backend factory whose backends have exactly the capabilities in `needs` (taken from
+    the autograd reference): a probe that uses anything it did not declare fails on it."""
+    methods = {capability_name(cap) for cap in needs}
+
+    def factory(problem):
+        inner = create_backend("autograd", problem)
+        attrs = {m: (lambda m: lambda self, *a, **k: getattr(inner, m)(*a, **k))(m) for m in methods}
+        if Vhv in needs:
+            attrs["vhv_error"] = property(lambda self: inner.vhv_error)
+        backend = type("Restricted", (), attrs)()
+        backend.name, backend.problem = "restricted", problem
+        return backend
+
+    return factory
+
+
+@pytest.mark.parametrize("probe", list_probes())
+def test_every_probe_runs_on_a_backend_with_only_what_it_requires(probe, monkeypatch):
+    """The contract: `requirements(probe, options)` names every capability the probe uses.
+    On a backend with those alone it runs and gives the reference backend's value."""
+    args = FAST.get(probe, [])
+    needs = _needs(probe, args)
+    assert needs and all(isinstance(make_case("mlp").backend("autograd"), cap) for cap in needs)
+    monkeypatch.setitem(registry._LEAVES, "restricted", registry._Leaf(_restricted(needs), {}))
+    value, ref = _run(probe, args, "restricted"), _run(probe, args, "autograd")
+    if ref is None:
+        assert value is None
+    else:
+        assert math.isclose(value, ref, rel_tol=1e-8, abs_tol=1e-12), (value, ref)
+
+
+def test_a_probe_needing_what_the_backend_lacks_is_refused(monkeypatch):
+    """trace --estimator exact needs the GGN trace; a backend without it is refused before
+    anything runs, naming the capability (and a Hessian Hutchinson trace does not need it)."""
+    assert _needs("trace", []) == {Hvp} and _needs("trace", ["-o", "trace.estimator=exact"]) == {ExactGGN}
+    monkeypatch.setitem(registry._LEAVES, "restricted", registry._Leaf(_restricted(frozenset({Hvp, Outputs})), {}))
+    result = CliRunner().invoke(app, [
+        "probe", str(ROOT / "demo" / "digits_cnn.safetensors"), "--spec", str(ROOT / "model_specs" / "demo_digits.yaml"),
+        "--samples", "8", "--probes", "trace", "-o", "trace.estimator=exact", "--backend", "restricted", "--quiet"])
+    assert result.exit_code == 2
+    assert "probe trace needs ggn_trace, which backend restricted lacks" in result.stderr
+
+
+STREAMING = [b for b in BACKENDS if isinstance(make_case("mlp").backend(b), HvpSums)]
 
 
 @pytest.mark.parametrize("backend", STREAMING)

@@ -8,7 +8,7 @@ from torch import nn
 from torch.func import functional_call, jacrev
 
 from flatcheck.backends import ParamLayout
-from flatcheck.backends.persample import layer_sqnorms
+from flatcheck.engines.persample import layer_sqnorms
 from tests.conftest import dense, make_case
 
 EPS = torch.finfo(torch.float64).eps

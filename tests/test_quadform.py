@@ -1,4 +1,4 @@
-"""vᵀHv by forward tangents against first-order adjoints (backends/quadform.py), against the
+"""vᵀHv by forward tangents against first-order adjoints (flatcheck.engines.quadform), against the
 dense float64 Hessian and against the reference backend's double-backward HVPs."""
 
 from __future__ import annotations
@@ -123,11 +123,11 @@ def test_vhv_equals_the_reference_hvps_on_timm_models(name):
 
 
 def test_single_batch_primal_is_kept_and_several_batches_are_rebuilt(monkeypatch):
-    import flatcheck.backends.autograd as ag
+    from flatcheck.engines.quadform import QuadraticForms
 
     built = []
-    real = ag.QuadraticForms.primal
-    monkeypatch.setattr(ag.QuadraticForms, "primal", lambda self, x, y: built.append(1) or real(self, x, y))
+    real = QuadraticForms.primal
+    monkeypatch.setattr(QuadraticForms, "primal", lambda self, x, y: built.append(1) or real(self, x, y))
     one = make_case("cnn", n=10, batch_size=10).backend("autograd")
     S = _signs(2, one.problem.layout.dim)
     first = one.vhv(S)
@@ -143,12 +143,13 @@ def test_single_batch_primal_is_kept_and_several_batches_are_rebuilt(monkeypatch
 
 
 def test_untraceable_loss_falls_back_to_hvps_and_says_why(monkeypatch):
-    import flatcheck.backends.quadform as qf
+    import flatcheck.engines.quadform.plan as qp
+    from flatcheck.engines.quadform import UnsupportedGraph
 
     def refuse(*_a, **_k):
-        raise qf.UnsupportedGraph("the loss's graph mutates a tensor (aten.fake_.default)")
+        raise UnsupportedGraph("the loss's graph mutates a tensor (aten.fake_.default)")
 
-    monkeypatch.setattr(qf, "trace_loss", refuse)
+    monkeypatch.setattr(qp, "trace_loss", refuse)
     case = make_case("mlp")
     H, _ = dense(case)
     backend = case.backend("autograd")
@@ -183,7 +184,7 @@ def test_mutation_of_a_shared_tensor_is_refused():
     """An in-place op on a tensor something else uses (a view of it, or its base) cannot
     become out-of-place; one on a private intermediate (an op's output, an element of the
     tuple an op returns, a view of a base nothing else reads) can."""
-    import flatcheck.backends.quadform as qf
+    import flatcheck.engines.quadform.graph as qf
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def shared(x):
@@ -287,7 +288,8 @@ _ELEMENTARY = {
 
 def _evaluate(fn, *inputs):
     """fn traced to aten ops, every node's value, and the nodes that move with the first input."""
-    import flatcheck.backends.quadform as qf
+    import flatcheck.engines.quadform.plan as qf
+    from flatcheck.engines.quadform.graph import arg_nodes
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(fn)(*inputs)
@@ -297,7 +299,7 @@ def _evaluate(fn, *inputs):
         if n.op == "call_function":
             args, kwargs = qf._fill(n, value)
             value[n] = n.target(*args, **kwargs)
-            if any(a in moving for a in qf._arg_nodes(n)) and qf._floating(n):
+            if any(a in moving for a in arg_nodes(n)) and qf._floating(n):
                 moving.add(n)
     return gm, value, moving
 
@@ -325,14 +327,14 @@ def _x_and_tangent():
 @pytest.mark.parametrize("name", list(_ELEMENTARY))
 def test_written_out_rules_equal_nested_jvp(name):
     """Each op with a written-out tangent and source gives what nested forward-mode gives."""
-    import flatcheck.backends.quadform as qf
+    import flatcheck.engines.quadform.rules as qf
 
     x, x1 = _x_and_tangent()
     gm, value, moving = _evaluate(_ELEMENTARY[name], x)
     target = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target in qf._EXPLICIT)
     val, tan = _lookups(value, {target.args[0]: x1})  # x1 as the tangent of the explicit op's input
 
-    rule = qf._choose(target, moving)
+    rule = qf.choose_rule(target, moving)
     assert rule is qf._EXPLICIT[target.target]
     got = rule(target, val, tan, True)
     want = qf._NESTED(target, val, tan, True)
@@ -354,7 +356,7 @@ _LINEAR_OPS = {
 @pytest.mark.parametrize("name", list(_LINEAR_OPS))
 def test_linear_rules_equal_nested_jvp(name):
     """Ops taken as linear in their moving input: the same tangent as nested forward mode, no source."""
-    import flatcheck.backends.quadform as qf
+    import flatcheck.engines.quadform.rules as qf
 
     x, x1 = _x_and_tangent()
     gm, value, moving = _evaluate(_LINEAR_OPS[name], x, torch.tensor([1, 2, 3]))
@@ -365,7 +367,7 @@ def test_linear_rules_equal_nested_jvp(name):
     # the tangent of the op's input, by forward mode from x′
     val, tan = _lookups(value, {first: torch.func.jvp(lambda t: t[:, :, 0] if first is not xs else t, (x,), (x1,))[1]})
 
-    rule = qf._choose(target, moving)
+    rule = qf.choose_rule(target, moving)
     assert rule is qf._LINEAR and not rule.has_source(target, moving)
     got, source = rule(target, val, tan, True)
     want, want_source = qf._NESTED(target, val, tan, True)

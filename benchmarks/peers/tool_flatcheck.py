@@ -15,13 +15,13 @@ from peers.tasks import ONE_PCT, Task
 
 
 def run(row: Row, setup: Setup, task: Task, tool: str, hints: dict) -> None:
-    from flatcheck.backends import create_backend
+    from flatcheck.backends import ExactGGN, Vhv, create_backend
     from flatcheck.linalg import density, hutchinson, lanczos_top, slq
     from flatcheck.linalg.trace import default_block
     from flatcheck.operators import CurvatureOperator, LayoutParts
     from flatcheck.probes.trace import TraceOptions
 
-    from flatcheck.backends.quadform import preload
+    from flatcheck.engines.quadform import preload
 
     # "func+compile": the func backend, torch.compiled; "autograd+parts": a trace with per-layer parts
     name, _, flag = tool.split(":", 1)[1].partition("+")
@@ -53,8 +53,8 @@ def run(row: Row, setup: Setup, task: Task, tool: str, hints: dict) -> None:
         if parts:
             how = ("per-layer parts (`flatcheck trace`): vᵀHv and its parts by double-backward HVPs from int8 signs"
                    if op.streams_quadratic else "per-layer parts: (k, P) products")
-        elif "vhv" in op.backend.capabilities and op.streams_total:
-            why = getattr(op.backend, "vhv_error", None)
+        elif isinstance(op.backend, Vhv) and op.streams_total:
+            why = op.backend.vhv_error
             how = ("total only (`--no-layers`): vᵀHv by forward tangents against first-order adjoints, no HVP"
                    if why is None else f"total only: vᵀHv by HVPs, forward tangents FAILED: {why}")
         else:
@@ -134,7 +134,7 @@ def run(row: Row, setup: Setup, task: Task, tool: str, hints: dict) -> None:
         row.extra.update(speedup=t_loop / row.seconds)
     elif task.kind == "ggn":
         backend = create_backend(name, p)
-        if "ggn_trace" not in backend.capabilities:
+        if not isinstance(backend, ExactGGN):
             raise RuntimeError(f"backend {name} has no ggn_trace")
         g = gradient_seconds(setup)
         op = CurvatureOperator(backend, "ggn")

@@ -53,6 +53,9 @@ _MOVED = {
     "flatcheck.inputjac": "flatcheck.probes._inputjac",
     "flatcheck.dist": "flatcheck.backends._dist",
     "flatcheck.backends.layout": "flatcheck.layout",
+    "flatcheck.backends.quadform": "flatcheck.engines.quadform",
+    "flatcheck.backends.persample": "flatcheck.engines.persample",
+    "flatcheck.backends.state": "flatcheck.engines.state",
 }
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from . import __version__
 from .backends import Backend, ParamLayout, Problem, create_backend
-from .backends.base import model_mode
+from .backends.base import missing_capabilities, model_mode
 from .config import DEFAULT_SAMPLES, RunConfig
 from .data.batches import SampleSet
 from .backends._dist import launched, local_cuda_device
@@ -28,7 +28,7 @@ from .losses import per_sample_loss
 from .models.checkpoint import LoadedCheckpoint, apply_state_dict, load_checkpoint
 from .models.sources import build_model, resolve_preprocess
 from .models.spec import ModelSpec, load_spec
-from .probes.registry import ProbeContext, create_probe
+from .probes.registry import ProbeContext, create_probe, requirements
 from .report.result import ProbeResult, Report
 
 ProgressFn = Callable[[str, int, int], None]
@@ -187,10 +187,10 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
     results = {}
     for request in config.probes:
         probe = create_probe(request.name)
-        missing = probe.requires - session.backend.capabilities
+        missing = missing_capabilities(session.backend, requirements(probe, request.options))
         if missing:
             raise ConfigError(
-                f"probe {request.name} needs {', '.join(sorted(missing))}, which backend {config.backend} lacks"
+                f"probe {request.name} needs {', '.join(missing)}, which backend {config.backend} lacks"
             )
         results[request.name] = probe.run(ctx, request.options)
         _check_result(results[request.name], config)

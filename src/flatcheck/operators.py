@@ -1,14 +1,16 @@
 """Curvature matrices as linear operators over the flat parameter vector.
 
-Estimators in flatcheck.linalg see only `matmat` and `dim`; which matrix it is
-(Hessian or GGN) and how products are made (which backend) stays here.
+Estimators in flatcheck.linalg see only `matmat`, `dim` and `matvecs` (linalg.trace.Operator),
+and `quadratic` where the streaming flags say so (linalg.trace.StreamsTotals/StreamsParts);
+which matrix it is (Hessian or GGN) and how products are made (which backend, and which of
+its capabilities) stays here.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from .backends.base import Backend
+from .backends.base import Backend, HvpSums, Vhv
 from .layout import ParamLayout
 from .errors import ConfigError
 
@@ -38,18 +40,18 @@ class CurvatureOperator:
     @property
     def streams_quadratic(self) -> bool:
         """Whether `quadratic` gets vᵀAv and its parts from the backend without a (k, P) product."""
-        return self.matrix == "hessian" and "hvp_sums" in self.backend.capabilities
+        return self.matrix == "hessian" and isinstance(self.backend, HvpSums)
 
     @property
     def takes_vhv(self) -> bool:
         """Whether `quadratic` without parts goes to the backend's vhv, which needs no HVP and
         also takes a diagonal `scale` of the rows."""
-        return self.matrix == "hessian" and "vhv" in self.backend.capabilities
+        return self.matrix == "hessian" and isinstance(self.backend, Vhv)
 
     @property
     def streams_total(self) -> bool:
         """Whether `quadratic` without parts gets vᵀAv without a (k, P) product."""
-        return self.matrix == "hessian" and bool({"vhv", "hvp_sums"} & self.backend.capabilities)
+        return self.matrix == "hessian" and isinstance(self.backend, (Vhv, HvpSums))
 
     def quadratic(self, S: Tensor, split: "LayoutParts | None" = None,
                   scale: Tensor | None = None) -> tuple[Tensor, dict]:

@@ -1,19 +1,31 @@
-"""The problem a backend differentiates, the backend protocol, and the backend registry."""
+"""The backend contract: the problem a backend differentiates, and what a backend is.
+
+A backend is any object with the required products (`Backend`: `hvp`, `ggn_vp`, `outputs`);
+the optional capabilities (`HvpSums`, `Vhv`, `ExactGGN`) are protocols of their own, checked
+with isinstance, so that a backend has a capability exactly when it has the method. How
+backends are found and built is flatcheck.backends.registry.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError
-from ..models.spec import LossSpec
 from ..layout import ParamLayout
+from ..models.spec import LossSpec
 
 BN_MODES = ("eval", "train")
+
+
+class SampleSetLike(Protocol):
+    n: int
+    num_batches: int
+
+    def __iter__(self) -> Iterator: ...
 
 
 @dataclass
@@ -26,7 +38,7 @@ class Problem:
 
     model: nn.Module
     loss: LossSpec
-    samples: "SampleSetLike"
+    samples: SampleSetLike
     layout: ParamLayout
     bn_mode: str = "eval"
 
@@ -45,6 +57,18 @@ class Problem:
         frozen.update(dict(self.model.named_buffers()))
         return chosen, frozen
 
+    def outputs(self) -> Iterator[tuple[Tensor, Tensor, float]]:
+        """(logits, labels, batch weight) for every batch, without a graph.
+
+        The mode is held for each forward only, never across a yield: a caller that stops
+        early, or raises between batches, must not be left with BatchNorm switched or
+        gradients off.
+        """
+        for batch in self.samples:
+            with model_mode(self.model, self.bn_mode), torch.no_grad():
+                logits = self.model(batch.x)
+            yield logits, batch.y, batch.weight
+
 
 @dataclass(frozen=True)
 class GGNTrace:
@@ -53,45 +77,91 @@ class GGNTrace:
     columns: int  # per-sample VJPs spent, Σ_n K_n
 
 
-class SampleSetLike(Protocol):
-    n: int
-    num_batches: int
-
-    def __iter__(self) -> Iterator: ...
-
-
-class Backend(Protocol):
-    """Products of curvature matrices of the whole-sample-set loss with blocks of vectors.
-
-    Every product takes V of shape (k, P) (k vectors over the flat parameters of
-    `problem.layout`) and returns (k, P). Probes reach autograd only through this.
-    """
+@dataclass(frozen=True)
+class BackendSpec:
+    """How a backend was made: the name --backend gave ("func", "distributed:func") and the
+    options it took (("compile", True), …). `registry.rebuild` makes another backend from it."""
 
     name: str
-    capabilities: frozenset[str]
+    options: tuple[tuple[str, object], ...] = ()
+
+
+# ------------------------------------------------------------------ required products
+# Every product takes V of shape (k, P) (k vectors over the flat parameters of
+# `problem.layout`) and returns (k, P). Probes reach autograd only through these.
+
+
+@runtime_checkable
+class Hvp(Protocol):
+    def hvp(self, V: Tensor) -> Tensor:
+        """H V for the Hessian of the whole-sample-set loss."""
+        ...
+
+
+@runtime_checkable
+class GGNVp(Protocol):
+    def ggn_vp(self, V: Tensor) -> Tensor:
+        """G V for the generalised Gauss-Newton matrix Jᵀ A J."""
+        ...
+
+
+@runtime_checkable
+class Outputs(Protocol):
+    def outputs(self) -> Iterator[tuple[Tensor, Tensor, float]]:
+        """(logits, labels, batch weight) for every batch, without a graph."""
+        ...
+
+
+@runtime_checkable
+class Backend(Hvp, GGNVp, Outputs, Protocol):
+    """Products of curvature matrices of the whole-sample-set loss with blocks of vectors."""
+
+    name: str
     problem: Problem
+    spec: BackendSpec  # set by registry.create_backend; what rebuild() repeats
 
-    def hvp(self, V: Tensor) -> Tensor: ...
 
-    # optional, with "hvp_sums" in capabilities: per-parameter-tensor sums of V ⊙ HV,
-    # (k, len(layout.names)) float64, for V given as a (k, P) block (int8 signs allowed)
-    # without forming the (k, P) product
-    # def hvp_sums(self, S: Tensor) -> Tensor: ...
+# ------------------------------------------------------------------ optional capabilities
 
-    # optional, with "vhv" in capabilities: vᵀHv for v = s ⊙ scale, every row s of S,
-    # (k,) float64, the total only (no split over parameters), by whatever route is cheapest
-    # def vhv(self, S: Tensor, scale: Tensor | None = None) -> Tensor: ...
 
-    def ggn_vp(self, V: Tensor) -> Tensor: ...
+@runtime_checkable
+class HvpSums(Protocol):
+    def hvp_sums(self, S: Tensor) -> Tensor:
+        """Per-parameter-tensor sums of V ⊙ HV, (k, len(layout.names)) float64, for V given as
+        a (k, P) block (int8 signs allowed) without forming the (k, P) product."""
+        ...
 
+
+@runtime_checkable
+class Vhv(Protocol):
+    # why vhv fell back to Hessian-vector products, once it did (None: it has not)
+    vhv_error: str | None
+
+    def vhv(self, S: Tensor, scale: Tensor | None = None) -> Tensor:
+        """vᵀHv for v = s ⊙ scale, every row s of S, (k,) float64: the total only (no split
+        over parameters), by whatever route is cheapest."""
+        ...
+
+
+@runtime_checkable
+class ExactGGN(Protocol):
     def ggn_trace(self, class_samples: int | None = None, generator: torch.Generator | None = None,
                   progress: Callable[[int, int], None] | None = None) -> GGNTrace:
         """Tr(G) split per parameter tensor; exact, or class-sampled when class_samples is set."""
         ...
 
-    def outputs(self) -> Iterator[tuple[Tensor, Tensor, float]]:
-        """(logits, labels, batch weight) for every batch, without a graph."""
-        ...
+
+CAPABILITIES: tuple[type, ...] = (Hvp, GGNVp, Outputs, HvpSums, Vhv, ExactGGN)
+
+
+def capability_name(cap: type) -> str:
+    """What a capability is called in messages: its method (hvp, ggn_trace, …)."""
+    return next(n for n in vars(cap) if not n.startswith("_") and callable(vars(cap)[n]))
+
+
+def missing_capabilities(backend: object, needs) -> list[str]:
+    """The names of the capabilities in `needs` that `backend` lacks, sorted."""
+    return sorted(capability_name(cap) for cap in needs if not isinstance(backend, cap))
 
 
 @contextlib.contextmanager
@@ -118,43 +188,3 @@ def model_mode(model: nn.Module, bn_mode: str):
             m.track_running_stats = True
         for m, flag in was_training.items():
             m.training = flag
-
-
-_BACKENDS: dict[str, Callable[[Problem], Backend]] = {}
-
-
-def register_backend(name: str):
-    def deco(factory):
-        _BACKENDS[name] = factory
-        return factory
-
-    return deco
-
-
-def _load_builtin() -> None:
-    from . import autograd, distributed, func  # noqa: F401  (importing registers them)
-
-
-def list_backends() -> list[str]:
-    _load_builtin()
-    return sorted(_BACKENDS)
-
-
-def create_backend(name: str, problem: Problem, *, compile: bool = False) -> Backend:
-    """`name` is a registered backend, or "distributed:INNER" to shard another one.
-
-    compile: torch.compile the Hessian-vector product (the func backend's pure function).
-    """
-    _load_builtin()
-    base, _, inner = name.partition(":")
-    if base not in _BACKENDS or (inner and (base != "distributed" or inner not in _BACKENDS or inner == base)):
-        choices = list_backends() + [f"distributed:{b}" for b in list_backends() if b != "distributed"]
-        raise ConfigError(f"--backend {name!r} is unknown; available: {', '.join(choices)}")
-    if problem.bn_mode not in BN_MODES:
-        raise ConfigError(f"--bn-mode must be one of {', '.join(BN_MODES)}, got {problem.bn_mode!r}")
-    leaf = inner or ("autograd" if base == "distributed" else base)
-    if compile and leaf != "func":
-        raise ConfigError(f"--compile needs --backend func or distributed:func (it compiles their torch.func "
-                          f"product), got --backend {name}")
-    kwargs = {"compile": True} if compile else {}
-    return _BACKENDS[base](problem, inner, **kwargs) if inner else _BACKENDS[base](problem, **kwargs)

@@ -5,7 +5,9 @@ products is the product of the whole-set loss. Every rank runs the same estimato
 same seed, hence the same probe vectors, so all ranks hold the same numbers and they equal
 the single-process ones up to summation order. Cheap passes (`outputs`) are not sharded.
 
-`--backend distributed` shards the reference autograd backend; `distributed:func` the func one.
+A wrapper: `--backend distributed` shards the reference autograd backend,
+`distributed:func` the func one, and the sharded backend has exactly the optional
+capabilities of the one it shards.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ._dist import ensure_process_group
-from .base import GGNTrace, Problem, create_backend, register_backend
+from .base import Backend, BackendSpec, ExactGGN, GGNTrace, HvpSums, Problem, Vhv
+from .registry import Make, register_wrapper
 
 
 @dataclass
@@ -45,19 +48,18 @@ class ShardedSamples:
         return self.samples.describe()
 
 
-@register_backend("distributed")
 class DistributedBackend:
+    """The required products, summed over ranks."""
+
     name = "distributed"
 
-    def __init__(self, problem: Problem, inner: str | None = None, compile: bool = False):
+    def __init__(self, problem: Problem, local: Backend, full: Backend, rank: int, world: int):
         self.problem = problem
-        self.rank, self.world = ensure_process_group(problem.device)
-        inner = inner or "autograd"
-        self.inner_name = inner
-        shard = replace(problem, samples=ShardedSamples(problem.samples, self.rank, self.world))
-        self._local = create_backend(inner, shard, compile=compile)
-        self._full = create_backend(inner, problem)  # only for `outputs`, which has no product
-        self.capabilities = self._local.capabilities
+        self.spec = BackendSpec(self.name)
+        self.rank, self.world = rank, world
+        self.inner_name = local.name
+        self._local = local
+        self._full = full  # only for `outputs`, which has no product
 
     def _sum(self, t: Tensor) -> Tensor:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
@@ -66,19 +68,28 @@ class DistributedBackend:
     def hvp(self, V: Tensor) -> Tensor:
         return self._sum(self._local.hvp(V))
 
+    def ggn_vp(self, V: Tensor) -> Tensor:
+        return self._sum(self._local.ggn_vp(V))
+
+    def outputs(self):
+        return self._full.outputs()
+
+
+class _HvpSums:
     def hvp_sums(self, S: Tensor) -> Tensor:
         return self._sum(self._local.hvp_sums(S))
 
+
+class _Vhv:
     def vhv(self, S: Tensor, scale: Tensor | None = None) -> Tensor:
         return self._sum(self._local.vhv(S, scale))
 
     @property
     def vhv_error(self) -> str | None:
-        return getattr(self._local, "vhv_error", None)
+        return self._local.vhv_error
 
-    def ggn_vp(self, V: Tensor) -> Tensor:
-        return self._sum(self._local.ggn_vp(V))
 
+class _ExactGGN:
     def ggn_trace(self, class_samples=None, generator=None, progress=None) -> GGNTrace:
         local = self._local.ggn_trace(class_samples, generator, progress)
         var = 0.0 if local.stderr is None or math.isnan(local.stderr) else local.stderr**2
@@ -87,5 +98,18 @@ class DistributedBackend:
         stderr = None if local.stderr is None else math.sqrt(extra[0].item())
         return GGNTrace(per_param, stderr, int(extra[1].item()))
 
-    def outputs(self):
-        return self._full.outputs()
+
+# each optional capability of the sharded backend, and what adds it
+_CAPABILITIES = ((HvpSums, _HvpSums), (Vhv, _Vhv), (ExactGGN, _ExactGGN))
+_CLASSES: dict[tuple[type, ...], type] = {}
+
+
+@register_wrapper("distributed", default_inner="autograd")
+def sharded(problem: Problem, make: Make) -> Backend:
+    rank, world = ensure_process_group(problem.device)
+    local = make(replace(problem, samples=ShardedSamples(problem.samples, rank, world)))
+    extra = tuple(mixin for cap, mixin in _CAPABILITIES if isinstance(local, cap))
+    cls = _CLASSES.get(extra)
+    if cls is None:
+        cls = _CLASSES[extra] = type("DistributedBackend", (*extra, DistributedBackend), {})
+    return cls(problem, local, make(problem), rank, world)

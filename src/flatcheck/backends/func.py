@@ -12,36 +12,43 @@ torch.func's second derivative through BatchNorm with batch statistics is wrong 
 against finite differences, torch 2.14.1), so in --bn-mode train a model with BatchNorm
 gets its Hessian products from the autograd reference instead; first-order transforms
 (the GGN path) are exact there and stay on torch.func.
+
+Capabilities: the required products and the exact GGN trace (flatcheck.engines.ggn_trace).
+Not HvpSums or Vhv: those would be the autograd reference's double backward and tangent
+pass, and Hutchinson here takes vmapped (k, P) products instead.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
+from ..engines.ggn_trace import ggn_trace
 from ..errors import first_line
 from ..losses import apply_output_hessian, per_sample_loss
 from .autograd import AutogradBackend
-from .base import Problem, register_backend
+from .base import BackendSpec, GGNTrace, Problem, model_mode
+from .registry import register_backend
 
 DEFAULT_CHUNK = 16
 
 
-@register_backend("func")
-class FuncBackend(AutogradBackend):
+@register_backend("func", options={"compile": "it compiles the torch.func Hessian-vector product"})
+class FuncBackend:
     name = "func"
-    # hvp_sums would be the autograd reference's double backward and vhv its tangent pass:
-    # Hutchinson here takes vmapped (k, P) products instead
-    capabilities = AutogradBackend.capabilities - {"hvp_sums", "vhv"}
 
     def __init__(self, problem: Problem, chunk: int = DEFAULT_CHUNK, compile: bool = False):
-        super().__init__(problem)
+        self.problem = problem
+        self.spec = BackendSpec(self.name)
         self.chunk = chunk
         has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in problem.model.modules())
         self.hvp_fallback = problem.bn_mode == "train" and has_bn
+        # the autograd reference makes the Hessian products the fallback above is for
+        self._reference = AutogradBackend(problem) if self.hvp_fallback else None
         self._hv_eager = _hv_block_fn(problem.model, problem.loss)
         # the batch weight is applied outside: a Python float argument would make
         # torch.compile specialise (and recompile) on every distinct weight
@@ -61,6 +68,9 @@ class FuncBackend(AutogradBackend):
                               "continuing eagerly")
         return self._hv_eager(params, frozen, x, y, W)
 
+    def _mode(self):
+        return model_mode(self.problem.model, self.problem.bn_mode)
+
     def _as_dicts(self, V: Tensor) -> dict[str, Tensor]:
         return dict(zip(self.problem.layout.names, self.problem.layout.split(V)))
 
@@ -77,8 +87,8 @@ class FuncBackend(AutogradBackend):
                 warnings.warn(f"func backend: CUDA out of memory; retrying with {self.chunk} vectors per pass")
 
     def hvp(self, V: Tensor) -> Tensor:
-        if self.hvp_fallback:
-            return super().hvp(V)
+        if self._reference is not None:
+            return self._reference.hvp(V)
         layout = self.problem.layout
         params, frozen = self.problem.split_params()
 
@@ -111,6 +121,14 @@ class FuncBackend(AutogradBackend):
 
         with self._mode():
             return self._chunked(block, V)
+
+    def ggn_trace(self, class_samples: int | None = None, generator: torch.Generator | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> GGNTrace:
+        """Tr(G) per parameter tensor (flatcheck.engines.ggn_trace)."""
+        return ggn_trace(self.problem, class_samples, generator, progress)
+
+    def outputs(self) -> Iterator[tuple[Tensor, Tensor, float]]:
+        return self.problem.outputs()
 
 
 def _hv_block_fn(model: nn.Module, loss_spec):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -21,12 +21,35 @@ Split = Callable[[Tensor], dict[str, Tensor]]
 Progress = Callable[[int, int], None]
 
 
+@runtime_checkable
 class Operator(Protocol):
     dim: int
     dtype: torch.dtype
     device: torch.device
+    matvecs: int  # matrix-vector products made so far; estimators report their own share
 
     def matmat(self, V: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class StreamsTotals(Protocol):
+    """An operator that may give vᵀAv for a block of ±1 int8 signs without a (k, P) product:
+    `quadratic(S)` → ((k,) float64, {}), where `streams_total` (it depends on the matrix and
+    the backend, so it is a flag, not only the method)."""
+
+    streams_total: bool
+
+    def quadratic(self, S: Tensor, split: Split | None = None) -> tuple[Tensor, dict]: ...
+
+
+@runtime_checkable
+class StreamsParts(Protocol):
+    """As StreamsTotals, with the per-group parts of `split` as well (`quadratic(S, split)`),
+    where `streams_quadratic`."""
+
+    streams_quadratic: bool
+
+    def quadratic(self, S: Tensor, split: Split | None = None) -> tuple[Tensor, dict]: ...
 
 
 @dataclass(frozen=True)
@@ -71,7 +94,9 @@ def auto_block(dim: int, dtype: torch.dtype) -> int:
 
 def _streams(op: Operator, parts: bool) -> bool:
     """Whether `op.quadratic` gives vᵀAv (with per-group parts if `parts`) without a (k, P) product."""
-    return getattr(op, "streams_quadratic" if parts else "streams_total", False)
+    if parts:
+        return isinstance(op, StreamsParts) and op.streams_quadratic
+    return isinstance(op, StreamsTotals) and op.streams_total
 
 
 def default_block(op: Operator, parts: bool = True) -> int:

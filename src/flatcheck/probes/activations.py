@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from ..backends.base import model_mode
+from ..backends.base import Outputs, model_mode
 from ._hooks import is_relu_like, named_matching, record
 from ..report.result import ProbeResult
 from .registry import ProbeContext, register_probe
@@ -68,7 +68,7 @@ class ActivationsProbe:
     name: ClassVar[str] = "activations"
     summary: ClassVar[str] = "activation and death frequency per ReLU-like layer"
     Options: ClassVar[type] = ActivationsOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"outputs"})
+    requires: ClassVar[frozenset[type]] = frozenset({Outputs})
 
     def run(self, ctx: ProbeContext, options: ActivationsOptions) -> ProbeResult:
         start = time.perf_counter()

@@ -4,7 +4,6 @@ elementwise adaptive average-case sharpness."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from typing import ClassVar, Iterator, Literal
 import torch
 from torch import Tensor
 
-from ..backends import create_backend
+from ..backends import Hvp, Outputs, rebuild
 from ..backends.base import Backend, model_mode
 from ..errors import ConfigError, SpecError
 from ..linalg import hutchinson
@@ -74,14 +73,13 @@ class AdaptiveSharpnessProbe:
     name: ClassVar[str] = "adaptive-sharpness"
     summary: ClassVar[str] = "elementwise adaptive sharpness (Monte Carlo and second-order form)"
     Options: ClassVar[type] = AdaptiveSharpnessOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"hvp", "outputs"})
+    requires: ClassVar[frozenset[type]] = frozenset({Hvp, Outputs})
 
     def run(self, ctx: ProbeContext, options: AdaptiveSharpnessOptions) -> ProbeResult:
         start = time.perf_counter()
         backend = ctx.backend
         if options.loss is not None and options.loss != backend.problem.loss.name:
-            problem = dataclasses.replace(backend.problem, loss=LossSpec(options.loss))
-            backend = create_backend(backend.name, problem)
+            backend = rebuild(backend, loss=LossSpec(options.loss))
         problem = backend.problem
         details: dict = {"rho": options.rho, "loss": problem.loss.name, "method": options.method,
                          "parameters": problem.layout.dim}

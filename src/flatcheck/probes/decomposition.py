@@ -18,6 +18,7 @@ from ._hooks import is_linear_like, named_matching
 from ._inputjac import iter_rows, require_independent
 from ..losses import output_hessian_factors
 from ..report.result import ProbeResult
+from ..backends.base import ExactGGN
 from .registry import ProbeContext, register_probe
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -78,7 +79,7 @@ class DecompositionProbe:
     name: ClassVar[str] = "decomposition"
     summary: ClassVar[str] = "seed-000 centered GGN decomposition per layer, scale-aware bound, vs exact Tr(G)"
     Options: ClassVar[type] = DecompositionOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"ggn_trace"})
+    requires: ClassVar[frozenset[type]] = frozenset({ExactGGN})
 
     def run(self, ctx: ProbeContext, options: DecompositionOptions) -> ProbeResult:
         start = time.perf_counter()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
 
-from ..backends.base import create_backend
+from ..backends import Outputs, rebuild
 from ..data.batches import SampleSet
 from ..data.registry import MissingSplitError
 from ..errors import ConfigError, DataError
@@ -52,7 +52,7 @@ class GapProbe:
     name: ClassVar[str] = "gap"
     summary: ClassVar[str] = "train vs test loss and accuracy, and their gap"
     Options: ClassVar[type] = GapOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"outputs"})
+    requires: ClassVar[frozenset[type]] = frozenset({Outputs})
 
     def run(self, ctx: ProbeContext, options: GapOptions) -> ProbeResult:
         start = time.perf_counter()
@@ -68,7 +68,7 @@ class GapProbe:
             return ProbeResult(probe=self.name, value=None, stderr=None, matvecs=0,
                                seconds=time.perf_counter() - start, label="test − train loss",
                                notes=f"skipped: {exc}", details={"skipped": str(exc)})
-        results = {split: evaluate(create_backend(ctx.backend.name, replace(problem, samples=samples)))
+        results = {split: evaluate(rebuild(ctx.backend, samples=samples))
                    for split, samples in splits.items()}
         (tr_loss, tr_acc, tr_n), (te_loss, te_acc, te_n) = results["train"], results["test"]
         return ProbeResult(

@@ -10,6 +10,7 @@ import torch
 
 from ..losses import per_sample_loss
 from ..report.result import ProbeResult
+from ..backends.base import Outputs
 from .registry import ProbeContext, register_probe
 
 
@@ -26,7 +27,7 @@ class GiniProbe:
     name: ClassVar[str] = "gini"
     summary: ClassVar[str] = "1 − ‖p‖², entropy, accuracy, mean loss"
     Options: ClassVar[type] = GiniOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"outputs"})
+    requires: ClassVar[frozenset[type]] = frozenset({Outputs})
 
     def run(self, ctx: ProbeContext, options: GiniOptions) -> ProbeResult:
         start = time.perf_counter()

@@ -10,7 +10,7 @@ from typing import Callable, ClassVar
 import torch
 from torch import Tensor
 
-from ..backends import ParamLayout, Problem, create_backend
+from ..backends import Hvp, Outputs, ParamLayout, rebuild
 from ..errors import ConfigError
 from ._head import Head, HeadStatistics, head_statistics, resolve_head
 from ..report.result import ProbeResult
@@ -50,7 +50,11 @@ class HeadTraceProbe:
     name: ClassVar[str] = "head-trace"
     summary: ClassVar[str] = "exact Hessian trace w.r.t. the final linear layer (closed form)"
     Options: ClassVar[type] = HeadTraceOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"outputs"})
+    requires: ClassVar[frozenset[type]] = frozenset({Outputs})
+
+    def requires_for(self, options: HeadTraceOptions) -> frozenset[type]:
+        """--verify takes the head's Hessian diagonal from Hessian-vector products."""
+        return self.requires | {Hvp} if options.verify else self.requires
 
     def run(self, ctx: ProbeContext, options: HeadTraceOptions) -> ProbeResult:
         backend = ctx.backend
@@ -65,7 +69,7 @@ class HeadTraceProbe:
                  + f"; κ {stats.kappa:.4g}")
         matvecs, seed = 0, None
         if options.verify:
-            if "hvp" not in backend.capabilities:
+            if not isinstance(backend, Hvp):
                 raise ConfigError(f"--verify needs Hessian-vector products, which backend {backend.name} lacks")
             check = verify(ctx, head, stats, options)
             details["verify"] = check
@@ -129,9 +133,7 @@ def verify(ctx: ProbeContext, head: Head, stats: HeadStatistics, options: HeadTr
             ctx.progress("head-trace --verify (autograd)", done, todo)
 
     start = time.perf_counter()
-    head_problem = Problem(model=problem.model, loss=problem.loss, samples=problem.samples, layout=layout,
-                           bn_mode=problem.bn_mode)
-    auto_diag = hessian_diagonal(create_backend(ctx.backend.name, head_problem), coords,
+    auto_diag = hessian_diagonal(rebuild(ctx.backend, layout=layout), coords,
                                  block=options.verify_block, progress=progress)
     seconds = time.perf_counter() - start
     auto_sum = auto_diag.sum().item()

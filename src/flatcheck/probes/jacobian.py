@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..backends.base import model_mode
+from ..backends.base import Outputs, model_mode
 from ..errors import ConfigError
 from ._inputjac import (ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
                         require_independent, sample_chunks, spectral_stats, summarise)
@@ -85,7 +85,7 @@ class JacobianProbe:
     name: ClassVar[str] = "jacobian"
     summary: ClassVar[str] = "input-output Jacobian Frobenius and spectral norms (mean, max)"
     Options: ClassVar[type] = JacobianOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"outputs"})
+    requires: ClassVar[frozenset[type]] = frozenset({Outputs})
 
     def run(self, ctx: ProbeContext, options: JacobianOptions) -> ProbeResult:
         start = time.perf_counter()

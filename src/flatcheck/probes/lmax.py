@@ -12,6 +12,7 @@ from ..linalg.lanczos import default_max_iter, lanczos_top
 from ..linalg.power import power_top
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
+from ..backends.base import GGNVp, Hvp
 from .registry import ProbeContext, register_probe
 
 POWER_MAX_ITER = 1000
@@ -65,7 +66,7 @@ class LmaxProbe:
     name: ClassVar[str] = "lmax"
     summary: ClassVar[str] = "top-k eigenvalues of H or G (Lanczos or power iteration)"
     Options: ClassVar[type] = LmaxOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"hvp", "ggn_vp"})
+    requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp})
 
     def run(self, ctx: ProbeContext, options: LmaxOptions) -> ProbeResult:
         check_k_fits(options.k, ctx.backend.problem.layout.dim)

@@ -14,6 +14,7 @@ from torch import nn
 from ._hooks import is_linear_like, named_matching
 from ._inputjac import iter_rows, require_independent, spectral_stats
 from ..report.result import ProbeResult
+from ..backends.base import Outputs
 from .registry import ProbeContext, register_probe
 
 
@@ -62,7 +63,7 @@ class MLSProbe:
     name: ClassVar[str] = "mls"
     summary: ClassVar[str] = "maximum local sensitivity (MLS, NMLS), log-volume, local dimension, bounds"
     Options: ClassVar[type] = MLSOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"outputs"})
+    requires: ClassVar[frozenset[type]] = frozenset({Outputs})
 
     def run(self, ctx: ProbeContext, options: MLSOptions) -> ProbeResult:
         start = time.perf_counter()

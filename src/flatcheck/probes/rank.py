@@ -36,6 +36,7 @@ from torch import nn
 from ..linalg.slq import Quadrature
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
+from ..backends.base import GGNVp, Hvp, Outputs
 from .registry import ProbeContext, register_probe
 from .spectrum import check_slq_options, mean_stderr, run_slq
 
@@ -155,7 +156,7 @@ class RankProbe:
     name: ClassVar[str] = "rank"
     summary: ClassVar[str] = "rank degeneracy at the origin (SLQ) beside the rank bounds"
     Options: ClassVar[type] = RankOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"hvp", "ggn_vp", "outputs"})
+    requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp, Outputs})
 
     def run(self, ctx: ProbeContext, options: RankOptions) -> ProbeResult:
         op = CurvatureOperator(ctx.backend, options.matrix)

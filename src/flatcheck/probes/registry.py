@@ -13,7 +13,7 @@ import pkgutil
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -46,9 +46,24 @@ class Probe(Protocol):
     name: ClassVar[str]
     summary: ClassVar[str]
     Options: ClassVar[type]
-    requires: ClassVar[frozenset[str]]
+    # the backend capabilities every run needs (protocols of flatcheck.backends.base: Outputs,
+    # Hvp, GGNVp, ExactGGN, …); a probe whose needs depend on its options also has
+    # `requires_for(options)` (NeedsByOptions), which `requirements` asks instead
+    requires: ClassVar[frozenset[type]]
 
     def run(self, ctx: ProbeContext, options: Any) -> ProbeResult: ...
+
+
+@runtime_checkable
+class NeedsByOptions(Protocol):
+    """A probe whose needs depend on its options (a Hessian Hutchinson trace needs no GGN trace)."""
+
+    def requires_for(self, options: Any) -> frozenset[type]: ...
+
+
+def requirements(probe: Probe, options: Any) -> frozenset[type]:
+    """The backend capabilities this run of `probe` needs, with these options."""
+    return probe.requires_for(options) if isinstance(probe, NeedsByOptions) else probe.requires
 
 
 _PROBES: dict[str, type] = {}

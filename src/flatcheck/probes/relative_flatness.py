@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from ._head import head_statistics, resolve_head
 from ..report.result import ProbeResult
+from ..backends.base import Outputs
 from .registry import ProbeContext, register_probe
 
 
@@ -43,7 +44,7 @@ class RelativeFlatnessProbe:
     name: ClassVar[str] = "relative-flatness"
     summary: ClassVar[str] = "relative flatness κ of the final linear layer (closed form)"
     Options: ClassVar[type] = RelativeFlatnessOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"outputs"})
+    requires: ClassVar[frozenset[type]] = frozenset({Outputs})
 
     def run(self, ctx: ProbeContext, options: RelativeFlatnessOptions) -> ProbeResult:
         start = time.perf_counter()

@@ -14,6 +14,7 @@ from ..linalg.slq import SLQ, density, slq
 from ..operators import CurvatureOperator
 from ..report.plots import check_plot_target, plot_density
 from ..report.result import ProbeResult
+from ..backends.base import GGNVp, Hvp
 from .registry import ProbeContext, register_probe
 
 
@@ -71,7 +72,7 @@ class SpectrumProbe:
     name: ClassVar[str] = "spectrum"
     summary: ClassVar[str] = "eigenvalue density, Tr(H), Tr(H²), ‖H‖_F by stochastic Lanczos quadrature"
     Options: ClassVar[type] = SpectrumOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"hvp", "ggn_vp"})
+    requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp})
 
     def run(self, ctx: ProbeContext, options: SpectrumOptions) -> ProbeResult:
         op = CurvatureOperator(ctx.backend, options.matrix)

@@ -11,6 +11,7 @@ from ..linalg import hutchinson, hutchpp
 from ..linalg.memory import available_bytes, gib
 from ..operators import CurvatureOperator, LayoutParts
 from ..report.result import ProbeResult
+from ..backends.base import ExactGGN, GGNVp, Hvp, Vhv
 from .registry import ProbeContext, register_probe
 
 
@@ -66,8 +67,15 @@ class TraceProbe:
     name: ClassVar[str] = "trace"
     summary: ClassVar[str] = "Hessian/GGN trace (Hutchinson, Hutch++, exact GGN)"
     Options: ClassVar[type] = TraceOptions
-    requires: ClassVar[frozenset[str]] = frozenset({"hvp", "ggn_vp", "ggn_trace"})
+    requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp, ExactGGN})
     effort_option: ClassVar[str] = "probes_max"
+
+    def requires_for(self, options: TraceOptions) -> frozenset[type]:
+        """The exact estimator needs the GGN trace alone; Hutchinson and Hutch++ the products
+        of their matrix alone."""
+        if options.estimator == "exact":
+            return frozenset({ExactGGN})
+        return frozenset({Hvp if options.resolved_matrix == "hessian" else GGNVp})
 
     def run(self, ctx: ProbeContext, options: TraceOptions) -> ProbeResult:
         matrix = options.resolved_matrix
@@ -167,7 +175,7 @@ def _route(op: CurvatureOperator, options: TraceOptions, backend) -> str:
     if options.parts:
         return "hvp_sums" if op.streams_quadratic and options.estimator == "hutchinson" else "matmat"
     if op.takes_vhv:
-        why = getattr(backend, "vhv_error", None)
+        why = backend.vhv_error if isinstance(backend, Vhv) else None
         return "vhv_tangent" if why is None else f"vhv_fallback: {why}"
     return "hvp_sums" if op.streams_total else "matmat"
 

@@ -1,0 +1,112 @@
+"""The GGN trace Tr(G) = (1/N) Σ_n Σ_k λ_nk ‖J_nᵀ u_nk‖², split per parameter tensor.
+
+Exact with all C columns of the output Hessian's factorisation, or class-sampled. Three
+strategies give the per-sample squared norms ‖J_nᵀ u‖²: from layer inputs and output
+gradients (flatcheck.engines.persample), by per-sample VJPs under vmap, or, where the
+samples are coupled (BatchNorm on batch statistics) or vmap has no rule for an op, by
+pulling back e_n ⊗ u_nk through the whole batch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.func import functional_call, vjp, vmap
+
+from ..backends.base import GGNTrace, Problem, model_mode
+from ..losses import output_hessian_factors, sample_columns
+from .persample import layer_sqnorms
+from .pullback import pullback
+
+# Memory allowed for one chunk of per-sample gradients under vmap.
+PER_SAMPLE_BYTES = 256 * 2**20
+
+
+def ggn_trace(problem: Problem, class_samples: int | None = None, generator: torch.Generator | None = None,
+              progress: Callable[[int, int], None] | None = None, per_sample: str = "layers") -> GGNTrace:
+    """Tr(G) per parameter tensor: (1/N) Σ_n Σ_k λ_nk ‖J_nᵀ u_nk‖².
+
+    Exact with all C columns of the factorisation. With `class_samples` = K, each
+    sample uses K columns drawn with replacement, with probability ∝ |λ_nk|·‖u_nk‖²
+    (p_c·‖e_c − p‖² for cross entropy; see losses.sample_columns), and
+    importance weights λ/(K·q): unbiased, with a standard error from the spread of the
+    K single-draw estimates within each sample.
+
+    per_sample: "layers" tries the layer route first, "vmap" goes straight to per-sample VJPs.
+    """
+    params = problem.layout.params(problem.model)
+    total = torch.zeros(len(params), dtype=torch.float64, device=problem.device)
+    variance, columns = 0.0, 0
+    with model_mode(problem.model, problem.bn_mode):
+        for i, batch in enumerate(problem.samples):
+            with torch.no_grad():
+                logits = problem.model(batch.x)
+            U, lam = output_hessian_factors(logits, batch.y, problem.loss)
+            if class_samples is not None:
+                U, lam = sample_columns(U, lam, class_samples, generator)
+            if problem.bn_mode == "eval":
+                sq = _per_sample_sqnorms(problem, params, batch.x, U, per_sample)
+            else:
+                # Batch statistics couple the samples: f_n depends on the whole batch,
+                # so per-sample forwards would be wrong. Pull back e_n ⊗ u_nk instead.
+                sq = _coupled_sqnorms(problem, params, batch.x, U)
+            sq = sq.to(torch.float64)  # (B, K, n_params)
+            scale = batch.weight / batch.x.shape[0]  # = 1/N
+            total += torch.einsum("bk,bkp->p", lam.to(torch.float64), sq) * scale
+            columns += U.shape[0] * U.shape[-1]
+            if class_samples is not None and class_samples > 1:
+                draws = lam.to(torch.float64) * class_samples * sq.sum(-1)  # (B, K) single-draw estimates
+                variance += (draws.var(dim=1, unbiased=True) / class_samples).sum().item() * scale**2
+            if progress is not None:
+                progress(i + 1, problem.samples.num_batches)
+    stderr = None if class_samples is None else (variance**0.5 if class_samples > 1 else float("nan"))
+    return GGNTrace(total, stderr, columns)
+
+
+def _per_sample_sqnorms(problem: Problem, params: list[Tensor], x: Tensor, U: Tensor, per_sample: str) -> Tensor:
+    """‖J_nᵀ U[n, :, k]‖² per sample, column and parameter tensor: (B, K, n_params).
+
+    From layer inputs and output gradients where every probed parameter sits in a layer
+    `layer_sqnorms` covers (one forward, K activation-only backwards), else by
+    per-sample VJPs under vmap.
+    """
+    if per_sample == "layers":
+        sq = layer_sqnorms(problem.model, problem.layout, x, U)
+        if sq is not None:
+            return sq
+    return _vmap_sqnorms(problem, params, x, U)
+
+
+def _vmap_sqnorms(problem: Problem, params: list[Tensor], x: Tensor, U: Tensor) -> Tensor:
+    model, layout = problem.model, problem.layout
+    chosen, frozen = problem.split_params()
+
+    def one(xn: Tensor, Un: Tensor) -> Tensor:
+        def f(p):
+            return functional_call(model, (p, frozen), (xn.unsqueeze(0),)).squeeze(0)
+
+        _, pull = vjp(f, chosen)
+        (g,) = vmap(pull)(Un.T)  # dict name -> (K, *shape)
+        return torch.stack([g[n].reshape(g[n].shape[0], -1).pow(2).sum(1) for n in layout.names], dim=1)
+
+    per_sample_bytes = U.shape[-1] * layout.dim * x.element_size() * 3
+    chunk = max(1, PER_SAMPLE_BYTES // max(per_sample_bytes, 1))
+    try:
+        parts = [vmap(one)(x[i : i + chunk], U[i : i + chunk]) for i in range(0, len(x), chunk)]
+    except RuntimeError:
+        return _coupled_sqnorms(problem, params, x, U)  # no vmap rule for some op: exact but slower
+    return torch.cat(parts)
+
+
+def _coupled_sqnorms(problem: Problem, params: list[Tensor], x: Tensor, U: Tensor) -> Tensor:
+    logits = problem.model(x)
+    b, c, kk = U.shape
+    rows = []
+    for n in range(b):
+        cot = torch.zeros(kk, b, c, dtype=x.dtype, device=x.device)
+        cot[:, n, :] = U[n].T
+        grads = pullback(logits, params, cot)
+        rows.append(torch.stack([g.reshape(kk, -1).pow(2).sum(1) for g in grads], dim=1))
+    return torch.stack(rows)
