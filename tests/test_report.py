@@ -116,3 +116,135 @@ def test_report_bad_input(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     res = invoke("report", good, "--x", "sharp", "--y", "mls.normalized", "--plot", tmp_path / "x.png")
     assert res.exit_code == 2 and "matplotlib" in res.stderr
+
+
+# ---------------------------------------------------------------- settings, labels, CSV, warnings
+
+
+def scan_record(model, x, y, *, samples=8, seed=0, rho=5e-4, input_size=(3, 32, 32), xerr=None):
+    """A record as `flatcheck scan` writes it, with its run settings."""
+    rec = record(model, x, y)
+    rec["results"]["sharp"].update(label="adaptive sharpness S_ρ", stderr=0.1 * x if xerr is None else xerr)
+    rec["results"]["mls"]["label"] = "MLS"
+    rec["settings"] = {"data": "synthetic", "data_root": None, "split": "train", "samples": samples, "batch_size": 8,
+                       "dtype": "float32", "bn_mode": "eval", "seed": seed, "params": [], "backend": "autograd",
+                       "probes": [["sharp", {"rho": rho}], ["mls", {"output": "logits"}]]}
+    # the synthetic data's own fingerprint follows the model's input size: not a setting
+    rec["meta"] = {"seed": seed, "dtype": "float32", "bn_mode": "eval", "backend": "autograd",
+                   "model": {"params_filter": None, "input_size": list(input_size)},
+                   "data": {"name": "synthetic", "split": "train", "samples": samples, "batch_size": 8,
+                            "fingerprint": f"fp{input_size[-1]}"}}
+    return rec
+
+
+@pytest.mark.parametrize("change, named", [({"samples": 16}, "samples 8 vs 16"), ({"seed": 3}, "seed 0 vs 3"),
+                                           ({"rho": 0.05}, "probe_options")])
+def test_report_refuses_results_of_other_settings(tmp_path, change, named):
+    recs = [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i) for i in range(3)]
+    recs.append(scan_record("deit_x", 4.0, 5.0, **change))
+    src = write_jsonl(tmp_path / "s.jsonl", recs)
+    res = invoke("report", src, "--x", "sharp", "--y", "mls.normalized")
+    assert res.exit_code == 2 and named in res.stderr and "--mixed-settings" in res.stderr
+    assert res.stderr.count("\n") == 1
+    res = invoke("report", src, "--x", "sharp", "--y", "mls.normalized", "--mixed-settings", "--json", "-",
+                 "--bootstrap", "100")
+    assert res.exit_code == 0 and named in res.stderr and "warning" in res.stderr
+    assert len(json.loads(res.stdout)["models"]) == 4
+
+
+def test_report_merges_a_family_of_input_sizes(tmp_path):
+    recs = [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i, input_size=(3, s, s)) for i, s in enumerate((224, 384, 518))]
+    res = invoke("report", write_jsonl(tmp_path / "s.jsonl", recs), "--x", "sharp", "--y", "mls.normalized",
+                 "-q", "--bootstrap", "100")
+    assert res.exit_code == 0, res.stderr
+
+
+def test_report_warns_when_x_values_are_within_their_errors(tmp_path):
+    close = [scan_record(f"vit_{i}", 1.0 + 0.01 * i, 2.0 + i, xerr=0.1) for i in range(5)]
+    res = invoke("report", write_jsonl(tmp_path / "c.jsonl", close), "--x", "sharp", "--y", "mls.normalized",
+                 "--bootstrap", "100")
+    assert res.exit_code == 0 and "10 of 10 pairs of sharp values lie within 2 standard errors" in res.stderr
+    apart = [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i, xerr=0.1) for i in range(5)]
+    res = invoke("report", write_jsonl(tmp_path / "a.jsonl", apart), "--x", "sharp", "--y", "mls.normalized",
+                 "--bootstrap", "100")
+    assert res.exit_code == 0 and "standard errors" not in res.stderr
+
+
+def test_report_axes_use_the_field_labels_and_points_their_names(tmp_path, monkeypatch):
+    import flatcheck.report.scatter as scatter
+
+    seen = {}
+    real = scatter.write_scatter
+    monkeypatch.setattr(scatter, "write_scatter", lambda *a, **kw: seen.update(kw) or real(*a, **kw))
+    src = write_jsonl(tmp_path / "s.jsonl", [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i) for i in range(3)])
+    sizes = []
+    for extra in ([], ["--labels"]):
+        png = tmp_path / f"p{len(extra)}.png"
+        res = invoke("report", src, "--x", "sharp", "--y", "mls.normalized", "--plot", png, "-q", *extra)
+        assert res.exit_code == 0, res.stderr
+        sizes.append(png.read_bytes())
+    assert seen["xlabel"] == "adaptive sharpness S_ρ  [sharp]" and seen["ylabel"] == "MLS: normalized  [mls.normalized]"
+    assert seen["labels"] is True and sizes[0] != sizes[1]  # the names are drawn
+
+
+def test_report_writes_csv_atomically(tmp_path):
+    import csv
+
+    recs = [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i) for i in range(3)] + [record("vit_bad", 0, 0, status="error")]
+    out = tmp_path / "table.csv"
+    res = invoke("report", write_jsonl(tmp_path / "s.jsonl", recs), "--fields", "sharp,mls.normalized", "--csv", out,
+                 "--json", "-", "-q")
+    assert res.exit_code == 0, res.stderr
+    rows = list(csv.DictReader(out.open()))
+    table = json.loads(res.stdout)["models"]
+    assert [r["model"] for r in rows] == [m["model"] for m in table]
+    for row, m in zip(rows, table):
+        for f in ("sharp", "mls.normalized"):
+            v, se = m["values"][f]["value"], m["values"][f]["stderr"]
+            assert row[f] == ("" if v is None else repr(v)) and row[f"{f}.stderr"] == ("" if se is None else repr(se))
+    assert rows[-1]["status"] == "error" and rows[-1]["error"] == "boom" and rows[-1]["sharp"] == ""
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+    res = invoke("report", tmp_path / "s.jsonl", "--csv", tmp_path / "nope" / "t.csv")
+    assert res.exit_code == 2 and res.stderr.startswith("error: --csv")
+
+
+# ---------------------------------------------------------------- along a training run
+
+
+def track_record(run, step, lmax, jac, lr):
+    return {"model": run, "kind": "flatcheck.track", "fingerprint": run, "status": "ok", "error": None,
+            "step": step, "epoch": None, "extra": {"lr": lr},
+            "results": {"lmax": {"value": lmax, "stderr": None, "label": "λmax(H)", "details": {}},
+                        "jacobian": {"value": jac, "stderr": 0.01, "label": "‖J‖_F", "details": {}}}}
+
+
+def test_report_draws_fields_along_the_steps(tmp_path, monkeypatch):
+    import flatcheck.report.plots as plots
+
+    recs = [track_record(f"gd_lr{lr}", s, 2 / lr * (1 - 0.5 ** (s / 10 + 1)), 1 + s / 100, lr)
+            for lr in (0.1, 0.05) for s in (30, 0, 10, 20)]  # out of order on purpose
+    src = write_jsonl(tmp_path / "track.jsonl", recs)
+    seen = {}
+    real = plots.plot_trajectories
+    monkeypatch.setattr(plots, "plot_trajectories", lambda *a, **kw: seen.update(series=a[1], **kw) or real(*a, **kw))
+    png = tmp_path / "track.png"
+    res = invoke("report", src, "--x", "step", "--y", "lmax", "--y", "jacobian", "--y", "extra.lr", "--lr", "0.1",
+                 "--lr", "0.05", "--log-y", "--plot", png, "--json", "-")
+    assert res.exit_code == 0, res.stderr
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    table = json.loads(res.stdout)["models"]
+    assert [(m["model"], m["step"]) for m in table] == [(r, s) for r in ("gd_lr0.05", "gd_lr0.1") for s in (0, 10, 20, 30)]
+    lmax = {s.run: s for s in seen["series"] if s.field == "lmax"}
+    assert lmax["gd_lr0.1"].x == [0, 10, 20, 30] and lmax["gd_lr0.1"].y == [r["results"]["lmax"]["value"] for r in
+                                                                           sorted(recs[:4], key=lambda r: r["step"])]
+    assert seen["lrs"] == [0.1, 0.05] and seen["logy"] and seen["ylabels"]["lmax"] == "λmax(H)  [lmax]"
+    assert seen["ylabels"]["extra.lr"] == "lr  [extra.lr]"
+
+
+@pytest.mark.parametrize("args, said", [(["--x", "sharp", "--y", "a", "--y", "b"], "--y given 2 times"),
+                                        (["--x", "sharp", "--y", "mls.normalized", "--lr", "0.1"], "--lr"),
+                                        (["--x", "step", "--y", "lmax", "--lr", "0"], "--lr must be positive")])
+def test_report_trajectory_options_are_checked(tmp_path, args, said):
+    src = write_jsonl(tmp_path / "s.jsonl", [record("vit_a", 1.0, 2.0)])
+    res = invoke("report", src, *args)
+    assert res.exit_code == 2 and said in res.stderr

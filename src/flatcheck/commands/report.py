@@ -12,19 +12,32 @@ from ..cli import app, guarded
 
 
 @app.command("report", help="Summarise JSON reports and JSONL scans (shards OUT.rankN included): a table of "
-                            "models × fields, correlations, a scatter plot.")
+                            "models × fields, correlations, a scatter plot of --y against --x, or fields along a "
+                            "training run with --x step (or epoch).")
 def report_cmd(
     files: Annotated[list[Path], typer.Argument(help="reports (.json) and scans (.jsonl); shards are merged",
                                                 show_default=False)],
-    x: Annotated[Optional[str], typer.Option("--x", help="field for the x axis, e.g. adaptive-sharpness.value")] = None,
-    y: Annotated[Optional[str], typer.Option("--y", help="field for the y axis, e.g. mls.details.normalized")] = None,
+    x: Annotated[Optional[str], typer.Option("--x", help="field for the x axis, e.g. adaptive-sharpness, or step / "
+                                             "epoch for a training run")] = None,
+    y: Annotated[Optional[list[str]], typer.Option("--y", help="field for the y axis, e.g. mls.normalized_mls; "
+                                                   "repeatable with --x step|epoch (a panel each)")] = None,
     fields: Annotated[Optional[str], typer.Option("--fields", help="comma-separated fields for the table "
                                                   "[default: every probe's value]")] = None,
     correlate: Annotated[Optional[str], typer.Option("--correlate", help="correlate --x (else every field) with "
                                                      "this field")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG scatter of --y against --x")] = None,
-    logx: Annotated[bool, typer.Option("--logx", help="log x axis (drops x ≤ 0)")] = False,
-    logy: Annotated[bool, typer.Option("--logy", help="log y axis (drops y ≤ 0)")] = False,
+    preset: Annotated[Optional[str], typer.Option("--preset", help="a paper's figure: mls-vs-sharpness (Chen et "
+                                                  "al. 2023 Fig. 4: normalized MLS against adaptive sharpness, log "
+                                                  "axes, colour by family)")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG: --y against --x")] = None,
+    labels: Annotated[bool, typer.Option("--labels", help="name each point of the scatter by its model")] = False,
+    logx: Annotated[bool, typer.Option("--logx", "--log-x", help="log x axis (drops x ≤ 0)")] = False,
+    logy: Annotated[bool, typer.Option("--logy", "--log-y", help="log y axis (drops y ≤ 0)")] = False,
+    lr: Annotated[Optional[list[float]], typer.Option("--lr", help="with --x step|epoch: a line at 2/η on the lmax "
+                                                      "panel (the edge of stability), repeatable")] = None,
+    mixed_settings: Annotated[bool, typer.Option("--mixed-settings", help="merge results whose run settings differ "
+                                                 "(data, split, samples, seed, probes or their options)")] = False,
+    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="write the table as CSV (value and stderr per "
+                                                    "field)")] = None,
     confidence: Annotated[float, typer.Option("--confidence", help="level of the correlation intervals")] = 0.95,
     bootstrap: Annotated[int, typer.Option("--bootstrap", help="resamples for Spearman/Kendall intervals")] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="seed of the bootstrap")] = 0,
@@ -37,47 +50,141 @@ def report_cmd(
 
         from ..cli import _check_json_target, _error_line
         from ..errors import ConfigError
-        from ..report.io import dump_json
-        from ..workflows.results_io import load_results
+        from ..report.io import check_writable, dump_json, write_text_atomic
+        from ..workflows.results_io import TRAJECTORY_FIELDS, load_results
 
         if not 0 < confidence < 1:
             raise ConfigError(f"--confidence must be between 0 and 1 (exclusive), got {confidence}")
         if bootstrap < 100:
             raise ConfigError(f"--bootstrap must be at least 100, got {bootstrap}")
+        figure = _preset_figure(preset)
+        xf = x or figure.get("x")
+        ys = list(y or ([figure["y"]] if figure.get("y") else []))
+        along = xf in TRAJECTORY_FIELDS
+        if len(ys) > 1 and not along:
+            raise ConfigError(f"--y given {len(ys)} times: several fields are drawn only along a run "
+                              f"(--x step or --x epoch); for a scatter give one --y")
+        if lr and not along:
+            raise ConfigError("--lr draws 2/η along a training run; give --x step or --x epoch")
+        if lr and any(not (math.isfinite(v) and v > 0) for v in lr):
+            raise ConfigError(f"--lr must be positive numbers, got {', '.join(map(str, lr))}")
         _check_json_target(json_out)
+        if csv_out is not None:
+            check_writable(csv_out, "--csv")
+        if plot is not None:
+            from ..report.plots import check_plot_target
+
+            check_plot_target(str(plot))
         loaded = load_results(files)
-        if not quiet:
-            for note in loaded.warnings:
-                _error_line(f"warning: {note}")
+        say = (lambda m: None) if quiet else (lambda m: _error_line(f"warning: {m}"))
+        for note in loaded.warnings:
+            say(note)
         records = loaded.records
         if not records:
             raise ConfigError(f"{', '.join(map(str, files))}: no records")
-        columns = _columns(records, fields, x, y, correlate)
+        _check_settings(records, mixed_settings, say)
+        columns = _columns(records, fields, xf, ys, correlate)
         table = [_row(r, columns) for r in records]
-        corrs = _correlations(table, columns, x, y, correlate, confidence, bootstrap, seed)
+        if along:
+            table.sort(key=lambda r: (r["model"], r[xf] if r.get(xf) is not None else math.inf))
+        corrs = _correlations(table, columns, xf, ys, correlate, confidence, bootstrap, seed)
+        for a in dict.fromkeys(c["x"] for c in corrs):
+            if a not in TRAJECTORY_FIELDS and (msg := _indistinct(table, a)):
+                say(msg)
         plotted = None
         if plot is not None:
-            plotted = _plot(plot, records, table, columns, x, y, correlate, logx, logy)
+            plotted = _plot(plot, records, table, columns, xf, ys, correlate, logx or figure.get("logx", False),
+                            logy or figure.get("logy", False), labels, lr or [], figure)
         summary = {"models": table, "fields": columns, "correlations": corrs,
                    "plot": None if plot is None else {"path": str(plot), "points": plotted}}
+        if csv_out is not None:
+            write_text_atomic(csv_out, _csv(table, columns))
         if json_out is not None:
             dump_json(summary, json_out)
         if json_out != "-":
             _render(Console(), table, columns, corrs)
-            if plot is not None and not quiet:
+        if not quiet:
+            if plot is not None:
                 _error_line(f"wrote {plot} ({plotted} points)")
+            if csv_out is not None:
+                _error_line(f"wrote {csv_out} ({len(table)} rows)")
         return 0
 
     guarded(debug, body)
 
 
-def _columns(records, fields, x, y, correlate) -> list[str]:
+def _preset_figure(name: str | None) -> dict:
+    if name is None:
+        return {}
+    from ..workflows.presets import preset
+
+    return dict(preset(name).figure)
+
+
+def _check_settings(records, mixed: bool, say) -> None:
+    """Results measured under other settings are not points of one comparison: refuse them
+    unless told, and then say what differs."""
+    from ..errors import ConfigError
+    from ..workflows.results_io import describe_difference, settings_groups
+
+    groups = settings_groups(records)
+    if len(groups) < 2:
+        return
+    (a, first), (b, other) = groups[0], groups[1]
+    diff = describe_difference(a, b)
+    what = (f"{len(groups)} different run settings: {diff} ({first[0]}{' …' if len(first) > 1 else ''} vs "
+            f"{other[0]}{' …' if len(other) > 1 else ''})")
+    if not mixed:
+        raise ConfigError(f"the results were measured with {what}; compare like with like, or pass "
+                          f"--mixed-settings to merge them anyway")
+    say(f"merging results measured with {what} (--mixed-settings)")
+
+
+def _indistinct(table, field: str, z: float = 2.0) -> str | None:
+    """A warning when most pairs of x values are within z combined standard errors of each
+    other: an ordering (and so a correlation) along x is then mostly noise."""
+    pts = [(r["values"][field]["value"], r["values"][field]["stderr"]) for r in table
+           if r["status"] == "ok" and _finite(r, field) is not None]
+    pairs = close = 0
+    for i, (u, su) in enumerate(pts):
+        for v, sv in pts[i + 1:]:
+            pairs += 1
+            err = math.hypot(su or 0.0, sv or 0.0)
+            close += err > 0 and abs(u - v) <= z * err
+    if pairs and close * 2 > pairs:
+        return (f"{close} of {pairs} pairs of {field} values lie within {z:g} standard errors of each other: "
+                f"the models are not told apart along x, and a correlation with it is mostly noise")
+    return None
+
+
+def _csv(table, columns) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["model", "family", "status", "error", "step", "epoch",
+                *[h for c in columns for h in (c, f"{c}.stderr")]])
+    for r in table:
+        cells = [r["values"][c][k] for c in columns for k in ("value", "stderr")]
+        w.writerow([r["model"], r["family"], r["status"], r["error"] or "", _blank(r.get("step")),
+                    _blank(r.get("epoch")), *(_blank(v) for v in cells)])
+    return buf.getvalue()
+
+
+def _blank(v) -> str:
+    return "" if v is None else repr(v) if isinstance(v, float) else str(v)
+
+
+def _columns(records, fields, x, ys, correlate) -> list[str]:
+    from ..workflows.results_io import TRAJECTORY_FIELDS
+
     if fields:
         cols = [f.strip() for f in fields.split(",") if f.strip()]
     else:
-        cols = [] if (x or y) else list(dict.fromkeys(p for r in records for p in r.get("results", {})))
-    for extra in (x, y, correlate):
-        if extra and extra not in cols:
+        cols = [] if (x or ys) else list(dict.fromkeys(p for r in records for p in r.get("results", {})))
+    for extra in (x, *ys, correlate):
+        if extra and extra not in cols and extra not in TRAJECTORY_FIELDS:
             cols.append(extra)
     if not cols:
         from ..errors import ConfigError
@@ -87,14 +194,15 @@ def _columns(records, fields, x, y, correlate) -> list[str]:
 
 
 def _row(record: dict[str, Any], columns: list[str]) -> dict[str, Any]:
-    from ..workflows.results_io import FieldMissing, as_number, resolve_field
+    from ..workflows.results_io import TRAJECTORY_FIELDS, FieldMissing, as_number, record_value
     from ..workflows.scan_sources import family
 
     row = {"model": record["model"], "family": record.get("family") or family(record["model"]),
-           "status": record.get("status", "ok"), "error": record.get("error"), "values": {}}
+           "status": record.get("status", "ok"), "error": record.get("error"),
+           **{k: record.get(k) for k in TRAJECTORY_FIELDS if isinstance(record.get(k), int)}, "values": {}}
     for col in columns:
         try:
-            v, se = resolve_field(record.get("results", {}), col)
+            v, se = record_value(record, col)
         except FieldMissing:
             v, se = None, None
         row["values"][col] = {"value": _json_num(as_number(v)), "stderr": _json_num(as_number(se))}
@@ -109,24 +217,33 @@ def _json_num(v):
 
 
 def _finite(row, col) -> float | None:
+    from ..workflows.results_io import TRAJECTORY_FIELDS
+
+    if col in TRAJECTORY_FIELDS:
+        v = row.get(col)
+        return float(v) if v is not None else None
     v = row["values"][col]["value"]
     return v if isinstance(v, float) and math.isfinite(v) else None
 
 
-def _pairs(columns, x, y, correlate) -> list[tuple[str, str]]:
+def _pairs(columns, x, ys, correlate) -> list[tuple[str, str]]:
     if correlate:
         xs = [x] if x else [c for c in columns if c != correlate]
         return [(a, correlate) for a in xs]
-    if x and y:
-        return [(x, y)]
+    # along a training run the records are many runs' steps: pooling them into one correlation
+    # with the step would mean nothing, so that is only done when asked (--correlate)
+    from ..workflows.results_io import TRAJECTORY_FIELDS
+
+    if x and ys and x not in TRAJECTORY_FIELDS:
+        return [(x, b) for b in ys]
     return []
 
 
-def _correlations(table, columns, x, y, correlate, confidence, n_boot, seed) -> list[dict]:
+def _correlations(table, columns, x, ys, correlate, confidence, n_boot, seed) -> list[dict]:
     from ..workflows.stats import correlate as corr
 
     out = []
-    for a, b in _pairs(columns, x, y, correlate):
+    for a, b in _pairs(columns, x, ys, correlate):
         pts = [(_finite(r, a), _finite(r, b)) for r in table if r["status"] == "ok"]
         pts = [(u, v) for u, v in pts if u is not None and v is not None]
         for c in corr([u for u, _ in pts], [v for _, v in pts], confidence=confidence, n_boot=n_boot, seed=seed):
@@ -134,24 +251,62 @@ def _correlations(table, columns, x, y, correlate, confidence, n_boot, seed) -> 
     return out
 
 
-def _plot(path, records, table, columns, x, y, correlate, logx, logy) -> int:
+def _stderr(row, field) -> float | None:
+    se = row["values"][field]["stderr"] if field in row["values"] else None
+    return se if isinstance(se, float) else None
+
+
+def _plot(path, records, table, columns, xf, ys, correlate, logx, logy, labels, lrs, figure) -> int:
     from ..errors import ConfigError
+    from ..workflows.results_io import TRAJECTORY_FIELDS, field_label
+
+    xf = xf or columns[0]
+    if xf in TRAJECTORY_FIELDS:
+        return _plot_along(path, table, xf, ys, logy, lrs, records)
     from ..report.scatter import Density, Point, write_scatter
 
-    xf = x or columns[0]
-    yf = y or correlate or (columns[1] if len(columns) > 1 else None)
+    yf = (ys[0] if ys else None) or correlate or (columns[1] if len(columns) > 1 else None)
     if yf is None or yf == xf:
         raise ConfigError("--plot needs two fields: give --x and --y (or --correlate)")
     points = []
     for r in table:
         u, v = _finite(r, xf), _finite(r, yf)
         if r["status"] == "ok" and u is not None and v is not None:
-            se = lambda f: r["values"][f]["stderr"] if isinstance(r["values"][f]["stderr"], float) else None
-            points.append(Point(r["model"], r["family"], u, v, se(xf), se(yf)))
+            points.append(Point(r["model"], r["family"], u, v, _stderr(r, xf), _stderr(r, yf)))
     if not points:
         raise ConfigError(f"--plot: no model has finite values of both {xf} and {yf}")
-    return write_scatter(path, points, xlabel=xf, ylabel=yf, logx=logx, logy=logy,
-                         densities=_densities(records, Density))
+    return write_scatter(path, points, xlabel=figure.get("xlabel") or _axis(records, xf),
+                         ylabel=figure.get("ylabel") or _axis(records, yf), logx=logx, logy=logy,
+                         densities=_densities(records, Density), labels=labels)
+
+
+def _axis(records, field: str) -> str:
+    from ..workflows.results_io import field_label
+
+    label = field_label(records, field)
+    return label if label == field else f"{label}  [{field}]"
+
+
+def _plot_along(path, table, xf, ys, logy, lrs, records) -> int:
+    """Fields along a training run: a panel per --y, a line per model (run)."""
+    from ..errors import ConfigError
+    from ..report.plots import Series, plot_trajectories
+
+    if not ys:
+        raise ConfigError(f"--plot with --x {xf}: name the fields to draw with --y (repeatable)")
+    series = []
+    for yf in ys:
+        for model in dict.fromkeys(r["model"] for r in table):
+            pts = [(r[xf], _finite(r, yf), _stderr(r, yf)) for r in table
+                   if r["model"] == model and r["status"] == "ok" and r.get(xf) is not None
+                   and _finite(r, yf) is not None]
+            if pts:
+                pts.sort()
+                series.append(Series(yf, model, [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]))
+    if not series:
+        raise ConfigError(f"--plot: no record has both a {xf} and a finite value of {', '.join(ys)}")
+    return plot_trajectories(str(path), series, xlabel=xf, ylabels={f: _axis(records, f) for f in ys}, logy=logy,
+                             lrs=lrs)
 
 
 def _densities(records, Density) -> list:
@@ -191,13 +346,14 @@ def _render(console, table, columns, corrs) -> None:
 
     from ..report.render import fmt, fmt_pm
 
-    t = Table(title=f"{len(table)} models", title_justify="left")
-    for col in ("model", "status", *columns):
+    along = [k for k in ("step", "epoch") if any(k in r for r in table)]  # a training run's records
+    t = Table(title=f"{len(table)} {'records' if along else 'models'}", title_justify="left")
+    for col in ("model", *along, "status", *columns):
         t.add_column(col, justify="left" if col in ("model", "status") else "right")
     for r in table:
         cells = [fmt_pm(r["values"][c]["value"], r["values"][c]["stderr"]) for c in columns]
         status = r["status"] if not r["error"] else f"{r['status']}: {r['error']}"
-        t.add_row(r["model"], status, *cells)
+        t.add_row(r["model"], *(str(r.get(k, "—")) for k in along), status, *cells)
     console.print(t)
     if corrs:
         c = Table(title="correlations", title_justify="left")

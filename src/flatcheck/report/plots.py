@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,59 @@ def plot_density(path: str, grid: np.ndarray, density: np.ndarray, *, title: str
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
     _save_atomically(fig, Path(path))
+
+
+@dataclass(frozen=True)
+class Series:
+    """One field of one run along its steps (or epochs)."""
+
+    field: str
+    run: str
+    x: list[float]
+    y: list[float]
+    yerr: list[float | None]
+
+
+def plot_trajectories(path: str, series: list[Series], *, xlabel: str, ylabels: dict[str, str], logy: bool = False,
+                      lrs: list[float] = ()) -> int:
+    """Fields against the training step, a panel per field sharing the x axis, a line per run,
+    as in MacDonald et al. 2023 Fig. 1. Each η in `lrs` adds a dashed line at 2/η — the edge
+    of stability, where gradient descent's λmax settles (Cohen et al. 2021) — to the panels of
+    lmax fields, or to the first panel when none is. Returns the points drawn."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ConfigError(MISSING) from None
+    fields = list(ylabels)
+    fig = Figure(figsize=(7, 2.6 * len(fields) + 0.8), dpi=120)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(fields), 1, sharex=True, squeeze=False)[:, 0]
+    runs = list(dict.fromkeys(s.run for s in series))
+    colours = {r: f"C{i % 10}" for i, r in enumerate(runs)}
+    edge_panels = [f for f in fields if f.split(".", 1)[0] == "lmax"] or fields[:1]
+    drawn = 0
+    for ax, f in zip(axes, fields):
+        for s in (s for s in series if s.field == f):
+            keep = [i for i, v in enumerate(s.y) if not logy or v > 0]
+            xs, ys = [s.x[i] for i in keep], [s.y[i] for i in keep]
+            err = [s.yerr[i] or 0.0 for i in keep]
+            ax.errorbar(xs, ys, yerr=err if any(err) else None, marker="o", ms=3, lw=1.2, capsize=2,
+                        color=colours[s.run], label=s.run if len(runs) > 1 else None)
+            drawn += len(xs)
+        if f in edge_panels:
+            for i, eta in enumerate(lrs):
+                ax.axhline(2 / eta, ls="--", lw=1, color="0.3" if len(lrs) == 1 else f"C{(len(runs) + i) % 10}",
+                           label=f"2/η = {2 / eta:.4g} (η = {eta:g})")
+        ax.set_yscale("log" if logy else "linear")
+        ax.set_ylabel(ylabels[f], fontsize=8)
+        ax.grid(True, which="major", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
+    axes[-1].set_xlabel(xlabel)
+    fig.tight_layout()
+    _save_atomically(fig, Path(path))
+    return drawn
 
 
 def _save_atomically(fig, target: Path) -> None:

@@ -48,8 +48,10 @@ def _pyplot():
 
 
 def write_scatter(path: str | Path, points: list[Point], *, xlabel: str, ylabel: str, logx: bool = False,
-                  logy: bool = False, title: str | None = None, densities: list[Density] = ()) -> int:
-    """Write the PNG atomically; returns how many points were drawn (log axes drop x ≤ 0)."""
+                  logy: bool = False, title: str | None = None, densities: list[Density] = (),
+                  labels: bool = False) -> int:
+    """Write the PNG atomically; returns how many points were drawn (log axes drop x ≤ 0).
+    `labels`: each point named by its model."""
     plt = _pyplot()
     shown = [p for p in points if (not logx or p.x > 0) and (not logy or p.y > 0)]
     panels = 2 if densities else 1
@@ -67,6 +69,9 @@ def write_scatter(path: str | Path, points: list[Point], *, xlabel: str, ylabel:
             yerr = [p.yerr or 0.0 for p in pts] if any(p.yerr for p in pts) else None
             ax.errorbar([p.x for p in pts], [p.y for p in pts], xerr=xerr, yerr=yerr, fmt="o", ms=4, alpha=0.8,
                         color=colour[fam], ecolor=colour[fam], elinewidth=0.8, label=f"{fam} ({len(pts)})")
+        if labels:
+            for p in shown:
+                ax.annotate(p.model, (p.x, p.y), xytext=(3, 3), textcoords="offset points", fontsize=6, alpha=0.8)
         ax.set_xscale("log" if logx else "linear")
         ax.set_yscale("log" if logy else "linear")
         ax.set_xlabel(xlabel)

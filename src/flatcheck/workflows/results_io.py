@@ -226,6 +226,57 @@ def _as_record(obj: dict[str, Any], path: Path) -> dict[str, Any]:
     return obj
 
 
+# ---------------------------------------------------------------- settings
+
+
+def run_settings_of(rec: dict[str, Any], *, with_options: bool) -> dict[str, Any]:
+    """The settings that must agree for two records to be points of one comparison: a scan
+    record's `settings`, or what a plain report's meta says of them. Not the model's own
+    input size (a family's models differ in it) nor where the data lie (data_root) or how
+    they were batched; probe options only when every record carries them (`with_options`)."""
+    meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else rec
+    data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
+    given = rec.get("settings") if isinstance(rec.get("settings"), dict) else {}
+    out = {
+        "data": data.get("name", given.get("data")),
+        "split": data.get("split", given.get("split")),
+        "samples": data.get("samples", given.get("samples")),  # the count used, not the flag
+        "seed": meta.get("seed", given.get("seed")),
+        "dtype": meta.get("dtype", given.get("dtype")),
+        "bn_mode": meta.get("bn_mode", given.get("bn_mode")),
+        "backend": meta.get("backend", given.get("backend")),
+        "params": (meta.get("model") or {}).get("params_filter") if isinstance(meta.get("model"), dict)
+        else given.get("params"),
+        "probes": sorted(rec.get("results", {})) if not given.get("probes") else sorted(p for p, _ in given["probes"]),
+    }
+    if not out["params"]:
+        out["params"] = None
+    if with_options:
+        out["probe_options"] = {p: o for p, o in given["probes"]}
+    return out
+
+
+def settings_groups(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[str]]]:
+    """Records grouped by run_settings_of: (settings, model names) per distinct setting."""
+    ok = [r for r in records if r.get("status", "ok") == "ok"]
+    with_options = bool(ok) and all(isinstance(r.get("settings"), dict) and r["settings"].get("probes") for r in ok)
+    groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    for r in ok:
+        s = run_settings_of(r, with_options=with_options)
+        groups.setdefault(json.dumps(s, sort_keys=True, default=str), (s, []))[1].append(r.get("model", "?"))
+    return list(groups.values())
+
+
+def describe_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    keys = [k for k in a if a.get(k) != b.get(k)]
+    return "; ".join(f"{k} {_short(a.get(k))} vs {_short(b.get(k))}" for k in keys)
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v, sort_keys=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "…"
+
+
 # ---------------------------------------------------------------- fields
 
 
@@ -255,6 +306,33 @@ def resolve_field(results: dict[str, Any], path: str) -> tuple[Any, Any]:
         stderr = parent.get("stderr" if last == "value" else f"{last}_stderr") if isinstance(parent, dict) else None
         return node, stderr
     raise FieldMissing(path)
+
+
+def record_value(record: dict[str, Any], path: str) -> tuple[Any, Any]:
+    """A field of a whole record: "step"/"epoch" (TRAJECTORY_FIELDS), "extra.KEY" (what a
+    tracker's caller passed), or a path into its results (resolve_field)."""
+    if path in TRAJECTORY_FIELDS:
+        if record.get(path) is None:
+            raise FieldMissing(path)
+        return record[path], None
+    if path.startswith("extra."):
+        _, node = _walk(record.get("extra") or {}, [p for p in path.split(".")[1:] if p])
+        return node, None
+    return resolve_field(record.get("results", {}), path)
+
+
+def field_label(records: Iterable[dict[str, Any]], path: str) -> str:
+    """The words for an axis: the probe's own label ("adaptive sharpness S_ρ") for its
+    headline value, "label: key" for a detail, the path itself when no record has a label."""
+    if path in TRAJECTORY_FIELDS or path.startswith("extra."):
+        return path.split(".", 1)[-1]
+    parts = [p for p in path.split(".") if p]
+    for rec in records:
+        res = rec.get("results", {}).get(parts[0]) if parts else None
+        if isinstance(res, dict) and isinstance(res.get("label"), str) and res["label"]:
+            rest = [p for p in parts[1:] if p not in ("details", "value")]
+            return res["label"] if not rest else f"{res['label']}: {'.'.join(rest)}"
+    return path
 
 
 def _walk(obj: Any, parts: list[str]) -> tuple[Any, Any]:
