@@ -18,6 +18,9 @@ for a convolution against the six of a double-backward HVP, and no create_graph 
 
 Only the total vᵀHv comes out, not its split over parameter tensors (which needs Hv): the
 per-layer parts of a trace keep the HVP route.
+
+graph.py traces the loss to aten ops; rules.py is the table of one rule per op (tangent and
+source); plan.py works out a graph's tangent pass once (Plan) and runs it per batch (Primal).
 """
 
 from .graph import UnsupportedGraph, preload, trace_loss
