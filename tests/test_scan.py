@@ -287,3 +287,82 @@ def test_shard_is_refused_under_torchrun(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     res = scan("--timm", "test_resnet", "--probes", "gini", "--out", tmp_path / "s.jsonl", "--shard", "0/2")
     assert res.exit_code == 2 and "torchrun" in res.stderr
+
+
+# ---------------------------------------------------------------- a folder of training checkpoints
+
+
+@pytest.mark.parametrize("stem, want", [
+    ("step_000200", {"step": 200}), ("model-step=1500", {"step": 1500}), ("epoch=12", {"epoch": 12}),
+    ("epoch=3-step=1500", {"epoch": 3, "step": 1500}), ("ckpt_Step42", {"step": 42}),
+    ("timestep_5", {}), ("final", {}), ("step_1_step_2", {}), ("resnet50", {})])
+def test_step_and_epoch_from_names(stem, want):
+    from flatcheck.workflows.trajectory import from_name
+
+    assert from_name(stem) == want
+
+
+def test_checkpoint_folder_records_step_and_epoch(tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shutil.copy(ROOT / "model_specs" / "demo_digits.yaml", folder / "spec.yaml")
+    demo = ROOT / "demo" / "digits_cnn.safetensors"
+    for name in ("step_000200", "model-step=1500", "epoch=12"):
+        shutil.copy(demo, folder / f"{name}.safetensors")
+    tensors = load_file(str(demo))
+    save_file(tensors, str(folder / "last.safetensors"), metadata={"step": "3000", "epoch": "14"})
+    save_file(tensors, str(folder / "step_9.safetensors"), metadata={"step": "soon"})
+    out = tmp_path / "run.jsonl"
+    res = invoke("scan", "--checkpoints", folder, "--probes", "gini", "--data", "digits", "--samples", "16", "-q",
+                 "--out", out)
+    assert res.exit_code == 0, res.stderr
+    got = {r["model"]: r for r in lines(out)}
+    assert {m: (r["step"], r["epoch"]) for m, r in got.items()} == {
+        "epoch=12": (None, 12), "last": (3000, 14), "model-step=1500": (1500, None), "step_000200": (200, None),
+        "step_9": (None, None)}
+    assert got["last"]["trajectory_from"] == {"step": "metadata", "epoch": "metadata"}
+    assert got["step_000200"]["trajectory_from"] == {"step": "file name"}
+    bad = got["step_9"]
+    assert bad["status"] == "skipped" and "metadata field 'step' is 'soon', expected an integer" in bad["error"]
+    # one run: the folder's checkpoints are one line along the steps, in step order
+    assert {r["run"] for r in got.values() if r["step"] is not None} == {"run"} and got["epoch=12"]["run"] == "run"
+    png = tmp_path / "run.png"
+    res = invoke("report", out, "--x", "step", "--y", "gini", "--json", "-", "-q", "--plot", png)
+    assert res.exit_code == 0, res.stderr
+    rows = [r for r in json.loads(res.stdout)["models"] if r.get("step") is not None]
+    assert [r["step"] for r in rows] == [200, 1500, 3000]
+    assert json.loads(res.stdout)["plot"]["points"] == 3
+
+
+# ---------------------------------------------------------------- the paper's protocol
+
+
+def test_preset_runs_the_mls_vs_sharpness_protocol(tmp_path):
+    import shutil
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copy(ROOT / "model_specs" / "demo_digits.yaml", folder / "spec.yaml")
+    for name in ("cnn_a", "cnn_b"):
+        shutil.copy(ROOT / "demo" / "digits_cnn.safetensors", folder / f"{name}.safetensors")
+    out = tmp_path / "fig4.jsonl"
+    res = invoke("scan", "--checkpoints", folder, "--preset", "mls-vs-sharpness", "--data", "digits", "--samples",
+                 "16", "-o", "adaptive-sharpness.probes_max=4", "-o", "adaptive-sharpness.noise_draws=2", "-q",
+                 "--out", out)
+    assert res.exit_code == 0, res.stderr
+    (a, b) = lines(out)
+    probes = dict(a["settings"]["probes"])
+    assert list(probes) == ["adaptive-sharpness", "mls"] and a["settings"]["samples"] == 16  # the user's flag wins
+    assert probes["adaptive-sharpness"]["loss"] == "sigmoid_mse" and probes["adaptive-sharpness"]["probes_max"] == 4
+    assert a["results"]["adaptive-sharpness"]["details"]["loss"] == "sigmoid_mse"
+    assert a["results"]["mls"]["details"]["normalized_mls"] > 0
+    png = tmp_path / "fig4.png"
+    res = invoke("report", out, "--preset", "mls-vs-sharpness", "--plot", png, "-q")
+    assert res.exit_code == 0, res.stderr
+    assert png.read_bytes().startswith(b"\x89PNG")
+    res = invoke("scan", "--checkpoints", folder, "--preset", "fig9", "--out", tmp_path / "x.jsonl")
+    assert res.exit_code == 2 and "mls-vs-sharpness" in res.stderr

@@ -86,7 +86,7 @@ def report_cmd(
         columns = _columns(records, fields, xf, ys, correlate)
         table = [_row(r, columns) for r in records]
         if along:
-            table.sort(key=lambda r: (r["model"], r[xf] if r.get(xf) is not None else math.inf))
+            table.sort(key=lambda r: (r.get("run", r["model"]), r[xf] if r.get(xf) is not None else math.inf))
         corrs = _correlations(table, columns, xf, ys, correlate, confidence, bootstrap, seed)
         for a in dict.fromkeys(c["x"] for c in corrs):
             if a not in TRAJECTORY_FIELDS and (msg := _indistinct(table, a)):
@@ -199,7 +199,8 @@ def _row(record: dict[str, Any], columns: list[str]) -> dict[str, Any]:
 
     row = {"model": record["model"], "family": record.get("family") or family(record["model"]),
            "status": record.get("status", "ok"), "error": record.get("error"),
-           **{k: record.get(k) for k in TRAJECTORY_FIELDS if isinstance(record.get(k), int)}, "values": {}}
+           **{k: record.get(k) for k in TRAJECTORY_FIELDS if isinstance(record.get(k), int)},
+           **({"run": record["run"]} if isinstance(record.get("run"), str) else {}), "values": {}}
     for col in columns:
         try:
             v, se = record_value(record, col)
@@ -288,7 +289,7 @@ def _axis(records, field: str) -> str:
 
 
 def _plot_along(path, table, xf, ys, logy, lrs, records) -> int:
-    """Fields along a training run: a panel per --y, a line per model (run)."""
+    """Fields along a training run: a panel per --y, a line per run (a record's `run`, else its model)."""
     from ..errors import ConfigError
     from ..report.plots import Series, plot_trajectories
 
@@ -296,13 +297,13 @@ def _plot_along(path, table, xf, ys, logy, lrs, records) -> int:
         raise ConfigError(f"--plot with --x {xf}: name the fields to draw with --y (repeatable)")
     series = []
     for yf in ys:
-        for model in dict.fromkeys(r["model"] for r in table):
+        for run in dict.fromkeys(r.get("run", r["model"]) for r in table):
             pts = [(r[xf], _finite(r, yf), _stderr(r, yf)) for r in table
-                   if r["model"] == model and r["status"] == "ok" and r.get(xf) is not None
+                   if r.get("run", r["model"]) == run and r["status"] == "ok" and r.get(xf) is not None
                    and _finite(r, yf) is not None]
             if pts:
                 pts.sort()
-                series.append(Series(yf, model, [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]))
+                series.append(Series(yf, run, [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]))
     if not series:
         raise ConfigError(f"--plot: no record has both a {xf} and a finite value of {', '.join(ys)}")
     return plot_trajectories(str(path), series, xlabel=xf, ylabels={f: _axis(records, f) for f in ys}, logy=logy,

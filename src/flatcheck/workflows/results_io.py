@@ -34,18 +34,20 @@ SETTINGS_FIELDS = ("data", "data_root", "split", "samples", "batch_size", "dtype
 
 def new_record(model: str, *, kind: str, fingerprint: str, origin: str, settings: dict[str, Any],
                family: str | None = None, step: int | None = None, epoch: int | None = None,
-               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+               run: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """One JSONL line of a scan or of a training tracker, before its results are filled in.
 
     status is "ok", "error" (with `error`, one line) or "skipped"; `results` maps a probe's
-    name to its ProbeResult.to_dict(); `extra` holds what a tracker's caller passed (lr, loss)."""
+    name to its ProbeResult.to_dict(); `extra` holds what a tracker's caller passed (lr, loss).
+    `run` names the training run a step belongs to, when the records of one run carry several
+    model names (a folder of checkpoints); `report --x step` draws a line per run (else per model)."""
     from ..report.result import SCHEMA_VERSION
     from .scan_sources import family as family_of
 
     return {
         "schema_version": SCHEMA_VERSION, "kind": kind, "model": model, "family": family or family_of(model),
         "fingerprint": fingerprint, "origin": origin, "status": "ok", "error": None,
-        "step": step, "epoch": epoch, "settings": settings, "extra": dict(extra or {}),
+        "step": step, "epoch": epoch, "run": run, "settings": settings, "extra": dict(extra or {}),
         "seconds": 0.0, "results": {},
     }
 

@@ -164,7 +164,7 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
                 if hooks.start:
                     hooks.start(i, len(todo), entry)
                 record = new_record(entry.name, kind=RECORD_KIND, fingerprint=fp, origin=entry.origin,
-                                    settings=settings, step=entry.step, epoch=entry.epoch)
+                                    settings=settings, step=entry.step, epoch=entry.epoch, run=entry.run)
                 record.update(checkpoint=str(entry.checkpoint) if entry.checkpoint else None,
                               rank=placement.rank, world_size=placement.world_size)
                 if entry.trajectory_from:

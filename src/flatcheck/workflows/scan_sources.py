@@ -38,6 +38,7 @@ class Entry:
     step: int | None = None  # where on a training trajectory (checkpoint folders only)
     epoch: int | None = None
     trajectory_from: dict[str, str] | None = None  # "step"/"epoch" → "file name" or "metadata"
+    run: str | None = None  # the training run its step belongs to (the checkpoint folder)
 
 
 def family(name: str) -> str:
@@ -203,6 +204,7 @@ def _place(entry: Entry, ckpt: Path) -> None:
     pos = position(ckpt)
     entry.step, entry.epoch = pos.values.get("step"), pos.values.get("epoch")
     entry.trajectory_from = pos.source or None
+    entry.run = ckpt.parent.name if pos.values else None
     if pos.problem and not entry.skip_reason:
         entry.skip_reason = pos.problem
 

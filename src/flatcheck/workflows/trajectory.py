@@ -64,6 +64,8 @@ def position(path: Path) -> Position:
     meta, problem = from_metadata(path)
     name = from_name(path.stem)
     pos = Position(problem=problem)
+    if problem:  # the file says something unreadable about itself: no guess from the name either
+        return pos
     for key in FIELDS:
         if key in meta:
             pos.values[key], pos.source[key] = meta[key], "metadata"
