@@ -176,9 +176,9 @@ def test_one_by_one_conv_head():
 
 
 def test_register_custom_source(monkeypatch):
-    from flatcheck.models import sources
+    from flatcheck.models import registry
 
-    monkeypatch.setattr(sources, "_REGISTRY", dict(sources._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
 
     @register_source("unit_test_source", defaults=lambda s, m: Preprocess((2,), (0.0, 0.0), (1.0, 1.0)))
     def _build(s):
@@ -380,9 +380,9 @@ WRAPS = {
 
 
 def _built(wrap, key, monkeypatch) -> nn.Module:
-    from flatcheck.models import sources
+    from flatcheck.models import registry
 
-    monkeypatch.setattr(sources, "_REGISTRY", dict(sources._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     torch.manual_seed(0)
     register_source("unit_test_wrapped")(lambda s: _Net(wrap))
     return build_model(spec(source="unit_test_wrapped", arch="net", output_key=key))

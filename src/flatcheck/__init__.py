@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 _WHERE = {
     "run": "api", "open_session": "api", "Session": "api",
+    "load_model": "models.load",
     "RunConfig": "config", "ProbeRequest": "config", "probe_requests": "config",
     "FlatcheckError": "errors", "InputError": "errors",
     "list_probes": "probes.registry", "create_probe": "probes.registry", "register_probe": "probes.registry",

@@ -25,8 +25,9 @@ from .data.preprocess import Preprocess
 from .data.registry import create_dataset
 from .errors import ConfigError, DataError, InputError, ModelError, first_line
 from .losses import per_sample_loss
-from .models.checkpoint import LoadedCheckpoint, apply_state_dict, load_checkpoint
-from .models.sources import build_model, resolve_preprocess
+from .models.checkpoint import LoadedCheckpoint
+from .models.load import build_with_weights
+from .models.sources import resolve_preprocess
 from .models.spec import ModelSpec, load_spec
 from .probes.registry import ProbeContext, create_probe, requirements
 from .report.result import ProbeResult, Report
@@ -79,11 +80,8 @@ def resolve_device(name: str) -> torch.device:
 def open_session(config: RunConfig) -> Session:
     """Load spec, model, checkpoint and data, and check that they fit together."""
     spec = config.spec if isinstance(config.spec, ModelSpec) else load_spec(config.spec)
-    model = build_model(spec, trust_packages=config.trust_packages)
-    checkpoint = None
-    if config.checkpoint is not None:
-        checkpoint = load_checkpoint(config.checkpoint, spec.checkpoint)
-        apply_state_dict(model, checkpoint.state_dict, source=str(config.checkpoint))
+    # spec becomes the fully resolved one: library metadata filled in, every field's origin
+    model, spec, checkpoint = build_with_weights(spec, config.checkpoint, config.trust_packages)
     preprocess = resolve_preprocess(spec, model)
     dataset = create_dataset(
         config.data,
@@ -198,6 +196,8 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
 
 
 def _meta(s: Session, started: _dt.datetime, seconds: float) -> dict:
+    from .models.spec import spec_to_dict
+
     c = s.config
     return {
         "flatcheck_version": __version__,
@@ -222,6 +222,9 @@ def _meta(s: Session, started: _dt.datetime, seconds: float) -> dict:
             "parameters": sum(p.numel() for p in s.model.parameters()),
             "probed_parameters": s.backend.problem.layout.dim,
             "params_filter": list(c.params) or None,
+            # what was measured, as `flatcheck spec` writes it, and where each field came from
+            "resolved_spec": spec_to_dict(s.spec),
+            "spec_origins": dict(s.spec.origins),
         },
         "checkpoint": None if s.checkpoint is None else {
             "path": str(s.checkpoint.path),

@@ -12,7 +12,7 @@ import difflib
 import importlib
 import importlib.machinery
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Sequence
@@ -23,37 +23,10 @@ from torch import nn
 from flatcheck.data.preprocess import Preprocess
 from flatcheck.errors import InputError, SpecError
 from flatcheck.models.outputs import attach_output_selector
+from flatcheck.models.registry import get_source, list_sources, register_source
 from flatcheck.models.spec import ModelSpec
 
-Builder = Callable[[ModelSpec], nn.Module]
-Defaults = Callable[[ModelSpec, nn.Module], Preprocess]
-
-
-@dataclass(frozen=True)
-class _Source:
-    build: Builder
-    defaults: Defaults | None
-
-
-_REGISTRY: dict[str, _Source] = {}
-
-
-def register_source(name: str, *, defaults: Defaults | None = None) -> Callable[[Builder], Builder]:
-    """Decorator registering `fn(spec) -> nn.Module` as source `name`.
-
-    `defaults(spec, model) -> Preprocess` optionally gives the input contract the
-    source knows about; fields set in the spec win over it.
-    """
-
-    def decorate(fn: Builder) -> Builder:
-        _REGISTRY[name] = _Source(fn, defaults)
-        return fn
-
-    return decorate
-
-
-def list_sources() -> list[str]:
-    return sorted(_REGISTRY)
+__all__ = ["build_model", "complete_spec", "find_head", "list_sources", "register_source", "resolve_preprocess"]
 
 
 def build_model(spec: ModelSpec, *, trust_packages: Sequence[str] = ()) -> nn.Module:
@@ -63,7 +36,7 @@ def build_model(spec: ModelSpec, *, trust_packages: Sequence[str] = ()) -> nn.Mo
     trust_packages: packages a `source: python` spec may import beyond the
     built-in TRUSTED_PACKAGES (the --trust-package flag).
     """
-    source = _REGISTRY.get(spec.source)
+    source = get_source(spec.source)
     if source is None:
         raise SpecError(f"{spec.where}: field 'source' must be one of {', '.join(list_sources())}, got {spec.source!r}")
     # python is the one source that imports what the spec names, so only it needs the trust list
@@ -76,8 +49,7 @@ def build_model(spec: ModelSpec, *, trust_packages: Sequence[str] = ()) -> nn.Mo
 
 def resolve_preprocess(spec: ModelSpec, model: nn.Module) -> Preprocess:
     """Input contract: the spec's own fields, then the source's defaults."""
-    source = _REGISTRY.get(spec.source)
-    base = source.defaults(spec, model) if source and source.defaults else Preprocess()
+    base = _library_defaults(spec, model)
     input_size = spec.input_size or base.input_size
     mean, std = (spec.mean, spec.std) if spec.mean is not None else (base.mean, base.std)
     if mean is not None and input_size is not None and len(input_size) == 3 and len(mean) != input_size[0]:
@@ -86,6 +58,58 @@ def resolve_preprocess(spec: ModelSpec, model: nn.Module) -> Preprocess:
             f"{list(input_size)} has {input_size[0]}; set fields 'mean' and 'std'"
         )
     return Preprocess(input_size=input_size, mean=mean, std=std, interpolation=base.interpolation)
+
+
+def _library_defaults(spec: ModelSpec, model: nn.Module) -> Preprocess:
+    source = get_source(spec.source)
+    return source.defaults(spec, model) if source and source.defaults else Preprocess()
+
+
+_LIBRARY = {"timm": "library metadata (timm pretrained_cfg)",
+            "torchvision": "library metadata (torchvision weights meta)"}
+
+
+def complete_spec(spec: ModelSpec, model: nn.Module) -> ModelSpec:
+    """The spec with every field the run uses filled in, and where each came from: the input
+    contract and class count from the library's own metadata where the spec leaves them unset,
+    and the head as detected. Filling changes no number: these are the values the run would
+    have used anyway (resolve_preprocess, the model's own width, find_head)."""
+    origins = dict(spec.origins) or {f: "default" for f in ("input_size", "mean", "std", "num_classes", "head")}
+    library = _LIBRARY.get(spec.source, f"source {spec.source} defaults")
+    filled: dict[str, object] = {}
+    pre = resolve_preprocess(spec, model)
+    if spec.input_size is None and pre.input_size is not None:
+        filled["input_size"] = pre.input_size
+    if spec.mean is None and pre.mean is not None:
+        filled.update(mean=pre.mean, std=pre.std)
+    width = _library_classes(spec, model)
+    if spec.num_classes is None and width is not None:
+        filled["num_classes"] = width
+    for name in filled:
+        origins[name] = library
+    if spec.head is None:
+        try:
+            filled["head"] = find_head(model, spec)
+            origins["head"] = "detected (the final linear layer)"
+        except SpecError:  # reported by the probes that need a head, not by every run
+            pass
+    return replace(spec, **filled, origins=origins)
+
+
+def _library_classes(spec: ModelSpec, model: nn.Module) -> int | None:
+    """The class count the library gives the model when the spec names none (timm's
+    num_classes attribute; torchvision's classifier width, from its weights' categories)."""
+    if spec.source == "timm":
+        width = getattr(model, "num_classes", None)
+        return width if isinstance(width, int) and width > 0 else None
+    if spec.source == "torchvision":
+        from torchvision.models import get_model_weights
+
+        try:
+            return len(get_model_weights(spec.arch).DEFAULT.meta["categories"])
+        except Exception:  # no weights enum for this arch: nothing the library says
+            return None
+    return None
 
 
 def find_head(model: nn.Module, spec: ModelSpec) -> str:

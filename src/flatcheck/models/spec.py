@@ -14,16 +14,18 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from flatcheck.errors import SpecError
+from flatcheck.models.registry import list_sources
 from flatcheck.models.yamlfile import load_yaml
 
 LOSSES = ("cross_entropy", "mse", "sigmoid_mse", "label_smoothing")
 SOURCES = ("timm", "torchvision", "python")
 DEFAULT_LABEL_SMOOTHING = 0.1
 
-_TOP_FIELDS = (
+SPEC_FIELDS = (
     "source", "arch", "kwargs", "num_classes", "input_size",
     "mean", "std", "loss", "head", "checkpoint", "output_key",
 )
+_TOP_FIELDS = SPEC_FIELDS
 _LOSS_FIELDS = ("name", "alpha")
 _CHECKPOINT_FIELDS = ("key", "strip_prefix")
 # Constructor arguments that would either clash with a top-level field or make
@@ -89,16 +91,29 @@ class ModelSpec:
     # Came inside a checkpoint rather than from a file the user chose: its
     # `source: python` may only import packages named with --trust-package.
     embedded: bool = False
+    # field -> where its value came from ("spec file PATH", "flag --num-classes", "library
+    # metadata (…)", "default" …): the report stores it beside the resolved spec
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # how messages name a spec that is no file ("--model timm:resnet18", "CKPT (embedded spec)")
+    label: str | None = field(default=None, compare=False)
 
     @property
     def where(self) -> str:
         """How error messages refer to this spec."""
+        if self.label is not None:
+            return self.label
         return str(self.path) if self.path is not None else "model spec"
 
 
 def load_spec(path: str | Path, *, embedded: bool = False) -> ModelSpec:
     """Read and validate a YAML model spec (duplicate keys refused)."""
     path = Path(path)
+    data, sha256 = read_spec_file(path)
+    return spec_from_dict(data, path=path, sha256=sha256, embedded=embedded)
+
+
+def read_spec_file(path: Path) -> tuple[Any, str]:
+    """A YAML spec's parsed contents (not yet validated) and the sha256 of its bytes."""
     if path.is_dir():
         raise SpecError(f"{path}: model spec is a folder; give the YAML file")
     try:
@@ -107,67 +122,93 @@ def load_spec(path: str | Path, *, embedded: bool = False) -> ModelSpec:
         raise SpecError(f"{path}: model spec not found") from None
     except OSError as exc:
         raise SpecError(f"{path}: cannot read model spec ({exc.strerror or exc})") from None
-    data = load_yaml(raw, str(path))
-    return spec_from_dict(data, path=path, sha256=hashlib.sha256(raw).hexdigest(), embedded=embedded)
+    return load_yaml(raw, str(path)), hashlib.sha256(raw).hexdigest()
 
 
 def spec_from_dict(
-    data: Any, *, path: Path | None = None, sha256: str | None = None, embedded: bool = False
+    data: Any, *, path: Path | None = None, sha256: str | None = None, embedded: bool = False,
+    origins: Mapping[str, str] | None = None, origin: str | None = None, label: str | None = None,
 ) -> ModelSpec:
     """Validate a parsed spec. `path` only labels error messages and the result.
 
     embedded=True marks a spec that travelled inside a checkpoint: building it
     never imports Python code the user did not name with --trust-package.
+    origins: where each given field came from; a given field it does not name came from
+    `origin` (default: "spec file PATH"), and a field not given is "default".
     """
-    where = str(path) if path is not None else "model spec"
+    where = label or (str(path) if path is not None else "model spec")
     v = _Validator(where)
     if not isinstance(data, Mapping):
         raise SpecError(f"{where}: top level must be a mapping of fields, got {_kind(data)}")
-    v.no_unknown(data, _TOP_FIELDS, "")
+    values = _parse(v, data)
     for required in ("source", "arch"):
-        if data.get(required) is None:
+        if values.get(required) is None:
             raise SpecError(f"{where}: missing required field '{required}'")
-
-    source = v.string(data["source"], "source")
-    if source not in _known_sources():
-        allowed = ", ".join(_known_sources())
-        raise SpecError(f"{where}: field 'source' must be one of {allowed}, got {source!r}")
-    arch = v.string(data["arch"], "arch")
-    if source == "python" and ":" not in arch:
-        raise SpecError(
-            f"{where}: field 'arch' must be 'module.path:callable' for source python, got {arch!r}"
-        )
-
-    input_size = v.input_size(data.get("input_size"))
-    mean = v.floats(data.get("mean"), "mean", positive=False)
-    std = v.floats(data.get("std"), "std", positive=True)
-    v.check_normalisation(mean, std, input_size)
-
+    v.check_normalisation(values.get("mean"), values.get("std"), values.get("input_size"))
+    given = origin or (f"spec file {path}" if path is not None else "spec")
+    told = dict(origins or {})
     return ModelSpec(
-        source=source,
-        arch=arch,
-        kwargs=v.kwargs(data.get("kwargs")),
-        num_classes=v.positive_int(data.get("num_classes"), "num_classes"),
-        input_size=input_size,
-        mean=mean,
-        std=std,
-        loss=v.loss(data.get("loss")),
-        head=v.optional_string(data.get("head"), "head"),
-        checkpoint=v.checkpoint(data.get("checkpoint")),
-        output_key=v.output_key(data.get("output_key")),
-        path=path,
-        sha256=sha256,
-        embedded=embedded,
+        **values, path=path, sha256=sha256, embedded=embedded, label=label,
+        origins={f: told.get(f, given) if data.get(f) is not None else "default" for f in SPEC_FIELDS},
     )
 
 
+def check_fields(data: Mapping[str, Any], where: str) -> None:
+    """Validate the fields of a partial spec (values given on the command line, before they
+    are merged with the rest): unknown names and wrong types, each named after `where`."""
+    _parse(_Validator(where), data)
+
+
+def _parse(v: "_Validator", data: Mapping[str, Any]) -> dict[str, Any]:
+    """Every field's validated value (None or its default when absent)."""
+    v.no_unknown(data, _TOP_FIELDS, "")
+    source = v.optional_string(data.get("source"), "source")
+    if source is not None and source not in _known_sources():
+        allowed = ", ".join(_known_sources())
+        raise SpecError(f"{v.where}: field 'source' must be one of {allowed}, got {source!r}")
+    arch = v.optional_string(data.get("arch"), "arch")
+    if source == "python" and arch is not None and ":" not in arch:
+        raise SpecError(
+            f"{v.where}: field 'arch' must be 'module.path:callable' for source python, got {arch!r}"
+        )
+    return {
+        "source": source,
+        "arch": arch,
+        "kwargs": v.kwargs(data.get("kwargs")),
+        "num_classes": v.positive_int(data.get("num_classes"), "num_classes"),
+        "input_size": v.input_size(data.get("input_size")),
+        "mean": v.floats(data.get("mean"), "mean", positive=False),
+        "std": v.floats(data.get("std"), "std", positive=True),
+        "loss": v.loss(data.get("loss")),
+        "head": v.optional_string(data.get("head"), "head"),
+        "checkpoint": v.checkpoint(data.get("checkpoint")),
+        "output_key": v.output_key(data.get("output_key")),
+    }
+
+
+def spec_to_dict(spec: ModelSpec) -> dict[str, Any]:
+    """The spec's fields as a YAML spec writes them (unset ones left out); spec_from_dict of it
+    gives the same spec."""
+    out: dict[str, Any] = {"source": spec.source, "arch": spec.arch}
+    if spec.kwargs:
+        out["kwargs"] = dict(spec.kwargs)
+    for name in ("num_classes", "input_size", "mean", "std"):
+        value = getattr(spec, name)
+        if value is not None:
+            out[name] = list(value) if isinstance(value, tuple) else value
+    loss = spec.loss
+    out["loss"] = {"name": loss.name, "alpha": loss.alpha} if loss.name == "label_smoothing" else loss.name
+    for name in ("head", "output_key"):
+        if getattr(spec, name) is not None:
+            out[name] = getattr(spec, name)
+    ckpt = {k: getattr(spec.checkpoint, k) for k in _CHECKPOINT_FIELDS if getattr(spec.checkpoint, k) is not None}
+    if ckpt:
+        out["checkpoint"] = ckpt
+    return out
+
+
 def _known_sources() -> tuple[str, ...]:
-    # Sources registered at run time (plugins) are valid too; the import is lazy
-    # because `sources` pulls in torch, which reading a YAML file does not need.
-    try:
-        from flatcheck.models.sources import list_sources
-    except ImportError:
-        return SOURCES
+    # Sources registered at run time (plugins) are valid too.
     return tuple(dict.fromkeys((*SOURCES, *list_sources())))
 
 

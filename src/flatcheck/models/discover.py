@@ -1,0 +1,135 @@
+"""What a checkpoint says it is, when no --spec or --model is given.
+
+Four places, first found wins: `<stem>.yaml` beside the checkpoint (the user's own file for
+this checkpoint, so it can correct anything else), a spec embedded in the safetensors
+metadata (`flatcheck embed-spec`), a `spec.yaml` in its folder (shared by every checkpoint
+there), a timm `config.json` beside it (what timm's push_to_hub writes). `flatcheck trace`
+and `flatcheck scan --checkpoints` both ask here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flatcheck.errors import SpecError
+from flatcheck.models.spec import ModelSpec, read_spec_file, spec_from_dict
+
+EMBED_KEY = "flatcheck.spec"  # safetensors __metadata__ key holding the spec as JSON
+WAYS = ("--spec SPEC or --model REF", "a spec embedded in it (flatcheck embed-spec CKPT --spec SPEC)",
+        "STEM.yaml or spec.yaml beside it", "a timm config.json beside it")
+
+
+@dataclass(frozen=True)
+class Found:
+    """One place a checkpoint's spec was found."""
+
+    kind: str  # "spec file" | "embedded" | "config.json"
+    path: Path  # the YAML, the checkpoint (embedded) or the config.json
+
+    @property
+    def origin(self) -> str:
+        return {"embedded": f"embedded in {self.path}", "config.json": f"config.json {self.path}"}.get(
+            self.kind, f"spec file {self.path}")
+
+    @property
+    def label(self) -> str | None:
+        kinds = {"embedded": "embedded spec", "config.json": "config.json"}
+        return f"{self.path} ({kinds[self.kind]})" if self.kind in kinds else None
+
+    def read(self) -> tuple[dict[str, Any], str]:
+        """The spec's fields as found, and the sha256 of what they were read from."""
+        if self.kind == "embedded":
+            data = embedded_spec(self.path)
+            return data, hashlib.sha256(_canonical(data)).hexdigest()
+        if self.kind == "config.json":
+            raw = _read(self.path)
+            return spec_from_timm_config(_json(raw, self.path), self.path), hashlib.sha256(raw).hexdigest()
+        return read_spec_file(self.path)
+
+    def load(self) -> ModelSpec:
+        data, sha256 = self.read()
+        return spec_from_dict(data, path=self.path, origin=self.origin, embedded=self.kind == "embedded",
+                              sha256=sha256, label=self.label)
+
+
+def find_spec(checkpoint: Path) -> Found | None:
+    """Where `checkpoint`'s spec is, in the order of the module docstring; None: nowhere."""
+    folder = checkpoint.parent
+    for path in (checkpoint.with_suffix(".yaml"), checkpoint.with_suffix(".yml")):
+        if path.is_file() and path != checkpoint:
+            return Found("spec file", path)
+    if embedded_spec(checkpoint) is not None:
+        return Found("embedded", checkpoint)
+    for name in ("spec.yaml", "spec.yml"):
+        if (folder / name).is_file():
+            return Found("spec file", folder / name)
+    if (folder / "config.json").is_file():
+        return Found("config.json", folder / "config.json")
+    return None
+
+
+def nothing_found(checkpoint: Path) -> str:
+    """The one line for a checkpoint that says nothing about its model."""
+    return (f"{checkpoint} does not say which model it holds; give one of: {WAYS[0]}; {WAYS[1]}; "
+            f"{checkpoint.with_suffix('.yaml').name} or spec.yaml beside it; {WAYS[3]}")
+
+
+def embedded_spec(checkpoint: Path) -> dict[str, Any] | None:
+    """The spec in a safetensors file's metadata, or None (another format, or none there)."""
+    if checkpoint.suffix.lower() != ".safetensors" or not checkpoint.is_file():
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(checkpoint), framework="pt") as fh:
+            text = (fh.metadata() or {}).get(EMBED_KEY)
+    except Exception:  # not readable as safetensors: load_checkpoint says so with its own line
+        return None
+    return None if text is None else _json(text.encode("utf-8"), Path(f"{checkpoint} metadata {EMBED_KEY}"))
+
+
+def spec_from_timm_config(cfg: Any, where: Path) -> dict[str, Any]:
+    """Spec fields from a timm config.json (`architecture`, `num_classes`, `model_args`,
+    `pretrained_cfg`'s input size and normalisation); a transformers config.json is refused,
+    since flatcheck builds transformers models only through a python spec."""
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{where}: not a timm config.json (a JSON object was expected)")
+    arch = cfg.get("architecture")
+    if not isinstance(arch, str) or not arch:
+        if "architectures" in cfg or "model_type" in cfg:
+            raise SpecError(f"{where}: a transformers config.json ({', '.join(map(str, cfg.get('architectures') or [cfg.get('model_type')]))}); "
+                            f"flatcheck builds timm models from config.json, other models from a python spec (--spec)")
+        raise SpecError(f"{where}: field 'architecture' (the timm model name) is missing")
+    data: dict[str, Any] = {"source": "timm", "arch": arch}
+    args = {k: v for k, v in (cfg.get("model_args") or {}).items() if k not in ("num_classes", "pretrained")}
+    if args:
+        data["kwargs"] = args
+    if cfg.get("num_classes") is not None:
+        data["num_classes"] = cfg["num_classes"]
+    pre = cfg.get("pretrained_cfg") or {}
+    for name in ("input_size", "mean", "std"):
+        if pre.get(name) is not None:
+            data[name] = list(pre[name])
+    return data
+
+
+def _json(raw: bytes, where: Path) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{where}: not valid JSON ({exc})") from None
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _canonical(data: Any) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8")

@@ -1,0 +1,68 @@
+"""`flatcheck embed-spec`: a spec written into a safetensors file's metadata, tensors untouched.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header (tensor names,
+dtypes, shapes, byte offsets relative to the data, and an optional `__metadata__` map of
+strings), then the tensor data. Only the header is rewritten: offsets are relative to the
+data, so the data section is copied byte for byte. safetensors' own save_file would re-lay
+every tensor from memory, which needs the whole model in RAM and may reorder the bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from flatcheck.errors import CheckpointError, ConfigError
+from flatcheck.models.discover import EMBED_KEY
+
+_ALIGN = 8  # safetensors pads the header with spaces so the data starts 8-byte aligned
+_MAX_HEADER = 100_000_000  # safetensors' own limit
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The parsed JSON header and the byte offset where the data starts."""
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > _MAX_HEADER:
+                raise ValueError(f"header of {n} bytes")
+            header = json.loads(fh.read(n))
+    except (OSError, struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"not a valid safetensors file: {path} ({exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"not a valid safetensors file: {path} (header is not a JSON object)")
+    return header, 8 + n
+
+
+def embed_spec(checkpoint: Path, spec: dict[str, Any], out: Path | None = None) -> Path:
+    """Write `spec` (validated spec fields) into `checkpoint`'s metadata, in place or to `out`,
+    atomically: a reader sees the old file or the new one, never half of either."""
+    if checkpoint.suffix.lower() != ".safetensors":
+        raise ConfigError(f"embed-spec: {checkpoint} is not a .safetensors file; a .pt checkpoint can carry its "
+                          f"spec as {checkpoint.with_suffix('.yaml').name} beside it")
+    header, start = read_header(checkpoint)
+    meta = dict(header.get("__metadata__") or {})
+    meta[EMBED_KEY] = json.dumps(spec, sort_keys=True)
+    header["__metadata__"] = meta
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-(8 + len(text)) % _ALIGN)
+    target = Path(os.path.realpath(out or checkpoint))
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as dst, open(checkpoint, "rb") as src:
+            dst.write(struct.pack("<Q", len(text)) + text)
+            src.seek(start)
+            shutil.copyfileobj(src, dst, 1 << 24)
+            dst.flush()
+            os.fchmod(dst.fileno(), os.stat(checkpoint).st_mode & 0o777)
+            os.fsync(dst.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,57 @@
+"""A model with its weights and its fully resolved spec: what a run (api.open_session) and
+`flatcheck.load_model` both make from a spec and a weights file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from torch import nn
+
+from flatcheck.models.checkpoint import LoadedCheckpoint, apply_state_dict, load_checkpoint
+from flatcheck.models.pretrained import offline
+from flatcheck.models.resolve import ModelRequest, resolve
+from flatcheck.models.sources import build_model, complete_spec
+from flatcheck.models.spec import ModelSpec
+
+
+def build_with_weights(spec: ModelSpec, checkpoint: Path | None, trust_packages: Sequence[str] = ()
+                       ) -> tuple[nn.Module, ModelSpec, LoadedCheckpoint | None]:
+    """The model of `spec` with `checkpoint`'s weights (strictly; None: as built, random init),
+    and the spec completed from the library's metadata (sources.complete_spec)."""
+    with offline():  # a library asked to build a model must not fetch anything for it
+        model = build_model(spec, trust_packages=trust_packages)
+    loaded = None
+    if checkpoint is not None:
+        loaded = load_checkpoint(checkpoint, spec.checkpoint)
+        apply_state_dict(model, loaded.state_dict, source=str(checkpoint))
+    return model, complete_spec(spec, model), loaded
+
+
+def load_model(model: str | None = None, checkpoint: str | os.PathLike | None = None, pretrained: bool = False,
+               *, spec: str | os.PathLike | None = None, trust_packages: Sequence[str] = (), **fields: Any
+               ) -> tuple[nn.Module, ModelSpec]:
+    """The module and its resolved spec, as the command line resolves them.
+
+    model: "timm:NAME" (hf-hub:timm/… included), "torchvision:NAME" or "python:MODULE:FUNCTION";
+    or spec=PATH (a YAML spec); or neither, when `checkpoint` says what it is (an embedded spec,
+    STEM.yaml or spec.yaml beside it, a timm config.json). checkpoint: the weights; without it,
+    pretrained=True takes the library's weights from the local cache (never downloaded), else
+    the model keeps its random initialisation. fields: spec fields that win over the rest
+    (num_classes=10, input_size=(3, 32, 32), mean=…, std=…, loss=…, head=…, kwargs={…}).
+    Paths are taken relative to the caller's working directory; the spec reports them absolute.
+    The module is float32, on the CPU, in eval mode; spec.origins says where each field came from.
+    """
+    request = ModelRequest(
+        checkpoint=_absolute(checkpoint), spec=_absolute(spec), model=model, pretrained=pretrained,
+        random_init=checkpoint is None and not pretrained, fields=dict(fields),
+    )
+    resolved = resolve(request)
+    module, full, _ = build_with_weights(resolved.spec, resolved.checkpoint, tuple(trust_packages))
+    return module, full
+
+
+def _absolute(path: str | os.PathLike | None) -> Path | None:
+    # abspath, not resolve: a symlink the caller chose stays the name reported
+    return None if path is None else Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
