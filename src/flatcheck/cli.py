@@ -19,7 +19,6 @@ from typing import Annotated, Any, Callable, Optional, get_origin
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from . import __version__
@@ -227,21 +226,12 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None):
     execute = execute or api.run
     params = tuple(p.strip() for p in (common.pop("params") or "").split(",") if p.strip())
     config = RunConfig(checkpoint=checkpoint, probes=probe_requests(names, options), params=params, **common)
-    # a progress bar is drawn only on a terminal; elsewhere rich's Progress just adds a blank
-    # line to stderr when it stops, ahead of any error line
-    if quiet or not is_main_process() or not err.is_interactive:
+    if quiet or not is_main_process():
         return execute(config, None)
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TimeRemainingColumn(), console=err, transient=True,
-    ) as bar:
-        tasks: dict[str, int] = {}
+    from .report.progress import ProgressRenderer, period_from_env
 
-        def progress(desc: str, done: int, total: int) -> None:
-            if desc not in tasks:
-                tasks[desc] = bar.add_task(desc, total=total)
-            bar.update(tasks[desc], completed=done, total=total)
-
+    # a rich bar per probe at a terminal, plain lines anywhere else (report/progress.py)
+    with ProgressRenderer(err.file, interactive=err.is_interactive, period=period_from_env()) as progress:
         return execute(config, progress)
 
 

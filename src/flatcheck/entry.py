@@ -19,6 +19,7 @@ from .errors import EXIT_INTERRUPTED, interrupted
 def main() -> None:
     signal.signal(signal.SIGINT, _on_interrupt)
     try:
+        _say_what_loads()
         from .cli import main as cli_main
 
         code: object = cli_main()
@@ -32,6 +33,17 @@ def main() -> None:
     if code == EXIT_INTERRUPTED:
         interrupted()  # says it only if the command has not
     sys.exit(code)
+
+
+def _say_what_loads() -> None:
+    """The first line on stderr, within a second of the start: importing torch and building
+    the command take seconds before the run's own progress can say anything."""
+    from .report.progress import starting_line
+
+    line = starting_line(sys.argv)
+    if line is not None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def _on_interrupt(signum: int, frame) -> None:

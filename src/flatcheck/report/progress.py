@@ -1,0 +1,228 @@
+"""Progress on stderr while probes run: a rich bar per probe at a terminal, plain lines elsewhere.
+
+The probes call `renderer(desc, done, total, *, value=None, stderr=None)` after each unit of
+work (the callback of interfaces §1). Off a terminal (a CI log, nohup, a notebook's
+subprocess) a line is written at each probe's end and, from a background ticker, every
+`period` seconds while work runs — a ticker because one unit (one HVP of a large model) can
+take minutes and then no callback comes to write the line.
+
+The ETA comes from the completed units after the first one: the first includes the one-off
+costs (tracing, the first forward pass, allocator warm-up), which would inflate every later
+estimate if averaged in, and a windowed rate swings with the machine's load.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, TextIO
+
+# the off-terminal line's period: at most every 10 s, at least every 30 s (issue 16 §3);
+# FLATCHECK_PROGRESS_SECONDS overrides it (tests use a fraction of a second)
+DEFAULT_PERIOD = 15.0
+PERIOD_ENV = "FLATCHECK_PROGRESS_SECONDS"
+PREFIX = "flatcheck"  # every progress line starts with it; error lines start with "error:"
+
+
+def period_from_env(default: float = DEFAULT_PERIOD) -> float:
+    from ..errors import ConfigError
+
+    raw = os.environ.get(PERIOD_ENV)
+    if raw is None or raw == "":
+        return default
+    try:
+        period = float(raw)
+    except ValueError:
+        period = float("nan")
+    if not period > 0 or period == float("inf"):
+        raise ConfigError(f"${PERIOD_ENV}={raw!r}: expected a positive number of seconds")
+    return period
+
+
+def clock_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def value_text(value: float | None, stderr: float | None) -> str:
+    if value is None:
+        return ""
+    from .render import fmt_pm
+
+    return fmt_pm(value, stderr)
+
+
+@dataclass
+class Task:
+    """One probe's (or one estimator stage's) progress, keyed by its description."""
+
+    desc: str
+    started: float
+    total: int = 0
+    done: int = 0
+    value: float | None = None
+    stderr: float | None = None
+    anchor: tuple[float, int] | None = None  # (time, done) at the first completed-work report
+    last: float = 0.0
+    finished: bool = False
+    bar_id: Any = field(default=None, repr=False)
+
+    def update(self, now: float, done: int, total: int, value: float | None, stderr: float | None) -> None:
+        if self.anchor is None:
+            self.anchor = (now, done)
+        self.done, self.total, self.last = done, total, now
+        if value is not None:
+            self.value, self.stderr = value, stderr
+
+    def eta(self) -> float | None:
+        """Seconds left at the mean rate of the units completed after the first report."""
+        if self.anchor is None or self.done >= self.total:
+            return 0.0 if self.done >= self.total and self.total else None
+        t0, d0 = self.anchor
+        if self.done <= d0:
+            return None
+        return (self.last - t0) / (self.done - d0) * (self.total - self.done)
+
+    def line(self, now: float, *, end: bool = False) -> str:
+        parts = [f"{self.done}/{self.total}", f"elapsed {clock_text(now - self.started)}"]
+        if end:
+            parts.insert(0, "done")
+        else:
+            parts.append(f"ETA {clock_text(self.eta())}")
+        if self.value is not None:
+            parts.append(value_text(self.value, self.stderr))
+        return f"{PREFIX} {self.desc}: " + " · ".join(parts)
+
+
+class ProgressRenderer:
+    """The progress callback and its display; a context manager around the run.
+
+    `interactive` picks the rich bar (a terminal) or plain lines (anything else). `clock` and
+    `period` are injectable so that tests run in a fraction of a second.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, interactive: bool | None = None,
+                 period: float = DEFAULT_PERIOD, clock: Callable[[], float] = time.monotonic,
+                 phase: str = "loading the model and data"):
+        self.stream = stream if stream is not None else sys.stderr
+        self.interactive = self.stream.isatty() if interactive is None else interactive
+        self.period, self.clock, self.phase = period, clock, phase
+        self.started = clock()
+        self.tasks: dict[str, Task] = {}
+        self.current: Task | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last_line = self.started
+        self._ticker: threading.Thread | None = None
+        self._bar: Any = None
+
+    # -- context ------------------------------------------------------------------------------
+    def __enter__(self) -> "ProgressRenderer":
+        if self.interactive:
+            self._bar = _rich_progress(self.stream)
+            self._bar.start()
+        else:
+            self._ticker = threading.Thread(target=self._tick, name="flatcheck-progress", daemon=True)
+            self._ticker.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        if self._bar is not None:
+            self._bar.stop()
+        if exc_type is None and not self.interactive:
+            with self._lock:  # probes that stopped before their total (a stopping rule) end here
+                for task in self.tasks.values():
+                    if not task.finished:
+                        self._finish(task, self.clock())
+
+    # -- the callback -------------------------------------------------------------------------
+    def __call__(self, desc: str, done: int, total: int, *, value: float | None = None,
+                 stderr: float | None = None) -> None:
+        now = self.clock()
+        with self._lock:
+            task = self.tasks.get(desc)
+            if task is None:
+                if self.current is not None and not self.current.finished and not self.interactive:
+                    self._finish(self.current, now)  # the previous stage stopped early
+                start = self.current.last if self.current is not None else self.started
+                task = self.tasks[desc] = Task(desc, started=start)
+            self.current = task
+            task.update(now, done, total, value, stderr)
+            if self._bar is not None:
+                self._draw(task)
+            elif done >= total and not task.finished:
+                self._finish(task, now)
+
+    # -- plain lines ----------------------------------------------------------------------------
+    def _finish(self, task: Task, now: float) -> None:
+        task.finished = True
+        self._write(task.line(now, end=True), now)
+
+    def _write(self, text: str, now: float) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self._last_line = now
+
+    def _tick(self) -> None:
+        while not self._stop.wait(max(0.0, self._last_line + self.period - self.clock())):
+            with self._lock:
+                now = self.clock()
+                if now - self._last_line < self.period or self._stop.is_set():
+                    continue  # a probe's end line came in between
+                task = self.current
+                if task is not None and not task.finished:
+                    self._write(task.line(now), now)
+                else:
+                    what = self.phase if task is None else f"{task.desc} done, next probe starting"
+                    self._write(f"{PREFIX}: {what} · elapsed {clock_text(now - self.started)}", now)
+
+    # -- the bar --------------------------------------------------------------------------------
+    def _draw(self, task: Task) -> None:
+        if task.bar_id is None:
+            task.bar_id = self._bar.add_task(task.desc, total=task.total, eta="?", estimate="")
+        eta = task.eta()
+        self._bar.update(task.bar_id, completed=task.done, total=task.total, eta=clock_text(eta),
+                         estimate=value_text(task.value, task.stderr))
+
+
+def _rich_progress(stream: TextIO) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    # transient: the bars give way to the result tables; the ETA column is ours (Task.eta)
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA {task.fields[eta]}"), TextColumn("{task.fields[estimate]}"),
+                    console=Console(file=stream), transient=True)
+
+
+def starting_line(argv: list[str]) -> str | None:
+    """The first line of a run command, written before anything heavy is imported (entry.py):
+    what is being loaded. None for commands that load no model (help, list-probes, report …),
+    under --quiet, and on ranks other than 0."""
+    if len(argv) < 2 or any(a in ("-q", "--quiet", "-h", "--help") for a in argv[1:]):
+        return None
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    command = argv[1]
+    if command not in run_commands():
+        return None
+    models = [a for a in argv[2:] if a.lower().endswith((".safetensors", ".pt", ".pth", ".bin", ".ckpt"))]
+    what = ", ".join(models[:3]) + (" …" if len(models) > 3 else "") if models else "the model"
+    return f"{PREFIX} {command}: starting · importing torch, then loading {what} and the data"
+
+
+def run_commands() -> set[str]:
+    """Commands that load a model: every probe's own command (a module of flatcheck/probes,
+    listed by file name so that nothing is imported) and the multi-probe commands."""
+    folder = os.path.join(os.path.dirname(os.path.dirname(__file__)), "probes")
+    names = {f[:-3].replace("_", "-") for f in os.listdir(folder)
+             if f.endswith(".py") and not f.startswith("_") and f != "registry.py"}
+    return names | {"probe", "gate", "scan", "invariance", "track"}

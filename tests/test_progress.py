@@ -1,0 +1,189 @@
+"""Progress on stderr (issue 16 §3): the first line within a second, a plain line on a timer and at
+each probe's end when stderr is not a terminal, an ETA from the completed units, --quiet silences."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flatcheck.report.progress import PREFIX, ProgressRenderer, Task, starting_line
+
+ROOT = Path(__file__).resolve().parents[1]
+CKPT = ROOT / "demo" / "digits_cnn.safetensors"
+SPEC = ROOT / "model_specs" / "demo_digits.yaml"
+RUN = [sys.executable, "-m", "flatcheck", "trace", str(CKPT), "--spec", str(SPEC), "--samples", "64",
+       "--batch-size", "32", "--no-layers"]
+LINE = re.compile(r"^flatcheck (?P<desc>.+?): (?P<done>done · )?(?P<n>\d+)/(?P<total>\d+) · elapsed (\d+:\d\d:\d\d)"
+                  r"(?: · ETA (?P<eta>[\d:?]+))?(?: · (?P<value>\S+)(?: ± (?P<stderr>\S+))?)?$")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lines_of(stream: io.StringIO) -> list[str]:
+    return stream.getvalue().splitlines()
+
+
+# ---------------------------------------------------------------- the ETA
+
+def test_eta_leaves_out_the_first_unit_and_holds_within_2x_after_10_percent():
+    # the first unit carries the one-off costs (30 s of tracing), the others take 1 s ± 40 %:
+    # the ETA must stay within 2x of the time actually left from 10 % of the work on
+    clock = FakeClock()
+    task = Task("trace", started=clock.now)
+    total, costs = 100, [30.0] + [1.0 + 0.4 * ((7 * i) % 11 - 5) / 5 for i in range(1, 100)]
+    finish = clock.now + sum(costs)
+    ratios = []
+    for i, cost in enumerate(costs, start=1):
+        clock.now += cost
+        task.update(clock.now, i, total, None, None)
+        eta = task.eta()
+        if i == 1:
+            assert eta is None  # one report: no rate yet
+        elif i >= total // 10 and i < total:
+            ratios.append(eta / (finish - clock.now))
+    assert 0.5 <= min(ratios) and max(ratios) <= 2.0, (min(ratios), max(ratios))
+    # averaging the first unit in would have said 4x the truth at 10 %
+    naive = (sum(costs[:10]) / 10) * 90 / sum(costs[10:])
+    assert naive > 2.0
+
+
+def test_eta_is_unknown_until_a_second_report():
+    task = Task("lmax", started=0.0)
+    assert task.eta() is None
+    task.update(5.0, 1, 10, None, None)
+    assert task.eta() is None
+    task.update(7.0, 2, 10, None, None)
+    assert task.eta() == pytest.approx(16.0)
+
+
+# ---------------------------------------------------------------- plain lines off a terminal
+
+def test_plain_lines_at_each_probe_end_with_value_and_stderr():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        for i in range(1, 5):
+            clock.now += 2
+            progress("trace (hutchinson)", i, 4, value=40.0 + i, stderr=1.5)
+        clock.now += 1
+        progress("lmax (power)", 1, 20)
+        progress("lmax (power)", 2, 20, value=7.25, stderr=None)
+        # lmax converges at 2 of 20: its end line comes when the run ends
+    got = [LINE.match(line) for line in lines_of(out)]
+    assert all(got), lines_of(out)
+    assert [(m["desc"], bool(m["done"]), m["n"], m["total"]) for m in got] == [
+        ("trace (hutchinson)", True, "4", "4"), ("lmax (power)", True, "2", "20")]
+    assert (got[0]["value"], got[0]["stderr"]) == ("44", "1.5")
+    assert lines_of(out)[1].endswith(" · 7.25")  # a value without an error bar
+
+
+def test_no_end_line_when_the_run_fails():
+    out = io.StringIO()
+    with pytest.raises(RuntimeError):
+        with ProgressRenderer(out, interactive=False, period=3600) as progress:
+            progress("trace", 1, 4)
+            raise RuntimeError("boom")
+    assert out.getvalue() == ""  # the error line that follows is the last line
+
+
+def test_a_single_long_unit_still_gets_lines_from_the_ticker():
+    # one unit of work that takes many periods: no callback comes, the ticker writes the lines
+    out, period = io.StringIO(), 0.05
+    stamps: list[float] = []
+
+    class Stamped(io.StringIO):
+        def write(self, s: str) -> int:
+            if s.endswith("\n"):
+                stamps.append(time.monotonic())
+            return out.write(s)
+
+    with ProgressRenderer(Stamped(), interactive=False, period=period) as progress:
+        time.sleep(4 * period)  # loading
+        progress("lmax (power)", 1, 3, value=2.0, stderr=0.1)
+        time.sleep(6 * period)  # the second unit, still running
+    lines = lines_of(out)
+    assert lines[0].startswith(f"{PREFIX}: loading the model and data · elapsed")
+    running = [line for line in lines if line.startswith("flatcheck lmax (power): 1/3")]
+    assert len(running) >= 3 and "2 ± 0.1" in running[0]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:-1])]  # the last line is the probe's end, due at once
+    assert min(gaps) >= period * 0.95, gaps  # the ticker: never more often than its period
+    assert lines[-1].startswith("flatcheck lmax (power): done · 1/3")
+    assert threading.active_count() == 1 or all(t.name != "flatcheck-progress" for t in threading.enumerate())
+
+
+def test_the_bar_gets_our_eta_and_estimate():
+    clock = FakeClock()
+    with ProgressRenderer(io.StringIO(), interactive=True, clock=clock) as progress:
+        for i in range(1, 4):
+            clock.now += 10 if i == 1 else 2
+            progress("trace", i, 11, value=3.0, stderr=0.5)
+        fields = progress._bar.tasks[0].fields
+        assert fields["eta"] == "0:00:16" and fields["estimate"] == "3 ± 0.5"  # 8 left at 2 s each
+
+
+# ---------------------------------------------------------------- the first line
+
+@pytest.mark.parametrize("argv, expected", [
+    (["flatcheck", "trace", "m.safetensors", "--spec", "s.yaml"], "loading m.safetensors"),
+    (["flatcheck", "adaptive-sharpness", "a.pt"], "loading a.pt"),
+    (["flatcheck", "probe", "x"], "loading the model"),
+    (["flatcheck", "trace", "m.safetensors", "-q"], None),
+    (["flatcheck", "trace", "--help"], None),
+    (["flatcheck", "list-probes"], None),
+    (["flatcheck", "report", "a.json"], None),
+    (["flatcheck"], None),
+])
+def test_starting_line(argv, expected):
+    line = starting_line(argv)
+    assert (line is None) if expected is None else (expected in line and line.startswith(f"{PREFIX} {argv[1]}: "))
+
+
+# ---------------------------------------------------------------- the CLI, stderr to a pipe
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def test_cli_off_a_terminal_first_line_within_a_second_then_timer_and_end_lines():
+    start = time.monotonic()
+    proc = subprocess.Popen(RUN + ["--probes-max", "24"], cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="0.3"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()
+    first_after = time.monotonic() - start
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert first.startswith("flatcheck trace: starting") and "digits_cnn.safetensors" in first
+    assert first_after < 1.0, f"first line after {first_after:.2f} s"
+    lines = stderr.splitlines()
+    assert all(line.startswith(PREFIX) for line in lines), lines
+    assert any(line.startswith("flatcheck: loading the model and data") for line in lines)  # the timer, while loading
+    end = [m for m in map(LINE.match, lines) if m and m["done"]]
+    assert len(end) == 1 and end[0]["desc"] == "trace (hutchinson)" and end[0]["n"] == end[0]["total"] == "24"
+    assert end[0]["value"] and end[0]["stderr"]
+    assert lines[-1] == end[0].string
+
+
+def test_cli_quiet_writes_nothing_to_stderr():
+    proc = subprocess.run(RUN + ["--probes-max", "2", "-q"], cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="0.1"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "Tr(H)" in proc.stdout
+
+
+def test_cli_refuses_a_bad_period():
+    proc = subprocess.run(RUN + ["--probes-max", "2"], cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="soon"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith("error: $FLATCHECK_PROGRESS_SECONDS")
