@@ -1,6 +1,7 @@
 """flatcheck: loss-landscape geometry of trained checkpoints.
 
-Public API: build a RunConfig, call run(), read the Report.
+Public API: measure(model, data) on live objects, or build a RunConfig and call run();
+read the Report. Tracker(model, data, every=K) measures as training runs.
 
 The names below are imported on first use (PEP 562), not with the package: the `flatcheck`
 command imports this package before it can catch Ctrl-C, and importing torch takes seconds.
@@ -17,7 +18,8 @@ import warnings
 __version__ = "0.1.0"
 
 _WHERE = {
-    "run": "api", "open_session": "api", "Session": "api",
+    "run": "api", "open_session": "api", "Session": "api", "measure": "api",
+    "Tracker": "workflows.track",
     "load_model": "models.load",
     "RunConfig": "config", "ProbeRequest": "config", "probe_requests": "config",
     "FlatcheckError": "errors", "InputError": "errors",

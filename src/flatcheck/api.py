@@ -1,5 +1,8 @@
-"""run(config) -> Report: the library entry point the CLI, notebooks, gate and scan share.
+"""The library entry points: measure(model, data) -> Report for live objects, run(config)
+-> Report for a checkpoint and spec; the CLI, notebooks, gate, scan and the Tracker share them.
 
+Both build one Session (`attach`: a model, its samples, a backend) and run the probes through
+the same `run`: loading a checkpoint and a spec only produces the model and the data source.
 Nothing here prints; progress goes to an optional callback.
 """
 
@@ -9,26 +12,29 @@ import datetime as _dt
 import math
 import platform
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from . import __version__
 from .backends import Backend, ParamLayout, Problem, create_backend
 from .backends.base import missing_capabilities, model_mode
-from .config import DEFAULT_SAMPLES, RunConfig
+from .config import DEFAULT_SAMPLES, DTYPES, RunConfig, probe_requests
 from .data.batches import SampleSet
+from .data.catalogue import MissingSplitError
+from .data.memory import memory_data, default_batch_size
 from .backends._dist import launched, local_cuda_device
 from .data.preprocess import Preprocess
 from .data.registry import create_dataset
-from .errors import ConfigError, DataError, InputError, ModelError, first_line
+from .errors import ConfigError, DataError, InputError, ModelError, SpecError, first_line
 from .losses import per_sample_loss
 from .models.checkpoint import LoadedCheckpoint
 from .models.load import build_with_weights
 from .models.sources import resolve_preprocess
-from .models.spec import ModelSpec, load_spec
+from .models.spec import LossSpec, ModelSpec, load_spec, spec_from_dict
 from .probes.registry import ProbeContext, create_probe, requirements
 from .report.result import ProbeResult, Report
 
@@ -47,17 +53,26 @@ class Session:
     backend: Backend
     device: torch.device
     num_classes: int
-    preprocess: Preprocess
+    preprocess: Preprocess | None  # None: the caller's data, taken as it is (measure)
+    # another split of the same source as a map-style data set; raises MissingSplitError
+    # when there is none. None: the run has one split only
+    split_source: Callable[[str], Dataset] | None = None
+    data_info: dict[str, Any] = field(default_factory=dict)  # added to the report's "data"
+    # state probes keep from one run to the next on this session (lmax's Ritz vectors): a
+    # Tracker's warm starts. None, as for every CLI run and gate rerun: each run starts cold
+    warm: dict[Any, Any] | None = None
 
     def split_samples(self, split: str) -> SampleSet:
-        """The configured data's `split`, capped at the same --samples, batched the same way."""
+        """The data's `split`, capped at the same sample count, batched the same way."""
         if split == self.config.split:
             return self.samples
+        if self.split_source is None:
+            raise MissingSplitError(f"data '{self.samples.name}' has no {split} split (pass test_data=)")
         c = self.config
-        dataset = create_dataset(c.data, root=c.data_root, split=split, preprocess=self.preprocess,
-                                 num_classes=self.spec.num_classes, seed=c.seed)
-        n = min(self.samples.n, len(dataset))
-        samples = SampleSet(dataset, samples=n, batch_size=c.batch_size, device=self.device, dtype=c.torch_dtype)
+        dataset = self.split_source(split)
+        n = min(self.samples.n, len(dataset))  # type: ignore[arg-type]
+        samples = SampleSet(dataset, samples=n, batch_size=self.samples.batch_size, device=self.device,
+                            dtype=c.torch_dtype)
         _check_batches(self.model, samples, self.spec, c, self.num_classes)
         return samples
 
@@ -99,11 +114,27 @@ def open_session(config: RunConfig) -> Session:
         torch.backends.cudnn.allow_tf32 = config.allow_tf32
     model.to(device=device, dtype=config.torch_dtype)
     samples = SampleSet(dataset, samples=n, batch_size=config.batch_size, device=device, dtype=config.torch_dtype)
+
+    def split_source(split: str) -> Dataset:
+        return create_dataset(config.data, root=config.data_root, split=split, preprocess=preprocess,
+                              num_classes=spec.num_classes, seed=config.seed)
+
+    return attach(config, spec, model, samples, device, checkpoint=checkpoint, preprocess=preprocess,
+                  split_source=split_source)
+
+
+def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: SampleSet, device: torch.device, *,
+           checkpoint: LoadedCheckpoint | None = None, preprocess: Preprocess | None = None,
+           split_source: Callable[[str], Dataset] | None = None,
+           data_info: dict[str, Any] | None = None) -> Session:
+    """A model already on its device and dtype, and its samples: check that they fit
+    together, and build the backend every probe of the run goes through."""
     num_classes = _check_fit(model, samples, spec, config)
     layout = ParamLayout.from_model(model, config.params)
     problem = Problem(model=model, loss=spec.loss, samples=samples, layout=layout, bn_mode=config.bn_mode)
     backend = create_backend(config.backend, problem, compile=config.compile)
-    return Session(config, spec, checkpoint, model, samples, backend, device, num_classes, preprocess)
+    return Session(config, spec, checkpoint, model, samples, backend, device, num_classes, preprocess,
+                   split_source, dict(data_info or {}))
 
 
 def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig) -> int:
@@ -181,9 +212,14 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
     t0 = time.perf_counter()
     session = session or open_session(config)
     ctx = ProbeContext(backend=session.backend, seed=config.seed, progress=progress, spec=session.spec,
-                       split_samples=session.split_samples)
+                       split_samples=session.split_samples, warm=session.warm,
+                       max_memory=config.max_memory)
     results = {}
-    for request in config.probes:
+    end = None if config.budget is None else time.monotonic() + config.budget
+    for i, request in enumerate(config.probes):
+        if end is not None:  # an equal share of what is left, so one probe's overrun is not the next's loss
+            now = time.monotonic()
+            ctx.deadline = now + max(end - now, 0.0) / (len(config.probes) - i)
         probe = create_probe(request.name)
         missing = missing_capabilities(session.backend, requirements(probe, request.options))
         if missing:
@@ -231,6 +267,156 @@ def _meta(s: Session, started: _dt.datetime, seconds: float) -> dict:
             "sha256": s.checkpoint.sha256,
             "format": s.checkpoint.format,
         },
-        "data": s.samples.describe(),
+        "data": {**s.samples.describe(), **s.data_info},
         **c.extra_meta,
     }
+
+
+# ---------------------------------------------------------------- live objects (measure, Tracker)
+
+DEFAULT_BATCH_SIZE = 128
+
+
+def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | LossSpec" = "cross_entropy",
+            probes: "str | Iterable[str]" = ("trace",), options: Mapping[str, Mapping[str, Any]] | None = None,
+            samples: int | None = None, batch_size: int | None = None, params: "str | Iterable[str] | None" = None,
+            test_data: Any = None, head: str | None = None, num_classes: int | None = None,
+            device: "str | torch.device | None" = None, dtype: "str | torch.dtype | None" = None,
+            bn_mode: str = "eval", seed: int = 0, budget: float | None = None,
+            progress: ProgressFn | None = None) -> Report:
+    """The probes on a model and data the caller holds: the Report the CLI prints.
+
+    model: an nn.Module returning logits (batch, classes). data: a DataLoader, an (x, y) pair
+    of tensors, or any re-iterable of (x, y) batches (x inputs, y integer labels); the first
+    `samples` of them (all when None), in `batch_size` batches (default: the loader's own,
+    else 128). A source that is not the same on every pass (shuffling, augmentation) is read
+    once and held when it fits 1 GiB (the report's data.cached); otherwise every pass is
+    checked against the first and a difference is refused. loss: a name or a mapping as in a
+    spec ({"name": "label_smoothing", "alpha": 0.1}). options: {probe: {option: value}}, as
+    `-o probe.option=value`. test_data: the test split, for `gap`. head: the final layer's
+    module name (head-trace, relative-flatness; default: detected). device/dtype: default the
+    model's; another one is measured on a copy. budget: seconds for all the probes.
+
+    The caller's model is left bitwise as it was — weights, buffers, .grad, requires_grad,
+    train/eval mode, device and dtype — and so are the global CPU and CUDA random states.
+    """
+    from .workflows.live import preserved
+
+    _check_module(model)
+    with preserved(model, *_devices(device)):
+        session = open_live_session(model, data, loss=loss, probes=probes, options=options, samples=samples,
+                                    batch_size=batch_size, params=params, test_data=test_data, head=head,
+                                    num_classes=num_classes, device=device, dtype=dtype, bn_mode=bn_mode,
+                                    seed=seed, budget=budget)
+        return run(session.config, progress, session)
+
+
+def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy", probes: Any = ("trace",),
+                      options: Mapping[str, Mapping[str, Any]] | None = None, samples: int | None = None,
+                      batch_size: int | None = None, params: Any = None, test_data: Any = None,
+                      head: str | None = None, num_classes: int | None = None, device: Any = None,
+                      dtype: Any = None, bn_mode: str = "eval", seed: int = 0, budget: float | None = None,
+                      extra_meta: dict[str, Any] | None = None) -> Session:
+    """measure's Session, for callers that run it more than once (the Tracker): the model
+    itself when it is on `device` in `dtype` already, else a copy there (session.model)."""
+    _check_module(model)
+    first = next(iter(model.parameters()), None)
+    if first is None:
+        raise InputError(f"model: {type(model).__name__} has no parameters, so no curvature to measure")
+    target_device = resolve_device(str(device)) if device is not None else first.device
+    target_dtype = _dtype_name(dtype, first.dtype)
+    spec = _live_spec(model, loss, head, num_classes)
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    source = memory_data(data, samples=samples, what="data")
+    n = samples if samples is not None else len(source.dataset)  # type: ignore[arg-type]
+    config = RunConfig(
+        checkpoint=None, spec=spec,
+        probes=probe_requests(list(_names(probes, "probes")), {k: dict(v) for k, v in (options or {}).items()}),
+        data=source.source, samples=n, batch_size=batch_size or default_batch_size(data) or DEFAULT_BATCH_SIZE,
+        device=str(target_device), dtype=target_dtype, bn_mode=bn_mode, seed=seed,
+        params=tuple(_names(params, "params")) if params is not None else (), budget=budget,
+        extra_meta=dict(extra_meta or {}),
+    )
+    work = model
+    if any(t.device != target_device or t.dtype != config.torch_dtype
+           for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()):
+        work = _copy_to(model, target_device, config.torch_dtype)
+    samples_set = SampleSet(source.dataset, samples=n, batch_size=config.batch_size, device=target_device,
+                            dtype=config.torch_dtype)
+    split_source = None
+    if test_data is not None:
+        test = memory_data(test_data, samples=n, what="test_data", split="test")
+
+        def split_source(split: str) -> Dataset:
+            if split == "test":
+                return test.dataset
+            raise MissingSplitError(f"no {split} split")  # pragma: no cover - train is the run's own split
+
+    return attach(config, spec, work, samples_set, target_device, split_source=split_source,
+                  data_info=source.describe())
+
+
+def _check_module(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+
+
+def _devices(device: Any) -> tuple[torch.device, ...]:
+    if device is None or str(device) == "auto":
+        return ()
+    try:
+        return (torch.device(str(device)),)
+    except RuntimeError:
+        raise ConfigError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
+
+
+def _dtype_name(dtype: Any, model_dtype: torch.dtype) -> str:
+    if dtype is None:
+        dtype = model_dtype
+    if isinstance(dtype, torch.dtype):
+        names = {v: k for k, v in DTYPES.items()}
+        if dtype not in names:
+            raise ConfigError(f"dtype: flatcheck measures in float32 or float64, and the model is {dtype}; "
+                              "pass dtype='float32' or 'float64' (a copy is measured)")
+        return names[dtype]
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+def _names(value: Any, what: str) -> list[str]:
+    if isinstance(value, str):
+        return [n.strip() for n in value.split(",") if n.strip()]
+    try:
+        names = list(value)
+    except TypeError:
+        raise ConfigError(f"{what} must be a name, a comma-separated string or a list of names, got {value!r}") from None
+    if not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{what} must list names (strings), got {value!r}")
+    return names
+
+
+def _live_spec(model: nn.Module, loss: Any, head: str | None, num_classes: int | None) -> ModelSpec:
+    """The spec a live model would have had: its class as a python source, the loss, the head."""
+    cls = type(model)
+    fields: dict[str, Any] = {"source": "python", "arch": f"{cls.__module__}:{cls.__qualname__}",
+                              "head": head, "num_classes": num_classes}
+    if isinstance(loss, LossSpec):
+        fields["loss"] = {"name": loss.name, **({"alpha": loss.alpha} if loss.name == "label_smoothing" else {})}
+    else:
+        fields["loss"] = dict(loss) if isinstance(loss, Mapping) else loss
+    try:
+        return spec_from_dict(fields)
+    except SpecError as exc:  # "model spec: field 'loss' …": the caller typed an argument, not a spec
+        raise ConfigError(f"measure: {str(exc).removeprefix('model spec: ')}") from None
+
+
+def _copy_to(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """A copy on `device` in `dtype`, without .grad: the caller's model is never moved or cast."""
+    import copy
+
+    work = copy.deepcopy(model)
+    for p in work.parameters():
+        p.grad = None
+    return work.to(device=device, dtype=dtype)

@@ -138,7 +138,7 @@ class SampleSet:
         return range(k * self.batch_size, min(self.n, (k + 1) * self.batch_size))
 
     def _read(self, k: int) -> tuple[Tensor, Tensor]:
-        """Batch k on the CPU as float32 / int64: the form that digests are taken of."""
+        """Batch k on the CPU as float32 (float64 kept in a float64 run) / int64: the form digests are taken of."""
         ref = getattr(self, "sample_shape", None)
         xs, ys = [], []
         for i in self._range(k):
@@ -153,7 +153,11 @@ class SampleSet:
                 )
             xs.append(x)
             ys.append(int(y))
-        return torch.stack(xs).to(torch.float32).contiguous(), torch.tensor(ys, dtype=torch.int64)
+        x = torch.stack(xs)
+        # float64 inputs of a float64 run stay float64: read through float32 they would be
+        # rounded, and the run would measure another loss than the caller's (flatcheck.measure)
+        read = torch.float64 if x.dtype == torch.float64 and self.dtype == torch.float64 else torch.float32
+        return x.to(read).contiguous(), torch.tensor(ys, dtype=torch.int64)
 
     def _to_device(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         return x.to(device=self.device, dtype=self.dtype), y.to(device=self.device)

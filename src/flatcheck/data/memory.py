@@ -90,10 +90,12 @@ class _Streamed(Dataset):
 
 
 def memory_data(data: Any, *, samples: int | None, what: str = "data", split: str = "train",
-                cache_bytes: int = CACHE_BYTES) -> MemoryData:
+                cache_bytes: int | None = None) -> MemoryData:
     """`data` as a map-style data set of at most `samples` items (all of them when None).
 
-    `what` names the argument in error messages ("data", "test_data")."""
+    `what` names the argument in error messages ("data", "test_data"); cache_bytes defaults
+    to CACHE_BYTES."""
+    cache_bytes = CACHE_BYTES if cache_bytes is None else cache_bytes
     if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
         x, y = _pair(tuple(data), what, 0)
         return MemoryData(_Pairs(x, y, "tensors", split), "tensors", cached=False)

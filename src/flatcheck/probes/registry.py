@@ -27,11 +27,21 @@ from ..report.result import ProbeResult
 class ProbeContext:
     backend: Backend
     seed: int
-    progress: Callable[[str, int, int], None] | None = None  # (description, done, total)
+    # (description, done, total, *, value=None, stderr=None): see probes/_kit.progress_reporter
+    progress: Callable[..., None] | None = None
     spec: ModelSpec | None = None  # the model spec, for probes that need e.g. the head's name
     # the same data source, another split ("train"/"test"), same sample cap and batching;
     # raises DataError when that split does not exist
     split_samples: Callable[[str], Any] | None = None
+    # time.monotonic() by which this probe's share of --budget is spent; iterative estimators
+    # stop there and report what they reached (details.stop_reason "budget")
+    deadline: float | None = None
+    # state a probe may keep from one run to the next on the same model (a Tracker's warm
+    # starts: lmax keeps its Ritz vectors here); None: every run starts cold
+    warm: dict[Any, Any] | None = None
+    # bytes a probe's working set may take (--max-memory); None: half of what is free when it
+    # runs (linalg.memory.memory_limit). Probes chunk samples/classes/vectors to fit, or refuse
+    max_memory: int | None = None
 
     def generator(self) -> torch.Generator:
         """A fresh generator per probe, so a probe's numbers do not depend on which ran before it."""
@@ -41,7 +51,11 @@ class ProbeContext:
 class Probe(Protocol):
     """Optionally, a stochastic probe names the integer option that buys it more samples
     (`effort_option: ClassVar[str] = "probes_max"`); gates raise it to settle an
-    inconclusive rule. Probes without it are never rerun."""
+    inconclusive rule. Probes without it are never rerun.
+
+    The probe's CLI command (`flatcheck NAME`) is generated from `Options`; `command_help`
+    (default: `summary`) is its help line, and `shows_layers = True` gives a command without
+    a per-layer option field a --layers/--no-layers switch of the table alone."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -110,6 +124,9 @@ def parse_options(name: str, raw: dict[str, Any]) -> Any:
             raise ConfigError(
                 f"option {name}.{key} is unknown; {name} takes: {', '.join(sorted(fields)) or 'no options'}"
             )
+        parse = fields[key_n].metadata.get("parse")
+        if parse is not None and isinstance(value, str):
+            value = parse(value)  # the field's own reading of a string ("auto" → None …)
         values[key_n] = _coerce(f"{name}.{key_n} (--{key_n.replace('_', '-')})", value, hints[key_n])
     try:
         return cls(**values)

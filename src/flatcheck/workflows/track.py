@@ -1,0 +1,202 @@
+"""Tracker: curvature measured as training runs, one JSONL record per tracked step.
+
+    tracker = flatcheck.Tracker(model, (x, y), every=10, out="track.jsonl")
+    for step in range(steps):
+        ...  # the training step
+        tracker.step(step, lr=lr, loss=loss.item())
+
+Everything that does not change between tracked steps is built once, when the tracker is
+made: the samples (read and held once), the parameter layout, the backend and whatever it
+traces. What does change — the weights — invalidates the backend's per-weights caches
+through the version counters the optimiser's in-place updates bump (backends/state.py), so
+no product ever reuses a graph of older weights. λmax (Lanczos) starts from the previous
+tracked step's eigenvectors (a warm start: between steps a few apart, as the edge-of-stability
+curves of Cohen et al. 2021 are measured, the top eigenvector moves little).
+
+Records use the scan's schema (results_io.new_record, kind "flatcheck.track"), so
+`flatcheck report` plots a tracker's file and a scan of checkpoints alike. A step that fails
+(a diverged run's NaN weights) is an error record and training goes on, unless strict=True.
+Restarted from an earlier step, the tracker drops the records of that step and later ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError, ModelError, first_line
+from .live import is_finite, preserved
+from .results_io import HeldOutput, load_results, new_record, repair_tail, write_record
+
+RECORD_KIND = "flatcheck.track"
+DEFAULT_PROBES = ("lmax", "trace", "jacobian")
+# λmax alone, as the edge-of-stability curves plot it; other options keep the probes' defaults
+DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"lmax": {"k": 1}}
+
+
+class Tracker:
+    """Measures `probes` on `model` over `data` every `every`-th step and appends a record to
+    `out` (None: keep no file). `data` is what flatcheck.measure takes, read once here: a
+    fixed set of tracking samples. The other keywords are measure's; options are merged over
+    DEFAULT_OPTIONS (λmax with k=1). strict=True raises a failed step's error instead of
+    recording it."""
+
+    def __init__(self, model: nn.Module, data: Any, probes: Any = DEFAULT_PROBES, *, every: int = 10,
+                 out: str | os.PathLike | None = "track.jsonl", options: dict[str, dict[str, Any]] | None = None,
+                 strict: bool = False, name: str | None = None, warm_start: bool = True, **measure_kwargs: Any):
+        from ..api import open_live_session
+
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError(f"every must be a positive integer (measure every K-th step), got {every!r}")
+        self.model, self.every, self.strict = model, every, strict
+        self.name = name or type(model).__name__
+        self.out = None if out is None else Path(out)
+        if self.out is not None and (self.out.is_dir() or not self.out.parent.is_dir()):
+            raise ConfigError(f"out {self.out}: give a .jsonl file in an existing folder")
+        names = [probes] if isinstance(probes, str) else list(probes)
+        merged = {p: dict(DEFAULT_OPTIONS.get(p, {})) for p in names if p in DEFAULT_OPTIONS}
+        for probe, values in (options or {}).items():
+            merged.setdefault(probe, {}).update(values)
+        self.session = open_live_session(model, data, probes=names, options=merged, **measure_kwargs)
+        self.session.warm = {} if warm_start else None
+        config = self.session.config
+        self.probes = [r.name for r in config.probes]
+        self.settings = json.loads(json.dumps(_settings(config), default=str))
+        blob = json.dumps({"model": self.name, "data": self.session.samples.fingerprint, "run": self.settings},
+                          sort_keys=True)
+        self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        self._held: HeldOutput | None = None
+        self._started = False
+
+    # ------------------------------------------------------------------ the two lines
+
+    def step(self, step: int, **extra: Any) -> dict[str, float | None] | None:
+        """On every `every`-th step: measure, append one record (flushed to disk) and return
+        {probe: value} (None for each probe of a failed step). Other steps: None, no work.
+
+        `extra` (lr=, loss=, …) goes into the record's "extra"; epoch= is the record's epoch."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"step must be a non-negative integer, got {step!r}")
+        if not self._started:
+            self._start(step)
+        if step % self.every:
+            return None
+        t0 = time.perf_counter()
+        epoch = extra.pop("epoch", None)
+        record = new_record(self.name, kind=RECORD_KIND, fingerprint=self.fingerprint, origin="tracker",
+                            settings=self.settings, step=step, epoch=epoch if isinstance(epoch, int) else None,
+                            extra={k: _plain(v) for k, v in extra.items()})
+        values: dict[str, float | None] = {p: None for p in self.probes}
+        probe_seconds = 0.0
+        try:
+            report = self._measure(step)
+            record["results"] = {name: r.to_dict() for name, r in report.results.items()}
+            values = {name: r.value for name, r in report.results.items()}
+            probe_seconds = sum(r.seconds for r in report.results.values())
+        except Exception as exc:  # noqa: BLE001 - a failed step must not end the training run
+            if self.strict:
+                raise
+            record.update(status="error", error=first_line(exc) or type(exc).__name__)
+        seconds = time.perf_counter() - t0
+        record["seconds"] = round(seconds, 6)
+        record["tracker"] = {"every": self.every, "probe_seconds": round(probe_seconds, 6),
+                             "overhead_seconds": round(max(seconds - probe_seconds, 0.0), 6),
+                             "products": sum(r.get("matvecs") or 0 for r in record["results"].values())}
+        if self._held is not None:
+            self._held.append(record)
+        self.last_record = record
+        return values
+
+    def close(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _measure(self, step: int):
+        from ..api import run
+
+        session = self.session
+        if session.model is not self.model:
+            _copy_weights(self.model, session.model)  # measured on a copy in another device/dtype
+        if not is_finite(session.model):
+            raise ModelError(f"step {step}: the model's weights are not finite (the training run diverged)")
+        with preserved(self.model, session.device):
+            return run(session.config, None, session)
+
+    def _start(self, step: int) -> None:
+        """Hold the output and drop the records of `step` and later ones (a restarted run)."""
+        self._started = True
+        if self.out is None:
+            return
+        held = HeldOutput(self.out, "out")
+        try:
+            repair_tail(self.out)
+            if self.out.stat().st_size:
+                kept = [r for r in load_results([self.out]).records
+                        if not (isinstance(r.get("step"), int) and r["step"] >= step)]
+                _rewrite(self.out, kept)
+                held.close()
+                held = HeldOutput(self.out, "out")
+        except BaseException:
+            held.close()
+            raise
+        self._held = held
+
+
+def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
+    """The file holding just `records`, replaced in one rename (a crash leaves old or new)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        for record in records:
+            write_record(fd, record, tmp)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _settings(config) -> dict[str, Any]:
+    from .scan import run_settings
+
+    return run_settings(config)
+
+
+def _copy_weights(source: nn.Module, target: nn.Module) -> None:
+    with torch.no_grad():
+        for (_, a), (_, b) in zip(_state(source), _state(target)):
+            b.copy_(a)
+
+
+def _state(model: nn.Module):
+    return [*model.named_parameters(), *model.named_buffers()]
+
+
+def _plain(value: Any) -> Any:
+    """A caller's value as JSON: tensors and numpy scalars as numbers, non-finite as null."""
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return str(value)

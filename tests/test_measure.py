@@ -1,0 +1,233 @@
+"""flatcheck.measure on live objects (issue 17 §1): dense float64 truth for tensors, loaders
+and iterables; the caller's model and RNG left bitwise as they were; shuffled data held once,
+a changing stream refused; the CLI's run and measure the same path."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import flatcheck
+from flatcheck.api import open_session, run
+from flatcheck.config import RunConfig, probe_requests
+from flatcheck.errors import ConfigError, DataError, InputError
+from flatcheck.probes.registry import list_probes
+
+from conftest import dense, make_case
+
+# exact probes in float64: the only difference from the dense truth is summation order over
+# batches and samples, a few ulps of the terms summed (≤ 1e-12 relative on these sizes)
+ROUNDOFF = 1e-10
+# Tr(G) exactly (per-sample Jacobians), λ1, λ2 of H to a relative residual far below the gaps
+EXACT = {"trace": {"estimator": "exact", "matrix": "ggn"}, "lmax": {"k": 2, "tol": 1e-8}}
+
+
+class Batches:
+    """A plain re-iterable of (x, y) batches (not a DataLoader)."""
+
+    def __init__(self, X, Y, size, reshuffle=False):
+        self.X, self.Y, self.size, self.reshuffle, self.passes = X, Y, size, reshuffle, 0
+
+    def __iter__(self):
+        self.passes += 1
+        order = torch.randperm(len(self.X)) if self.reshuffle else torch.arange(len(self.X))
+        for i in range(0, len(order), self.size):
+            yield self.X[order[i:i + self.size]], self.Y[order[i:i + self.size]]
+
+
+def sources(case):
+    X, Y = case.X, case.Y
+    torch.manual_seed(5)
+    return {
+        "tensors": (X, Y),
+        "loader": DataLoader(TensorDataset(X, Y), batch_size=10),
+        "shuffled loader": DataLoader(TensorDataset(X, Y), batch_size=7, shuffle=True),
+        "iterable": Batches(X, Y, 10),
+        "list": [(X[i:i + 10], Y[i:i + 10]) for i in range(0, len(X), 10)],
+        "generator": ((X[i:i + 5], Y[i:i + 5]) for i in range(0, len(X), 5)),
+    }
+
+
+def check_against_dense(report, truth, what):
+    H, G = truth
+    ev = torch.linalg.eigvalsh(H)
+    tr = report.results["trace"]
+    assert tr.stderr is None and abs(tr.value - G.trace().item()) <= ROUNDOFF * abs(G.trace().item()), what
+    lm = report.results["lmax"]
+    # a unit vector q with ‖Hq − θq‖ = r has an eigenvalue within r of θ (Weyl/Bauer–Fike)
+    for got, want, r in zip(lm.details["eigenvalues"], ev.flip(0), lm.details["residuals"]):
+        assert abs(got - want.item()) <= r + ROUNDOFF * abs(want.item()), (what, got, want.item(), r)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_every_source_matches_dense_truth(kind):
+    case = make_case(kind, n=23, batch_size=10)
+    truth = dense(case)
+    for name, data in sources(case).items():
+        report = flatcheck.measure(case.model, data, probes=["trace", "lmax"], options=EXACT, dtype="float64")
+        check_against_dense(report, truth, f"{kind} {name}")
+        assert report.meta["data"]["samples"] == 23
+        cached = name in ("shuffled loader", "iterable", "list", "generator", "loader")
+        assert report.meta["data"]["cached"] is cached, name
+
+
+def test_samples_and_batch_size_cap_the_source():
+    case = make_case("mlp", n=23)
+    loader = DataLoader(TensorDataset(case.X, case.Y), batch_size=6)
+    report = flatcheck.measure(case.model, loader, probes="trace", options={"trace": EXACT["trace"]}, samples=15)
+    data = report.meta["data"]
+    assert (data["samples"], data["batch_size"], data["batches"]) == (15, 6, 3)
+    sub = make_case("mlp", n=23)
+    sub.problem.samples = type(sub.problem.samples)(TensorDataset(case.X[:15], case.Y[:15]), samples=15,
+                                                    batch_size=6, dtype=torch.float64)
+    _, G = dense(sub)
+    assert report.results["trace"].value == pytest.approx(G.trace().item(), rel=ROUNDOFF)
+
+
+def snapshot(model):
+    return {
+        "tensors": {n: t.detach().clone() for n, t in [*model.named_parameters(), *model.named_buffers()]},
+        "grads": {n: (p.grad, None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()},
+        "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
+        "training": {n: m.training for n, m in model.named_modules()},
+        "dtype_device": {n: (t.dtype, t.device) for n, t in model.state_dict().items()},
+        "rng": torch.get_rng_state(),
+    }
+
+
+def assert_same(model, before):
+    after = snapshot(model)
+    for n, t in before["tensors"].items():
+        got = after["tensors"][n]
+        assert t.dtype == got.dtype and torch.equal(t.reshape(-1).view(torch.uint8), got.reshape(-1).view(torch.uint8)), n
+    for n, (obj, val) in before["grads"].items():
+        got = dict(model.named_parameters())[n].grad
+        assert got is obj, f"{n}.grad is another tensor"
+        if val is not None:
+            assert torch.equal(val, got), n
+    for key in ("requires_grad", "training", "dtype_device"):
+        assert after[key] == before[key], key
+    assert torch.equal(after["rng"], before["rng"]), "global CPU RNG state changed"
+
+
+@pytest.mark.parametrize("dtype,bn_mode", [("float32", "train"), ("float64", "eval")])
+def test_callers_model_left_bitwise_as_it_was(dtype, bn_mode):
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Dropout(0.2),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, 4))  # float32
+    X, Y = torch.randn(12, 1, 5, 5), torch.randint(0, 4, (12,))
+    model.train()
+    nn.functional.cross_entropy(model(X), Y).backward()  # .grad set, BN running stats moved
+    model[0].bias.requires_grad_(False)
+    model[0].bias.grad = None
+    before = snapshot(model)
+    loader = DataLoader(TensorDataset(X, Y), batch_size=5, shuffle=True)  # draws from the global RNG
+    report = flatcheck.measure(model, loader, probes=["lmax", "trace", "adaptive-sharpness", "gini"],
+                               options={"lmax": {"k": 1}, "trace": {"probes_max": 10},
+                                        "adaptive-sharpness": {"noise_draws": 4, "probes_max": 10}},
+                               dtype=dtype, bn_mode=bn_mode)
+    assert report.meta["dtype"] == dtype and report.meta["bn_mode"] == bn_mode
+    assert_same(model, before)
+    assert model.training and model[1].track_running_stats
+
+
+def test_float64_run_of_a_float32_model_is_a_copy():
+    case = make_case("mlp")
+    model32 = copy.deepcopy(case.model).float()
+    before = snapshot(model32)
+    report = flatcheck.measure(model32, (case.X, case.Y), probes=["trace", "lmax"], options=EXACT, dtype="float64")
+    assert_same(model32, before)
+    # the copy holds the float32 weights exactly; the dense truth is of the float64 originals
+    # rounded to float32, so compare with the copy's own dense truth
+    case.model.load_state_dict({k: v.double() for k, v in model32.state_dict().items()})
+    check_against_dense(report, dense(case), "float64 copy")
+
+
+def test_changing_stream_that_does_not_fit_is_refused(monkeypatch):
+    import flatcheck.data.memory as memory
+
+    case = make_case("mlp", n=23)
+    monkeypatch.setattr(memory, "CACHE_BYTES", 64)  # nothing fits: every pass re-reads the source
+    steady = flatcheck.measure(case.model, Batches(case.X, case.Y, 10), probes="trace",
+                               options={"trace": EXACT["trace"]}, batch_size=10)
+    assert steady.meta["data"]["cached"] is False
+    _, G = dense(case)
+    assert steady.results["trace"].value == pytest.approx(G.trace().item(), rel=ROUNDOFF)
+    with pytest.raises(DataError, match=r"changed between passes \(batch 0\): random augmentation\? flatcheck "
+                                        r"needs a deterministic data set"):
+        flatcheck.measure(case.model, Batches(case.X, case.Y, 10, reshuffle=True), probes="trace")
+    with pytest.raises(InputError, match="iterator can be read only once"):
+        flatcheck.measure(case.model, iter([(case.X, case.Y)]), probes="trace")
+
+
+def test_gap_and_head_probes_take_test_data_and_head():
+    case = make_case("cnn", n=23)
+    g = torch.Generator().manual_seed(9)
+    Xt, Yt = torch.randn(15, 1, 6, 6, generator=g, dtype=torch.float64), torch.randint(0, 4, (15,), generator=g)
+    report = flatcheck.measure(case.model, (case.X, case.Y), probes=["gap", "head-trace"], test_data=(Xt, Yt),
+                               head="7")
+    gap = report.results["gap"].details
+    with torch.no_grad():
+        case.model.eval()
+        losses = [nn.functional.cross_entropy(case.model(x), y).item() for x, y in ((case.X, case.Y), (Xt, Yt))]
+    assert gap["train"]["samples"] == 23 and gap["test"]["samples"] == 15
+    assert gap["train"]["loss"] == pytest.approx(losses[0], rel=ROUNDOFF)
+    assert gap["test"]["loss"] == pytest.approx(losses[1], rel=ROUNDOFF)
+    assert report.results["head-trace"].details.get("head", "7") == "7"
+    skipped = flatcheck.measure(case.model, (case.X, case.Y), probes="gap").results["gap"]
+    assert skipped.value is None and "test_data" in skipped.notes
+
+
+def test_every_probe_runs_on_live_objects():
+    case = make_case("cnn", n=12)
+    X2, Y2 = case.X.flip(0), case.Y.flip(0)
+    for probe in list_probes():
+        report = flatcheck.measure(case.model, (case.X, case.Y), probes=probe, test_data=(X2 + 0.5, Y2),
+                                   batch_size=6, options={p: o for p, o in {
+                                       "adaptive-sharpness": {"noise_draws": 4, "probes_max": 10}, "trace": {"probes_max": 10},
+                                       "spectrum": {"starts": 2, "lanczos_steps": 20}, "rank": {"starts": 2, "lanczos_steps": 20}}.items() if p == probe})
+        assert report.results[probe].probe == probe
+        assert report.to_dict()["results"][probe]["value"] is not None, probe
+
+
+def test_cli_run_is_measure_on_the_loaded_model(tmp_path):
+    """The CLI's path (checkpoint + spec → model and data) and measure give the same numbers:
+    one code path for probes."""
+    config = RunConfig(checkpoint=None, spec=_demo_spec(), probes=probe_requests("lmax,trace"), samples=40,
+                       batch_size=16, dtype="float64", seed=3)
+    session = open_session(config)
+    via_cli = run(config, session=session)
+    live = flatcheck.measure(session.model, session.samples.dataset, probes="lmax,trace", samples=40,
+                             batch_size=16, seed=3)
+    for probe in ("lmax", "trace"):
+        assert live.results[probe].value == via_cli.results[probe].value, probe
+        assert live.results[probe].matvecs == via_cli.results[probe].matvecs
+    assert live.meta["data"]["fingerprint"] == via_cli.meta["data"]["fingerprint"]
+
+
+def _demo_spec():
+    from flatcheck.models.spec import ModelSpec
+
+    return ModelSpec(source="python", arch="flatcheck.zoo.demo_cnn:DigitsCNN", num_classes=10)
+
+
+def test_bad_arguments_are_one_line_errors():
+    case = make_case("mlp", n=8)
+    with pytest.raises(InputError, match="a tensor alone has no labels"):
+        flatcheck.measure(case.model, case.X)
+    with pytest.raises(InputError, match="labels must be integer class indices"):
+        flatcheck.measure(case.model, (case.X, case.Y.double()))
+    with pytest.raises(InputError, match="fewer|more than the 8 samples"):
+        flatcheck.measure(case.model, [(case.X, case.Y)], samples=9)
+    with pytest.raises(ConfigError, match="measure: field 'loss"):
+        flatcheck.measure(case.model, (case.X, case.Y), loss="hinge")
+    with pytest.raises(ConfigError, match="float32 or float64"):
+        flatcheck.measure(copy.deepcopy(case.model).to(torch.bfloat16), (case.X, case.Y))
+    with pytest.raises(InputError, match="expected a torch.nn.Module"):
+        flatcheck.measure(lambda x: x, (case.X, case.Y))
+    with pytest.raises(ConfigError, match="unknown probe"):
+        flatcheck.measure(case.model, (case.X, case.Y), probes="nope")

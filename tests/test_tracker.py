@@ -1,0 +1,172 @@
+"""flatcheck.Tracker (issue 17 §2): records as training runs, warm λmax equal to the dense
+truth (no stale graph after the optimiser moves the weights), a valid and resumable JSONL,
+failed steps recorded without stopping training, nothing imported or traced after the first
+tracked step."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import flatcheck
+from flatcheck.errors import ModelError
+from flatcheck.workflows.results_io import load_results
+
+from conftest import dense, make_case
+
+ROUNDOFF = 1e-10  # float64 summation order (see test_measure)
+OPTIONS = {"lmax": {"tol": 1e-8}, "trace": {"estimator": "exact", "matrix": "ggn"}}
+TRACE = {"trace": OPTIONS["trace"]}
+
+
+def train(case, tracker, steps, lr=0.5, on_step=None):
+    opt = torch.optim.SGD(case.model.parameters(), lr=lr)
+    out = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(case.model(case.X), case.Y)
+        loss.backward()
+        opt.step()
+        if on_step is not None:
+            on_step(step)
+        values = tracker.step(step, lr=lr, loss=loss.detach())
+        if values is not None:
+            out.append((step, values, dense(case) if values.get("lmax") is not None else None))
+    return out
+
+
+def test_tracked_values_follow_the_weights_and_warm_starts_agree(tmp_path):
+    case = make_case("mlp", n=23, batch_size=23)
+    out = tmp_path / "track.jsonl"
+    with flatcheck.Tracker(case.model, (case.X, case.Y), probes=["lmax", "trace"], every=4, out=out,
+                           options=OPTIONS, batch_size=23) as tracker:
+        seen = train(case, tracker, 17)
+    assert [s for s, _, _ in seen] == [0, 4, 8, 12, 16]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 4, 8, 12, 16]
+    lmaxes = []
+    for (step, values, (H, G)), record in zip(seen, records):
+        assert record["kind"] == "flatcheck.track" and record["status"] == "ok"
+        assert record["extra"]["lr"] == 0.5 and isinstance(record["extra"]["loss"], float)
+        lm = record["results"]["lmax"]
+        # the products use this step's weights (a graph of older ones would give another H)
+        top = torch.linalg.eigvalsh(H)[-1].item()
+        assert abs(values["lmax"] - top) <= lm["details"]["residuals"][0] + ROUNDOFF * top, step
+        assert values["trace"] == pytest.approx(G.trace().item(), rel=ROUNDOFF)
+        assert lm["details"]["warm_start"] is (step > 0)
+        assert record["tracker"]["products"] == lm["matvecs"] + record["results"]["trace"]["matvecs"]
+        lmaxes.append(values["lmax"])
+    assert len(set(lmaxes)) == len(lmaxes)  # the weights moved: every λmax differs
+    # one key per record, all in one comparison: report reads the file as one trajectory
+    assert len({(r["model"], r["fingerprint"]) for r in records}) == 1
+    assert len(load_results([out]).records) == 5
+
+
+def test_restart_drops_records_past_the_restart_step_and_reads_a_cut_file(tmp_path):
+    case = make_case("mlp", n=23, batch_size=23)
+    out = tmp_path / "track.jsonl"
+    with flatcheck.Tracker(case.model, (case.X, case.Y), probes="trace", every=2, out=out,
+                           options=TRACE) as tracker:
+        for step in range(9):
+            tracker.step(step)
+    with open(out, "ab") as fh:  # a run killed mid-write
+        fh.write(b'{"schema_version": "2.1", "step": 9')
+    assert len(load_results([out]).records) == 5
+    with flatcheck.Tracker(case.model, (case.X, case.Y), probes="trace", every=2, out=out,
+                           options=TRACE) as tracker:
+        for step in range(4, 7):  # restarted from the step-4 checkpoint
+            tracker.step(step, resumed=True)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 2, 4, 6]
+    assert [r["extra"].get("resumed") for r in records] == [None, None, True, True]
+
+
+def test_a_diverged_step_is_an_error_record_and_training_goes_on(tmp_path):
+    case = make_case("mlp", n=23, batch_size=23)
+    out = tmp_path / "track.jsonl"
+
+    def blow_up(step):
+        if step == 4:
+            with torch.no_grad():
+                case.model[1].weight.fill_(float("inf"))
+
+    tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes=["lmax", "trace"], every=2, out=out,
+                                options=OPTIONS)
+    seen = train(case, tracker, 7, on_step=blow_up)
+    tracker.close()
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["status"] for r in records] == ["ok", "ok", "error", "error"]
+    assert "not finite" in records[2]["error"] and records[2]["extra"]["loss"] is not None
+    assert records[3]["extra"]["loss"] is None  # a NaN loss is written as null, not as invalid JSON
+    assert seen[2][1] == {"lmax": None, "trace": None}
+    fresh = make_case("mlp", n=23, batch_size=23)
+    strict = flatcheck.Tracker(fresh.model, (fresh.X, fresh.Y), probes="trace", every=1, out=None, strict=True,
+                               options=TRACE)
+    with torch.no_grad():
+        fresh.model[1].weight.fill_(float("nan"))
+    with pytest.raises(ModelError, match="not finite"):
+        strict.step(0)
+
+
+def test_tracked_steps_import_and_trace_nothing_after_the_first(tmp_path, monkeypatch):
+    import torch.fx.experimental.proxy_tensor as proxy_tensor
+
+    traced = []
+    real = proxy_tensor.make_fx
+    monkeypatch.setattr(proxy_tensor, "make_fx", lambda *a, **k: traced.append(1) or real(*a, **k))
+    case = make_case("cnn", n=12, batch_size=12)
+    tracker = flatcheck.Tracker(case.model, (case.X, case.Y), every=1, out=tmp_path / "t.jsonl",
+                                options={"trace": {"probes_max": 10}})
+    opt = torch.optim.SGD(case.model.parameters(), lr=0.1)
+    modules = None
+    for step in range(3):
+        opt.zero_grad()
+        nn.functional.cross_entropy(case.model(case.X), case.Y).backward()
+        opt.step()
+        assert all(v is not None for v in tracker.step(step).values()), tracker.last_record["error"]
+        if step == 0:
+            modules, traces = set(sys.modules), len(traced)
+    assert set(sys.modules) - modules == set()
+    assert len(traced) == traces
+    tracker.close()
+
+
+def test_warm_lmax_equals_a_cold_one_and_costs_fewer_products():
+    case = make_case("cnn", n=23, batch_size=23)
+    tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=1, out=None,
+                                options={"lmax": {"tol": 1e-6}})
+    opt = torch.optim.SGD(case.model.parameters(), lr=0.05)
+    for step in range(4):
+        opt.zero_grad()
+        nn.functional.cross_entropy(case.model(case.X), case.Y).backward()
+        opt.step()
+        tracker.step(step)
+        warm = tracker.last_record["results"]["lmax"]
+        cold = flatcheck.measure(case.model, (case.X, case.Y), probes="lmax",
+                                 options={"lmax": {"k": 1, "tol": 1e-6}}).results["lmax"]
+        tolerance = warm["details"]["residuals"][0] + cold.details["residuals"][0]
+        assert abs(warm["value"] - cold.value) <= tolerance, step
+        if step > 0:
+            assert warm["details"]["warm_start"] and warm["matvecs"] < cold.matvecs
+
+
+def test_float64_tracking_of_a_float32_model_follows_its_weights():
+    case = make_case("mlp", n=23, batch_size=23)
+    model = case.model.float()
+    tracker = flatcheck.Tracker(model, (case.X.float(), case.Y), probes="trace", every=1, out=None,
+                                options=TRACE, dtype="float64")
+    assert tracker.session.model is not model
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(2):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(case.X.float()), case.Y).backward()
+        opt.step()
+        got = tracker.step(step)["trace"]
+        want = flatcheck.measure(model, (case.X.float(), case.Y), probes="trace", options=TRACE,
+                                 dtype="float64").results["trace"].value
+        assert got == want
+    assert all(p.dtype == torch.float32 for p in model.parameters())
