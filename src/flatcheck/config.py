@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,9 @@ class RunConfig:
     backend: str = "autograd"
     allow_tf32: bool = False
     compile: bool = False  # torch.compile the HVP (func backends)
+    # seconds for all the probes of the run (--budget); each probe gets an equal share of what is
+    # left when it starts, and iterative ones stop there (details.stop_reason "budget")
+    budget: float | None = None
     # packages a `source: python` spec may import beyond flatcheck.zoo, timm, torchvision
     trust_packages: tuple[str, ...] = ()
     extra_meta: dict[str, Any] = field(default_factory=dict)
@@ -64,6 +68,8 @@ class RunConfig:
             raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"--seed must be an integer from 0 to {MAX_SEED} (2**63 - 1), got {self.seed}")
+        if self.budget is not None and not (math.isfinite(self.budget) and self.budget > 0):
+            raise ConfigError(f"--budget must be a positive number of seconds, got {self.budget}")
         if not self.probes:
             raise ConfigError("no probes requested; see `flatcheck list-probes`")
         object.__setattr__(self, "trust_packages", _package_names(self.trust_packages))
@@ -82,12 +88,17 @@ def _package_names(names: Any) -> tuple[str, ...]:
     return names
 
 
+def probe_names(names: str | list[str]) -> list[str]:
+    """"trace, gini" (or a list) as the probe names it lists, blanks dropped."""
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",")]
+    return [n for n in names if n]
+
+
 def probe_requests(names: str | list[str], options: dict[str, dict[str, Any]] | None = None) -> tuple[ProbeRequest, ...]:
     """Parse "trace,gini" plus {"trace": {"estimator": "exact"}} into validated requests."""
     options = dict(options or {})
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",")]
-    names = [n for n in names if n]
+    names = probe_names(names)
     if not names:
         raise ConfigError(f"--probes is empty; available: {', '.join(list_probes())}")
     if len(set(names)) != len(names):
