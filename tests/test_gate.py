@@ -221,11 +221,12 @@ def test_gate_cli_bad_input_exits_2(tmp_path):
 
 
 def test_trace_parts_only_where_a_rule_reads_them_or_the_file_asks():
-    assert gate({"field": "trace.value", "max": 1}).probes["trace"] == {"parts": False}
+    # rtol None: a gate's trace takes its fixed count, not the probe's default 5 % stop
+    assert gate({"field": "trace.value", "max": 1}).probes["trace"] == {"parts": False, "rtol": None}
     layered = gate({"field": "trace.details.layers.head.value", "max": 1})
     assert "parts" not in layered.probes["trace"]  # the probe's default: with parts
     kept = gate({"field": "trace.value", "max": 1}, probes={"trace": {"parts": True, "probes_max": 8}})
-    assert kept.probes["trace"] == {"parts": True, "probes_max": 8}
+    assert kept.probes["trace"] == {"parts": True, "probes_max": 8, "rtol": None}
     assert "trace" not in gate({"field": "gini.value", "max": 1}).probes
 
 

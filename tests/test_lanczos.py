@@ -151,3 +151,56 @@ def test_lmax_probe_power_method():
     assert d["method"] == "power" and r.label == "λmax(G)" and d["converged"] == [True]
     assert abs(r.value - eigs[-1].item()) <= TOL * eigs[-1].item()
     assert r.matvecs == d["iterations"] and "negative" not in r.notes
+
+
+# -- defaults that finish, budgets ---------------------------------------------------------------
+
+def test_default_tolerance_is_one_the_dtype_can_reach():
+    """float32 products carry round-off near 1e-4..1e-3 of |λ| on real networks; the default
+    tolerance there is 1e-3, and 1e-6 in float64 (where the tests above meet 1e-6)."""
+    (req,) = probe_requests(["lmax"], {})
+    assert req.options.tol is None
+    assert req.options.resolved_tol(torch.float32) == 1e-3 and req.options.resolved_tol(torch.float64) == 1e-6
+    r = run_probe(make_case("mlp"), k=1)
+    assert r.details["tol"] == 1e-6 and r.details["converged"] == [True]
+
+
+def test_a_stall_at_the_round_off_floor_is_reported_as_converged_to_noise(monkeypatch):
+    """The lmax probe on a float32 operator asked for a tolerance below float32 round-off: the
+    recurrence stalls, and the probe says the values are as converged as the dtype allows."""
+    import flatcheck.probes.lmax as lmax_mod
+
+    A = _spectrum_matrix([10.0, 5.0] + [1.0 / (i + 1) for i in range(200)]).float()
+
+    class Float32Operator(DenseOperator):
+        def __init__(self, backend, matrix):
+            super().__init__(A)
+
+    monkeypatch.setattr(lmax_mod, "CurvatureOperator", Float32Operator)
+    monkeypatch.setattr(lmax_mod, "check_k_fits", lambda k, dim: None)
+    r = run_probe(make_case("mlp"), k=1, tol=1e-12, max_iter=150)
+    d = r.details
+    assert d["stop_reason"] == "stalled" and d["converged_to_noise"] is True
+    assert "converged to noise" in r.notes and "NOT converged" not in r.notes
+    assert r.value == pytest.approx(10.0, rel=1e-5)
+
+
+def test_lanczos_budget_reports_true_residuals_of_what_it_reached():
+    """A spent budget ends the recurrence after the step in progress (once k Ritz values exist);
+    the reported residuals are measured, so Weyl's bound still places each value."""
+    eigs = [10.0, 9.9, 9.8] + [1.0 / (i + 1) for i in range(300)]
+    A = _spectrum_matrix(eigs)
+    op = DenseOperator(A)
+    r = lanczos_top(op, 2, generator=gen(), tol=1e-12, should_stop=lambda: op.matvecs >= 6)
+    assert r.stop_reason == "budget" and r.iterations == 6 and r.matvecs == 6 + 2
+    truth_ = torch.linalg.eigvalsh(A)
+    for value, res in zip(r.values, r.residuals):
+        assert (truth_ - value).abs().min().item() <= res + 1e-12
+
+
+def test_power_budget_stops_with_what_it_reached():
+    A = _spectrum_matrix([10.0, 9.5] + [0.1 * i for i in range(50)])
+    op = DenseOperator(A)
+    r = power_top(op, 2, generator=gen(), tol=1e-12, max_iter=1000, should_stop=lambda: op.matvecs >= 5)
+    assert r.stop_reason == "budget" and r.iterations == 5 and len(r.values) == 1
+    assert (torch.linalg.eigvalsh(A) - r.values[0]).abs().min().item() <= r.residuals[0] + 1e-12

@@ -133,7 +133,7 @@ def test_stochastic_trace_within_reported_error(kind, estimator, matrix):
     case = make_case(kind)
     H, G = dense(case)
     M = H if matrix == "hessian" else G
-    r = _run(case, estimator=estimator, matrix=matrix, probes_max=150)
+    r = _run(case, estimator=estimator, matrix=matrix, probes_max=150, rtol=None)  # a fixed count
     assert r.stderr is not None and r.stderr > 0
     assert abs(r.value - M.trace().item()) <= Z * r.stderr
     assert r.matvecs == 150 and r.seed == 0
@@ -156,6 +156,63 @@ def test_exact_ggn_trace(kind, loss):
     truth = _block_traces(G, case.problem.layout)
     for name, part in r.details["layers"].items():
         assert abs(part["value"] - truth[name]) <= 1e-8 * abs(G.trace().item()), name
+
+
+def test_hutchinson_budget_stops_after_two_probes_with_an_honest_error():
+    """A spent budget ends the run after the block in progress (never before two probes, for
+    a standard error); what it reached is an ordinary Hutchinson estimate of fewer probes."""
+    A = _sym(60, 1, rank=60) + 5 * torch.eye(60, dtype=torch.float64)
+    op = DenseOperator(A)
+    calls = []
+
+    def spent() -> bool:
+        calls.append(op.matvecs)
+        return op.matvecs >= 8
+
+    est = hutchinson(op, generator=torch.Generator().manual_seed(0), max_probes=100, block_size=4,
+                     should_stop=spent)
+    assert est.stop_reason == "budget" and est.probes == est.matvecs == 8 and len(est.samples) == 8
+    assert calls == [4, 8]
+    assert abs(est.value - A.trace().item()) <= Z * est.stderr
+    same = hutchinson(DenseOperator(A), generator=torch.Generator().manual_seed(0), max_probes=8, block_size=4)
+    assert (same.value, same.stderr) == (est.value, est.stderr)  # the same draws, the same estimate
+    first = hutchinson(DenseOperator(A), generator=torch.Generator().manual_seed(0), max_probes=100, block_size=1,
+                       should_stop=lambda: True)
+    assert first.probes == 2 and first.stderr is not None  # at once: still two probes
+
+
+def test_trace_probe_default_stops_at_5_percent_and_reports_it():
+    case = make_case("mlp")
+    _, G = dense(case)
+    r = _run(case, matrix="ggn")  # reaches 5 % after 88 probes at seed 0
+    assert r.details["rtol"] == 0.05 and r.details["stop_reason"] == "rtol"
+    assert r.stderr / abs(r.value) < 0.05 and r.details["probes"] < 100
+    assert abs(r.value - G.trace().item()) <= Z * r.stderr
+
+
+def test_trace_probe_reports_a_spent_budget():
+    import time
+
+    case = make_case("mlp")
+    H, _ = dense(case)
+    (req,) = probe_requests(["trace"], {"trace": {"rtol": None, "probes_max": 500}})
+    ctx = ProbeContext(case.backend(), seed=0, deadline=time.monotonic())  # already spent
+    r = create_probe("trace").run(ctx, req.options)
+    assert r.details["stop_reason"] == "budget" and 2 <= r.details["probes"] < 500
+    assert r.matvecs == r.details["probes"] and r.stderr is not None
+    assert abs(r.value - H.trace().item()) <= Z * r.stderr
+
+
+def test_progress_reports_the_running_estimate():
+    case = make_case("mlp")
+    seen = []
+    (req,) = probe_requests(["trace"], {"trace": {"rtol": None, "probes_max": 12, "block_size": 4}})
+    ctx = ProbeContext(case.backend(), seed=0, progress=lambda *a, **k: seen.append((a, k)))
+    r = create_probe("trace").run(ctx, req.options)
+    assert [a for a, _ in seen] == [("trace (hutchinson)", 4, 12), ("trace (hutchinson)", 8, 12),
+                                    ("trace (hutchinson)", 12, 12)]
+    assert seen[-1][1]["value"] == pytest.approx(r.value, rel=1e-12)
+    assert seen[-1][1]["stderr"] == pytest.approx(r.stderr, rel=1e-12)
 
 
 def test_exact_ggn_trace_in_train_mode():

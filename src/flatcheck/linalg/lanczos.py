@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -21,9 +20,7 @@ from torch import Tensor
 from ..errors import InputError
 from .random import gaussian
 from .reduce import rowsum64
-from .trace import Operator
-
-Progress = Callable[[int, int], None]
+from .trace import Operator, Progress, StopTest
 # a re-measured true residual that shrank by less than this factor has stalled
 STALL_FACTOR = 0.5
 
@@ -139,7 +136,7 @@ class EigenResult:
     converged: list[bool]  # residual ≤ tol·|λ|
     matvecs: int  # including the final block product that measures the true residuals
     iterations: int  # Lanczos steps, or power iterations summed over the k pairs
-    stop_reason: str  # converged, max_iter, stalled (round-off floor), invariant (Krylov space closed)
+    stop_reason: str  # converged, max_iter, stalled (round-off floor), invariant (Krylov space closed), budget
     method: str
 
 
@@ -151,6 +148,7 @@ def lanczos_top(
     tol: float = 1e-6,
     max_iter: int | None = None,
     progress: Progress | None = None,
+    should_stop: StopTest | None = None,
 ) -> EigenResult:
     """The k largest (algebraic) eigenvalues of a symmetric operator.
 
@@ -163,7 +161,9 @@ def lanczos_top(
     After a breakdown with fewer than k Ritz values it restarts from a random direction
     orthogonal to the basis. Limitation of a one-vector recurrence: further copies of a
     repeated eigenvalue are found only through such restarts or round-off, so a multiple
-    top eigenvalue may be listed once.
+    top eigenvalue may be listed once. `should_stop` (a budget) ends it after any step with
+    at least k Ritz values (stop_reason "budget"); the true residuals of what it reached are
+    measured and reported as usual.
     """
     dim = op.dim
     k = min(k, dim)
@@ -178,8 +178,11 @@ def lanczos_top(
             stop = "invariant" if lz.invariant else "max_iter"
             break
         lz.step()
-        if progress is not None:
-            progress(lz.size, limit)
+        if progress is not None:  # the running λmax: the largest Ritz value (a tridiagonal eigh)
+            progress(lz.size, limit, value=float(lz.ritz()[0][-1]))
+        if should_stop is not None and lz.size >= k and lz.can_step and should_stop():
+            stop = "budget"
+            break
         if lz.size < k or lz.size < next_check:
             continue
         theta, S = lz.ritz()

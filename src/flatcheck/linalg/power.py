@@ -8,9 +8,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from .lanczos import STALL_FACTOR, EigenResult, Progress
+from .lanczos import STALL_FACTOR, EigenResult
 from .random import gaussian
-from .trace import Operator
+from .trace import Operator, Progress, StopTest
 
 
 # iterations without halving the best residual after which power iteration counts as stalled
@@ -25,6 +25,7 @@ def power_top(
     tol: float = 1e-6,
     max_iter: int = 1000,
     progress: Progress | None = None,
+    should_stop: StopTest | None = None,
 ) -> EigenResult:
     """k eigenpairs by power iteration, each on H restricted to the complement of those before.
 
@@ -34,14 +35,18 @@ def power_top(
     stopping rule ‖Hv − λv‖ ≤ tol·|λ| costs nothing extra. Convergence is linear with
     rate |λ₂/λ₁|: slow when the top of the spectrum is crowded (Lanczos is not). It stops
     as "stalled" when the best residual has not halved in max(200, n) iterations after
-    n iterations — round-off, or two eigenvalues of nearly equal magnitude.
+    n iterations — round-off, or two eigenvalues of nearly equal magnitude. `should_stop`
+    (a budget) ends it after any iteration (stop_reason "budget"): the pairs not reached
+    yet are left out, the one in progress is reported with its residual.
     """
     k = min(k, op.dim)
     start_matvecs = op.matvecs
     found: list[Tensor] = []
     values, residuals, iterations = [], [], 0
-    stalled = False
+    stalled = budget = False
     for i in range(k):
+        if budget:
+            break
         basis = torch.stack(found) if found else None
         v = _project(gaussian(1, op.dim, generator, dtype=op.dtype, device=op.device)[0], basis)
         v = v / torch.linalg.vector_norm(v)
@@ -55,8 +60,11 @@ def power_top(
             if not math.isfinite(res):
                 raise InputError("curvature products are not finite (overflow?); try --dtype float64")
             if progress is not None:
-                progress(i * max_iter + it + 1, k * max_iter)
+                progress(i * max_iter + it + 1, k * max_iter, value=lam)
             if res <= tol * abs(lam):
+                break
+            if should_stop is not None and should_stop():
+                budget = True
                 break
             if res < STALL_FACTOR * best:
                 best, best_at = res, it
@@ -77,7 +85,8 @@ def power_top(
         converged=converged,
         matvecs=op.matvecs - start_matvecs,
         iterations=iterations,
-        stop_reason="converged" if all(converged) else ("stalled" if stalled else "max_iter"),
+        stop_reason="converged" if all(converged) and not budget else
+                    ("budget" if budget else "stalled" if stalled else "max_iter"),
         method="power",
     )
 

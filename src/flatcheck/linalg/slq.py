@@ -10,14 +10,15 @@ Tr f(H) whenever the rule is exact for f — in particular for Tr(H) and Tr(H²)
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .lanczos import Lanczos, Progress
+from .lanczos import Lanczos
 from .random import rademacher
-from .trace import Operator
+from .trace import Operator, Progress
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class SLQ:
     rules: list[Quadrature]
     dim: int
     matvecs: int
+    stopped: bool = False  # the budget cut some rule short: fewer steps than asked
 
     def moment(self, power: int) -> np.ndarray:
         """P·Σ_j w_j θ_j^power for each start vector: unbiased for Tr(H^power) when 2m > power."""
@@ -56,23 +58,34 @@ def slq(
     starts: int,
     generator: torch.Generator,
     progress: Progress | None = None,
+    deadline: float | None = None,
 ) -> SLQ:
     """`starts` independent Gauss rules of `steps` nodes each (fewer when Lanczos breaks down,
-    which means v's Krylov space is invariant and the rule is then exact for every f)."""
+    which means v's Krylov space is invariant and the rule is then exact for every f).
+
+    `deadline` (a budget, as time.monotonic()) gives each start vector an equal share of the
+    time left when it begins, so that every one of them runs — a standard error needs at
+    least two — and a rule cut short keeps the nodes it has (a Gauss rule with fewer nodes,
+    still exact for Tr(H) and Tr(H²) from two on); `stopped` says it happened."""
     steps = min(steps, op.dim)
     begin = op.matvecs
     rules = []
+    stopped = False
     for s in range(starts):
         v = rademacher(1, op.dim, generator, dtype=op.dtype, device=op.device)[0]
         lz = Lanczos(op, v, steps)
+        until = None if deadline is None else time.monotonic() + (deadline - time.monotonic()) / (starts - s)
         while lz.can_step:
             lz.step()
             if progress is not None:
                 progress(s * steps + lz.size, starts * steps)
+            if until is not None and lz.size >= 2 and lz.can_step and time.monotonic() >= until:
+                stopped = True
+                break
         theta, S = lz.ritz()
         weights = S[0, :] ** 2
         rules.append(Quadrature(theta, weights / weights.sum(), lz.size, lz.invariant))
-    return SLQ(rules, op.dim, op.matvecs - begin)
+    return SLQ(rules, op.dim, op.matvecs - begin, stopped)
 
 
 MAX_GRID_POINTS = 200_000

@@ -18,7 +18,9 @@ from .random import rademacher, rademacher_signs
 from .reduce import rowsum64
 
 Split = Callable[[Tensor], dict[str, Tensor]]
-Progress = Callable[[int, int], None]
+# (done, total, *, value=None, stderr=None): value/stderr are the running estimate, where there is one
+Progress = Callable[..., None]
+StopTest = Callable[[], bool]  # true once the caller's budget is spent
 
 
 @runtime_checkable
@@ -125,12 +127,15 @@ def hutchinson(
     block_size: int | None = None,
     split: Split | None = None,
     progress: Progress | None = None,
+    should_stop: StopTest | None = None,
 ) -> TraceEstimate:
     """Tr(A) ≈ (1/m) Σ v_kᵀ A v_k with Rademacher v_k.
 
     Stops after `max_probes`, or earlier once at least `min_probes` values give
     stderr/|mean| < rtol; the standard error is the sample standard deviation of the
     per-probe values over √m, so the rule is a statistical one, not a change threshold.
+    `should_stop` (a budget) ends it after any block once two probes give a standard error
+    (stop_reason "budget"); the estimate is then that of the probes drawn, unbiased as any.
     """
     values: list[Tensor] = []
     parts: dict[str, list[Tensor]] = {}
@@ -150,13 +155,16 @@ def hutchinson(
         for name, v in pieces.items():
             parts.setdefault(name, []).append(v.to(torch.float64).cpu())
         done += k
+        mean, se = _mean_stderr(torch.cat(values))
         if progress is not None:
-            progress(done, max_probes)
+            progress(done, max_probes, value=mean, stderr=se)
         if rtol is not None and done >= min_probes:
-            mean, se = _mean_stderr(torch.cat(values))
             if se is not None and mean != 0 and se / abs(mean) < rtol:
                 reason = "rtol"
                 break
+        if should_stop is not None and done >= 2 and done < max_probes and should_stop():
+            reason = "budget"
+            break
     samples = torch.cat(values)
     value, stderr = _mean_stderr(samples)
     groups = {name: _mean_stderr(torch.cat(v)) for name, v in parts.items()}

@@ -26,6 +26,9 @@ from ..errors import ConfigError, InputError, SpecError
 from ..models.sources import find_head
 from ..models.spec import LossSpec, ModelSpec
 
+# the help of the probes' `head` option (head-trace, relative-flatness): how resolve_head picks it
+HEAD_HELP = "module name of the final linear layer [default: the spec's head, else the last Linear / 1x1 Conv2d]"
+
 
 class HeadError(InputError):
     """The model's logits are not an affine function of one head-feature vector per sample."""

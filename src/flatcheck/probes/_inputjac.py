@@ -30,6 +30,12 @@ from ._hooks import Call, record
 Output = Literal["logits", "softmax"]
 # Rows of all samples of one chunk together; a single sample larger than this still runs.
 ROW_BYTES = 256 * 2**20
+# "auto" materialises the C rows per sample only up to this many classes: the exact route costs
+# C backward passes per batch and C·D numbers per sample.
+AUTO_MAX_CLASSES = 128
+
+# the help of the probes' `output` option (jacobian, mls)
+OUTPUT_HELP = "differentiate the logits or softmax(logits)"
 
 
 def require_independent(model: nn.Module, bn_mode: str, probe: str) -> None:
@@ -221,8 +227,10 @@ def summarise(values: Tensor) -> dict:
 
 
 def iter_rows(problem, output: Output, taps: list[tuple[str, nn.Module]], tap_outputs: bool,
-              progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[Tensor, Tensor, Rows]]:
-    """(x, y, Rows) for chunks of every batch, the chunk sized from the first chunk's row count.
+              progress: Callable[[int, int], None] | None = None,
+              chunk: int | None = None) -> Iterator[tuple[Tensor, Tensor, Rows]]:
+    """(x, y, Rows) for chunks of every batch: `chunk` samples (sized by the caller's memory
+    plan), or without one sized from the first chunk's row count.
 
     Runs under the problem's model mode; the caller has checked `require_independent`.
     """
@@ -231,7 +239,10 @@ def iter_rows(problem, output: Output, taps: list[tuple[str, nn.Module]], tap_ou
         start = 0
         while start < batch.x.shape[0]:
             # the first chunk is one sample, which measures the per-sample size of all rows
-            step = 1 if per_sample is None else next(sample_chunks(batch.x.shape[0] - start, per_sample, 8)).stop
+            if chunk is not None:
+                step = chunk
+            else:
+                step = 1 if per_sample is None else next(sample_chunks(batch.x.shape[0] - start, per_sample, 8)).stop
             x, y = batch.x[start:start + step], batch.y[start:start + step]
             # held for the forward only, not across the yield (see AutogradBackend.outputs)
             with model_mode(problem.model, problem.bn_mode):

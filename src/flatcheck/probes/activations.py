@@ -12,6 +12,7 @@ import torch
 from ..backends.base import Outputs, model_mode
 from ._hooks import is_relu_like, named_matching, record
 from ..report.result import ProbeResult
+from ._kit import progress_reporter
 from .registry import ProbeContext, register_probe
 
 
@@ -69,11 +70,13 @@ class ActivationsProbe:
     summary: ClassVar[str] = "activation and death frequency per ReLU-like layer"
     Options: ClassVar[type] = ActivationsOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
+    command_help: ClassVar[str] = "Activation and death frequency of every ReLU-like layer over the sample set."
 
     def run(self, ctx: ProbeContext, options: ActivationsOptions) -> ProbeResult:
         start = time.perf_counter()
         problem = ctx.backend.problem
         modules = named_matching(problem.model, is_relu_like)
+        progress = progress_reporter(ctx, "activations")
         counts: dict[str, _Counts] = {}
 
         def on_call(key, module, inp, out):
@@ -83,8 +86,8 @@ class ActivationsProbe:
             for i, batch in enumerate(problem.samples):
                 rec.reset()
                 problem.model(batch.x)
-                if ctx.progress is not None:
-                    ctx.progress("activations", i + 1, problem.samples.num_batches)
+                if progress is not None:
+                    progress(i + 1, problem.samples.num_batches)
 
         layers = {key: c.result() for key, c in counts.items()}
         if not layers:

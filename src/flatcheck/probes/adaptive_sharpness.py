@@ -13,24 +13,30 @@ import torch
 from torch import Tensor
 
 from ..backends import Hvp, Outputs, rebuild
-from ..backends.base import Backend, model_mode
+from ..backends.base import Backend
 from ..errors import ConfigError, SpecError
 from ..linalg import hutchinson
-from ..losses import per_sample_loss
 from ..models.spec import LOSSES, LossSpec
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
+from ._kit import budget_stop, option, progress_reporter
+from ._kit import mean_loss as sample_loss  # L(θ) over the sample set
 from .registry import ProbeContext, register_probe
 
 
 @dataclass(frozen=True)
 class AdaptiveSharpnessOptions:
-    rho: float = 0.0005
-    noise_draws: int = 16  # independent δ; each is evaluated at +δ and −δ
-    loss: str | None = None  # overrides the spec's loss for this probe only
-    method: Literal["mc", "second-order", "both"] = "both"
-    probes_max: int = 100  # Hutchinson probes of the second-order form
-    block_size: int | None = None  # None: sized by memory, as for the trace probe
+    rho: float = option(0.0005, "relative noise scale: δ ~ N(0, ρ² |w|²)")
+    # independent δ; each is evaluated at +δ and −δ
+    noise_draws: int = option(16, "Monte Carlo draws δ (each at +δ and −δ)")
+    # overrides the spec's loss for this probe only
+    loss: str | None = option(None, "loss for this probe: cross_entropy, mse, sigmoid_mse or label_smoothing "
+                                    "[default: the spec's]")
+    method: Literal["mc", "second-order", "both"] = option("both", "mc, second-order or both")
+    probes_max: int = option(100, "Hutchinson probes of the second-order form",
+                             flags=("--probes-max", "--max-probes"))
+    block_size: int | None = option(None, "probes per block of the second-order form [default: sized by "
+                                          "memory, as for trace]")
 
     def __post_init__(self):
         if not (math.isfinite(self.rho) and self.rho > 0):
@@ -74,6 +80,8 @@ class AdaptiveSharpnessProbe:
     summary: ClassVar[str] = "elementwise adaptive sharpness (Monte Carlo and second-order form)"
     Options: ClassVar[type] = AdaptiveSharpnessOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, Outputs})
+    command_help: ClassVar[str] = ("Elementwise adaptive sharpness: Monte Carlo over ±δ noise pairs and its "
+                                   "second-order Hutchinson form.")
 
     def run(self, ctx: ProbeContext, options: AdaptiveSharpnessOptions) -> ProbeResult:
         start = time.perf_counter()
@@ -85,7 +93,8 @@ class AdaptiveSharpnessProbe:
                          "parameters": problem.layout.dim}
         mc = second = None
         if options.method in ("mc", "both"):
-            mc = monte_carlo(backend, options.rho, options.noise_draws, ctx.generator(), ctx.progress)
+            mc = monte_carlo(backend, options.rho, options.noise_draws, ctx.generator(),
+                             progress_reporter(ctx, "adaptive-sharpness (Monte Carlo)"), budget_stop(ctx))
             details["mc"] = mc
         matvecs = 0
         if options.method in ("second-order", "both"):
@@ -93,6 +102,9 @@ class AdaptiveSharpnessProbe:
             details["second_order"] = second
             matvecs = second["matvecs"]
         head = mc if mc is not None else second
+        # "budget" when --budget ended either part early; else how the headline part ended
+        details["stop_reason"] = ("budget" if any(p is not None and p["stop_reason"] == "budget" for p in (mc, second))
+                                  else head["stop_reason"])
         notes = [f"loss {problem.loss.name}, ρ = {options.rho:g}"]
         if mc is not None:
             notes.append(f"MC {mc['value']:.4g} ± {mc['stderr']:.2g} ({mc['draws']} ± pairs)")
@@ -113,17 +125,6 @@ class AdaptiveSharpnessProbe:
         )
 
 
-def sample_loss(backend: Backend) -> float:
-    """L(θ) over the whole sample set, accumulated in float64."""
-    problem = backend.problem
-    total = 0.0
-    with model_mode(problem.model, problem.bn_mode), torch.no_grad():
-        for batch in problem.samples:
-            logits = problem.model(batch.x)
-            total += per_sample_loss(logits, batch.y, problem.loss).to(torch.float64).mean().item() * batch.weight
-    return total
-
-
 @contextlib.contextmanager
 def restored(params: list[Tensor]) -> Iterator[list[Tensor]]:
     """Yield copies of `params`; on exit, however it comes, copy them back bit for bit."""
@@ -136,11 +137,15 @@ def restored(params: list[Tensor]) -> Iterator[list[Tensor]]:
                 p.copy_(s)
 
 
-def monte_carlo(backend: Backend, rho: float, draws: int, generator: torch.Generator, progress=None) -> dict:
+def monte_carlo(backend: Backend, rho: float, draws: int, generator: torch.Generator, progress=None,
+                should_stop=None) -> dict:
+    """Mean and standard error of the antithetic pairs; `should_stop` (a budget) ends it after
+    any pair from the second on, with the pairs drawn so far (stop_reason "budget")."""
     problem = backend.problem
     params = problem.layout.params(problem.model)
     base = sample_loss(backend)
     values = []
+    stop = "draws"
     with restored(params) as saved:
         for i in range(draws):
             # drawn on the CPU so a seed gives the same δ on every device
@@ -154,15 +159,28 @@ def monte_carlo(backend: Backend, rho: float, draws: int, generator: torch.Gener
                 pair.append(sample_loss(backend))
             values.append(0.5 * (pair[0] + pair[1]) - base)
             if progress is not None:
-                progress("adaptive-sharpness (Monte Carlo)", i + 1, draws)
-    v = torch.tensor(values, dtype=torch.float64)
+                mean, se = _mean_se(values)
+                progress(i + 1, draws, value=mean, stderr=se)
+            if should_stop is not None and len(values) >= 2 and i + 1 < draws and should_stop():
+                stop = "budget"
+                break
+    value, stderr = _mean_se(values)
     return {
-        "value": v.mean().item(),
-        "stderr": v.std(unbiased=True).item() / math.sqrt(draws),
-        "draws": draws,
-        "loss_evaluations": 2 * draws + 1,
+        "value": value,
+        "stderr": stderr,
+        "draws": len(values),
+        "loss_evaluations": 2 * len(values) + 1,
         "base_loss": base,
+        # one unit of rounding of L in the model's dtype: every pair shares L(w)'s rounding, so
+        # below this the pairs' mean is biased by it, whatever their standard error says
+        "rounding_floor": torch.finfo(params[0].dtype).eps * abs(base) if params else 0.0,
+        "stop_reason": stop,
     }
+
+
+def _mean_se(values: list[float]) -> tuple[float, float | None]:
+    v = torch.tensor(values, dtype=torch.float64)
+    return v.mean().item(), (v.std(unbiased=True).item() / math.sqrt(len(values)) if len(values) > 1 else None)
 
 
 _SECOND_ORDER_STREAM = 0x9E3779B9
@@ -189,14 +207,11 @@ def second_order(backend: Backend, options: AdaptiveSharpnessOptions, ctx: Probe
     op = CurvatureOperator(backend, "hessian")
     scale = torch.cat([p.detach().abs().reshape(-1) for p in problem.layout.params(problem.model)])
 
-    def progress(done: int, total: int) -> None:
-        if ctx.progress is not None:
-            ctx.progress("adaptive-sharpness (second order)", done, total)
-
     # its own stream: independent of the Monte Carlo noise, and the same whichever method runs
     generator = torch.Generator().manual_seed(ctx.seed + _SECOND_ORDER_STREAM)
     est = hutchinson(_ScaledOperator(op, scale), generator=generator, max_probes=options.probes_max,
-                     block_size=options.block_size, progress=progress)
+                     block_size=options.block_size, progress=progress_reporter(ctx, "adaptive-sharpness (second order)"),
+                     should_stop=budget_stop(ctx))
     factor = options.rho**2 / 2
     return {
         "value": factor * est.value,
@@ -205,4 +220,5 @@ def second_order(backend: Backend, options: AdaptiveSharpnessOptions, ctx: Probe
         "scaled_trace_stderr": est.stderr,
         "probes": est.probes,
         "matvecs": op.matvecs,
+        "stop_reason": est.stop_reason,
     }

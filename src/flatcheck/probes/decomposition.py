@@ -18,6 +18,7 @@ from ._hooks import is_linear_like, named_matching
 from ._inputjac import iter_rows, require_independent
 from ..losses import output_hessian_factors
 from ..report.result import ProbeResult
+from ._kit import progress_reporter
 from ..backends.base import ExactGGN
 from .registry import ProbeContext, register_probe
 
@@ -80,6 +81,8 @@ class DecompositionProbe:
     summary: ClassVar[str] = "seed-000 centered GGN decomposition per layer, scale-aware bound, vs exact Tr(G)"
     Options: ClassVar[type] = DecompositionOptions
     requires: ClassVar[frozenset[type]] = frozenset({ExactGGN})
+    command_help: ClassVar[str] = ("Centered decomposition of Tr(G) per layer (Anonymous 2025), its bound, "
+                                   "vs exact Tr(G).")
 
     def run(self, ctx: ProbeContext, options: DecompositionOptions) -> ProbeResult:
         start = time.perf_counter()
@@ -91,7 +94,7 @@ class DecompositionProbe:
                 if _weight_name(n) in probed]
         layers: dict[str, _Layer] = {}
         n_total, passes = 0, 0
-        progress = (lambda d, t: ctx.progress("decomposition", d, t)) if ctx.progress is not None else None
+        progress = progress_reporter(ctx, "decomposition")
         for _, y, rows in iter_rows(problem, "logits", taps, tap_outputs=True, progress=progress):
             U, lam = output_hessian_factors(rows.logits, y, problem.loss)
             U, lam = U.to(torch.float64), lam.to(torch.float64)

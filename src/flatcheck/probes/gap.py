@@ -6,32 +6,27 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-import torch
-
 from ..backends import Outputs, rebuild
 from ..data.batches import SampleSet
 from ..data.registry import MissingSplitError
 from ..errors import ConfigError, DataError
-from ..losses import per_sample_loss
 from ..report.result import ProbeResult
+from ._kit import loss_and_accuracy, option
 from .registry import ProbeContext, register_probe
 
 
 @dataclass(frozen=True)
 class GapOptions:
     # "skip": report no value (with the reason) when a split is missing, so that
-    # `flatcheck probe` can include the gap by default; "error": exit 2.
-    missing: Literal["error", "skip"] = "skip"
+    # `flatcheck probe` can include the gap by default; "error": exit 2, which is what
+    # `flatcheck gap`, asked for the gap alone, does
+    missing: Literal["error", "skip"] = option("skip", "a missing split: skip (no value, the reason) or error",
+                                               command_value="error")
 
 
 def evaluate(backend) -> tuple[float, float, int]:
     """Mean loss and accuracy over the backend's sample set (exact), and its size."""
-    sums = torch.zeros(2, dtype=torch.float64)
-    for logits, y, weight in backend.outputs():
-        loss = per_sample_loss(logits, y, backend.problem.loss).to(torch.float64).mean()
-        acc = (logits.argmax(-1) == y).to(torch.float64).mean()
-        sums += torch.stack([loss, acc]).cpu() * weight
-    return sums[0].item(), sums[1].item(), backend.problem.samples.n
+    return (*loss_and_accuracy(backend), backend.problem.samples.n)
 
 
 def _check_distinct(train: SampleSet, test: SampleSet) -> None:
@@ -53,6 +48,7 @@ class GapProbe:
     summary: ClassVar[str] = "train vs test loss and accuracy, and their gap"
     Options: ClassVar[type] = GapOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
+    command_help: ClassVar[str] = "Loss and accuracy on the train and test splits, and their difference."
 
     def run(self, ctx: ProbeContext, options: GapOptions) -> ProbeResult:
         start = time.perf_counter()

@@ -8,8 +8,8 @@ from typing import ClassVar
 
 import torch
 
-from ..losses import per_sample_loss
 from ..report.result import ProbeResult
+from ._kit import accuracy, loss_statistic, sample_means
 from ..backends.base import Outputs
 from .registry import ProbeContext, register_probe
 
@@ -28,22 +28,21 @@ class GiniProbe:
     summary: ClassVar[str] = "1 − ‖p‖², entropy, accuracy, mean loss"
     Options: ClassVar[type] = GiniOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
+    command_help: ClassVar[str] = "Mean Gini impurity 1 − ‖p‖², entropy, accuracy and mean loss over the sample set."
 
     def run(self, ctx: ProbeContext, options: GiniOptions) -> ProbeResult:
         start = time.perf_counter()
         loss_spec = ctx.backend.problem.loss
-        sums = torch.zeros(4, dtype=torch.float64)
-        for logits, y, weight in ctx.backend.outputs():
+
+        def impurity(logits, y):
+            return 1 - logits.to(torch.float64).softmax(-1).pow(2).sum(-1)
+
+        def entropy(logits, y):
             logp = logits.to(torch.float64).log_softmax(-1)
-            p = logp.exp()
-            per_sample = torch.stack([
-                1 - p.pow(2).sum(-1),
-                -(p * logp).sum(-1),
-                (logits.argmax(-1) == y).to(torch.float64),
-                per_sample_loss(logits, y, loss_spec).to(torch.float64),
-            ])
-            sums += per_sample.mean(1).cpu() * weight
-        gini, entropy, accuracy, loss = sums.tolist()
+            return -(logp.exp() * logp).sum(-1)
+
+        gini, entropy_, accuracy_, loss = sample_means(ctx.backend, impurity, entropy, accuracy,
+                                                       loss_statistic(ctx.backend))
         return ProbeResult(
             probe=self.name,
             value=gini,
@@ -51,6 +50,6 @@ class GiniProbe:
             matvecs=0,
             seconds=time.perf_counter() - start,
             label="mean 1−‖p‖²",
-            notes=f"accuracy {accuracy:.4f}, loss {loss:.4g}, entropy {entropy:.4g}",
-            details={"entropy": entropy, "accuracy": accuracy, "loss": loss, "loss_name": loss_spec.name},
+            notes=f"accuracy {accuracy_:.4f}, loss {loss:.4g}, entropy {entropy_:.4g}",
+            details={"entropy": entropy_, "accuracy": accuracy_, "loss": loss, "loss_name": loss_spec.name},
         )

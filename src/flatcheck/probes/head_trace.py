@@ -14,15 +14,19 @@ from ..backends import Hvp, Outputs, ParamLayout, rebuild
 from ..errors import ConfigError
 from ._head import Head, HeadStatistics, head_statistics, resolve_head
 from ..report.result import ProbeResult
+from ._head import HEAD_HELP
+from ._kit import option, progress_reporter
 from .registry import ProbeContext, register_probe
 
 
 @dataclass(frozen=True)
 class HeadTraceOptions:
-    verify: bool = False
-    verify_max: int = 4096  # coordinates of the head whose autograd Hessian diagonal --verify computes
-    verify_block: int = 64  # basis vectors per Hessian-vector product pass
-    head: str | None = None  # module name; default: the spec's head, else auto-detected
+    verify: bool = option(False, "recompute the head's Hessian diagonal with autograd and print both",
+                          flags=("--verify",))
+    # coordinates of the head whose autograd Hessian diagonal --verify computes
+    verify_max: int = option(4096, "most head coordinates --verify computes (a seeded random subset above it)")
+    verify_block: int = option(64, "basis vectors per Hessian-vector product pass of --verify")
+    head: str | None = option(None, HEAD_HELP)  # module name; default: the spec's head, else auto-detected
 
     def __post_init__(self):
         if self.verify_max < 1:
@@ -51,6 +55,9 @@ class HeadTraceProbe:
     summary: ClassVar[str] = "exact Hessian trace w.r.t. the final linear layer (closed form)"
     Options: ClassVar[type] = HeadTraceOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
+    command_help: ClassVar[str] = ("Exact Hessian trace w.r.t. the final linear layer (closed form), with relative "
+                                   "flatness; --verify recomputes it with autograd.")
+    shows_layers: ClassVar[bool] = True  # the weight and bias parts
 
     def requires_for(self, options: HeadTraceOptions) -> frozenset[type]:
         """--verify takes the head's Hessian diagonal from Hessian-vector products."""
@@ -128,13 +135,10 @@ def verify(ctx: ProbeContext, head: Head, stats: HeadStatistics, options: HeadTr
     else:
         coords = torch.arange(total)
 
-    def progress(done: int, todo: int) -> None:
-        if ctx.progress is not None:
-            ctx.progress("head-trace --verify (autograd)", done, todo)
-
     start = time.perf_counter()
     auto_diag = hessian_diagonal(rebuild(ctx.backend, layout=layout), coords,
-                                 block=options.verify_block, progress=progress)
+                                 block=options.verify_block,
+                                 progress=progress_reporter(ctx, "head-trace --verify (autograd)"))
     seconds = time.perf_counter() - start
     auto_sum = auto_diag.sum().item()
     closed_sum = closed_diag[coords].sum().item()

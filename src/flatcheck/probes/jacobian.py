@@ -14,6 +14,8 @@ from ..errors import ConfigError
 from ._inputjac import (ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
                         require_independent, sample_chunks, spectral_stats, summarise)
 from ..report.result import ProbeResult
+from ._inputjac import OUTPUT_HELP
+from ._kit import option, progress_reporter
 from .registry import ProbeContext, register_probe
 
 # "auto" materialises the C rows per sample only below these sizes: the exact route costs C
@@ -23,12 +25,14 @@ AUTO_MAX_CLASSES = 128
 
 @dataclass(frozen=True)
 class JacobianOptions:
-    output: Literal["logits", "softmax"] = "logits"
-    exclude_region: str | None = None  # "y,x,h,w" in pixels
-    method: Literal["auto", "exact", "estimate"] = "auto"
-    projections: int = 64
-    power_iters: int = 300
-    power_tol: float = 1e-4
+    output: Literal["logits", "softmax"] = option("logits", OUTPUT_HELP)
+    exclude_region: str | None = option(  # "y,x,h,w" in pixels
+        None, "y,x,h,w: also the Frobenius norm outside this pixel box, rescaled to its area")
+    method: Literal["auto", "exact", "estimate"] = option(
+        "auto", "auto, exact (C backward passes) or estimate (random projections + power iteration)")
+    projections: int = option(64, "random output projections per sample (estimate)")
+    power_iters: int = option(300, "most power iterations per sample for the spectral norm (estimate)")
+    power_tol: float = option(1e-4, "power iteration stops at relative residual ‖JᵀJv − σ²v‖/σ² ≤ TOL (estimate)")
 
     def __post_init__(self):
         if self.exclude_region is not None:
@@ -86,6 +90,7 @@ class JacobianProbe:
     summary: ClassVar[str] = "input-output Jacobian Frobenius and spectral norms (mean, max)"
     Options: ClassVar[type] = JacobianOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
+    command_help: ClassVar[str] = "Input-output Jacobian norms per sample (Frobenius, spectral): mean and max."
 
     def run(self, ctx: ProbeContext, options: JacobianOptions) -> ProbeResult:
         start = time.perf_counter()
@@ -106,6 +111,7 @@ class JacobianProbe:
         fro, fro_se, spec, resid, outside, outside_se = [], [], [], [], [], []
         passes, iters = 0, 0
         done = 0
+        progress = progress_reporter(ctx, f"jacobian ({method})")
         with model_mode(model, problem.bn_mode):
             for batch in problem.samples:
                 if method == "exact":
@@ -133,8 +139,8 @@ class JacobianProbe:
                     passes += options.projections + power.passes
                     iters = max(iters, power.iterations)
                 done += 1
-                if ctx.progress is not None:
-                    ctx.progress(f"jacobian ({method})", done, problem.samples.num_batches)
+                if progress is not None:
+                    progress(done, problem.samples.num_batches)
 
         fro_t, spec_t = torch.cat(fro).cpu(), torch.cat(spec).cpu()
         n = fro_t.numel()

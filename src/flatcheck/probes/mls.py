@@ -14,13 +14,15 @@ from torch import nn
 from ._hooks import is_linear_like, named_matching
 from ._inputjac import iter_rows, require_independent, spectral_stats
 from ..report.result import ProbeResult
+from ._inputjac import OUTPUT_HELP
+from ._kit import option, progress_reporter
 from ..backends.base import Outputs
 from .registry import ProbeContext, register_probe
 
 
 @dataclass(frozen=True)
 class MLSOptions:
-    output: Literal["logits", "softmax"] = "logits"
+    output: Literal["logits", "softmax"] = option("logits", OUTPUT_HELP)
 
 
 class _Layer:
@@ -64,6 +66,7 @@ class MLSProbe:
     summary: ClassVar[str] = "maximum local sensitivity (MLS, NMLS), log-volume, local dimension, bounds"
     Options: ClassVar[type] = MLSOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
+    command_help: ClassVar[str] = "MLS, normalized MLS, NMLS, log local volume and local dimensionality, with bounds."
 
     def run(self, ctx: ProbeContext, options: MLSOptions) -> ProbeResult:
         start = time.perf_counter()
@@ -76,7 +79,7 @@ class MLSProbe:
         first_is_input = True
         first_key = None
         passes = 0
-        progress = (lambda d, t: ctx.progress("mls", d, t)) if ctx.progress is not None else None
+        progress = progress_reporter(ctx, "mls")
         for x, _, rows in iter_rows(problem, options.output, taps, tap_outputs=True, progress=progress):
             eps = torch.finfo(x.dtype).eps
             passes += rows.out.shape[1]

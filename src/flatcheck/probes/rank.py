@@ -38,7 +38,8 @@ from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
 from ..backends.base import GGNVp, Hvp, Outputs
 from .registry import ProbeContext, register_probe
-from .spectrum import check_slq_options, mean_stderr, run_slq
+from ._kit import option
+from .spectrum import check_slq_options, lanczos_steps_option, mean_stderr, run_slq, starts_option, stop_reason
 
 NEURON_RULE = (
     "Σ N_l = Σ out_features of every Linear + Σ out_channels of every Conv (one neuron per channel, "
@@ -51,9 +52,9 @@ RESOLUTION_WARNING = 0.01
 
 @dataclass(frozen=True)
 class RankOptions:
-    matrix: Literal["ggn", "hessian"] = "ggn"
-    lanczos_steps: int = 100
-    starts: int = 3
+    matrix: Literal["ggn", "hessian"] = option("ggn", "ggn or hessian")
+    lanczos_steps: int = lanczos_steps_option()
+    starts: int = starts_option()
 
     def __post_init__(self):
         check_slq_options(self.lanczos_steps, self.starts)
@@ -157,6 +158,7 @@ class RankProbe:
     summary: ClassVar[str] = "rank degeneracy at the origin (SLQ) beside the rank bounds"
     Options: ClassVar[type] = RankOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp, Outputs})
+    command_help: ClassVar[str] = "Rank degeneracy at the origin (SLQ) beside the paper's and the batch rank bounds."
 
     def run(self, ctx: ProbeContext, options: RankOptions) -> ProbeResult:
         op = CurvatureOperator(ctx.backend, options.matrix)
@@ -217,6 +219,7 @@ class RankProbe:
                 "lanczos_steps": options.lanczos_steps,
                 "starts": options.starts,
                 "steps_taken": [r.steps for r in result.rules],
+                "stop_reason": stop_reason(result),
                 "origin_nodes": 1 if ggn else 2,
                 "degeneracy": {"value": degeneracy, "stderr": stderr},
                 "statistical_stderr": statistical,

@@ -8,13 +8,15 @@ from typing import ClassVar
 
 from ._head import head_statistics, resolve_head
 from ..report.result import ProbeResult
+from ._head import HEAD_HELP
+from ._kit import option
 from ..backends.base import Outputs
 from .registry import ProbeContext, register_probe
 
 
 @dataclass(frozen=True)
 class RelativeFlatnessOptions:
-    head: str | None = None  # module name; default: the spec's head, else auto-detected
+    head: str | None = option(None, HEAD_HELP)  # module name; default: the spec's head, else auto-detected
 
 
 @register_probe
@@ -45,6 +47,7 @@ class RelativeFlatnessProbe:
     summary: ClassVar[str] = "relative flatness κ of the final linear layer (closed form)"
     Options: ClassVar[type] = RelativeFlatnessOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
+    command_help: ClassVar[str] = "Relative flatness κ of the final linear layer (closed form, per-class parts in the JSON)."
 
     def run(self, ctx: ProbeContext, options: RelativeFlatnessOptions) -> ProbeResult:
         start = time.perf_counter()

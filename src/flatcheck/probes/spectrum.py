@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from ..linalg.slq import SLQ, density, slq
 from ..operators import CurvatureOperator
 from ..report.plots import check_plot_target, plot_density
 from ..report.result import ProbeResult
+from ._kit import option, progress_reporter
 from ..backends.base import GGNVp, Hvp
 from .registry import ProbeContext, register_probe
 
@@ -27,11 +28,31 @@ def check_slq_options(steps: int, starts: int) -> None:
 
 
 def run_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, starts: int, desc: str) -> SLQ:
-    def progress(done: int, total: int) -> None:
-        if ctx.progress is not None:
-            ctx.progress(desc, done, total)
+    return slq(op, steps=steps, starts=starts, generator=ctx.generator(), progress=progress_reporter(ctx, desc),
+               deadline=ctx.deadline)
 
-    return slq(op, steps=steps, starts=starts, generator=ctx.generator(), progress=progress)
+
+def stop_reason(result: SLQ) -> str:
+    """Why the rules have the nodes they have (details.stop_reason)."""
+    return "budget" if result.stopped else "steps"
+
+
+# the SLQ options spectrum and rank share: one declaration each
+def lanczos_steps_option() -> Any:
+    return option(100, "Lanczos steps (quadrature nodes) per start vector")
+
+
+def starts_option() -> Any:
+    return option(3, "Rademacher start vectors (≥ 2, for a standard error)")
+
+
+def _sigma(text: str) -> float | None:
+    if text.strip().lower() in ("auto", "none"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--sigma must be 'auto' or a positive number, got {text!r}") from None
 
 
 def mean_stderr(values: np.ndarray) -> tuple[float, float]:
@@ -40,11 +61,13 @@ def mean_stderr(values: np.ndarray) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class SpectrumOptions:
-    matrix: Literal["hessian", "ggn"] = "hessian"
-    lanczos_steps: int = 100
-    starts: int = 3
-    sigma: float | None = None  # Gaussian kernel width; None: span of the nodes / (2·steps)
-    plot: str | None = None  # PNG path
+    matrix: Literal["hessian", "ggn"] = option("hessian", "hessian or ggn")
+    lanczos_steps: int = lanczos_steps_option()
+    starts: int = starts_option()
+    # Gaussian kernel width; None: span of the nodes / (2·steps)
+    sigma: float | None = option(None, "Gaussian kernel width of the density, or auto (node span / (2·steps))",
+                                 parse=_sigma, show_default="auto")
+    plot: str | None = option(None, "write the density to PATH.png (log y-axis; needs matplotlib)")
 
     def __post_init__(self):
         check_slq_options(self.lanczos_steps, self.starts)
@@ -73,6 +96,7 @@ class SpectrumProbe:
     summary: ClassVar[str] = "eigenvalue density, Tr(H), Tr(H²), ‖H‖_F by stochastic Lanczos quadrature"
     Options: ClassVar[type] = SpectrumOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp})
+    command_help: ClassVar[str] = "Eigenvalue density of H or G by stochastic Lanczos quadrature; Tr, Tr², norms."
 
     def run(self, ctx: ProbeContext, options: SpectrumOptions) -> ProbeResult:
         op = CurvatureOperator(ctx.backend, options.matrix)
@@ -108,6 +132,8 @@ class SpectrumProbe:
                  f"{options.starts} starts × {max(steps_taken)} steps; bn {bn_mode}")
         if invariant:
             notes += f"; {invariant} start(s) found an invariant subspace (exact, fewer steps)"
+        if result.stopped:
+            notes += f"; --budget cut the rules to {min(steps_taken)}–{max(steps_taken)} steps"
         if plot_path:
             notes += f"; plot {plot_path}"
         return ProbeResult(
@@ -126,6 +152,7 @@ class SpectrumProbe:
                 "lanczos_steps": options.lanczos_steps,
                 "starts": options.starts,
                 "steps_taken": steps_taken,
+                "stop_reason": stop_reason(result),
                 "trace": {"value": trace, "stderr": trace_se},
                 "trace_sq": {"value": trace_sq, "stderr": trace_sq_se},
                 "frobenius": {"value": frob, "stderr": frob_se},

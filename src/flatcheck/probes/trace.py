@@ -11,23 +11,43 @@ from ..linalg import hutchinson, hutchpp
 from ..linalg.memory import available_bytes, gib
 from ..operators import CurvatureOperator, LayoutParts
 from ..report.result import ProbeResult
+from ._kit import budget_stop, option, progress_reporter
 from ..backends.base import ExactGGN, GGNVp, Hvp, Vhv
 from .registry import ProbeContext, register_probe
+
+
+# the default stopping rule: a standard error of 5 % of the trace (issue: defaults that finish)
+DEFAULT_RTOL = 0.05
+
+
+def _rtol(text: str) -> float | None:
+    return None if text.strip().lower() in ("none", "off", "") else float(text)
 
 
 @dataclass(frozen=True)
 class TraceOptions:
     # None means "hessian", except that the exact estimator exists only for the GGN.
-    matrix: Literal["hessian", "ggn"] | None = None
-    estimator: Literal["hutchinson", "hutchpp", "exact"] = "hutchinson"
-    probes_max: int = 100
-    rtol: float | None = None
-    min_probes: int = 10
-    block_size: int | None = None  # None: as many probes per block as fit 64 MiB, at most 8
-    class_samples: int | None = None  # exact estimator: sample this many classes per sample (large C)
+    matrix: Literal["hessian", "ggn"] | None = option(
+        None, "hessian or ggn [default: hessian; ggn for exact]")
+    estimator: Literal["hutchinson", "hutchpp", "exact"] = option(
+        "hutchinson", "hutchinson, hutchpp or exact (GGN only)")
+    probes_max: int = option(100, "most matrix-vector products", flags=("--probes-max", "--max-probes"))
+    # Hutchinson stops once stderr/|trace| < rtol (after min_probes); None: a fixed count, as
+    # gates need (two runs draw the same probes only if neither stops on its own draws)
+    rtol: float | None = option(
+        DEFAULT_RTOL, "stop Hutchinson once stderr/|trace| < RTOL ('none': always --probes-max; "
+        "hutchpp and exact take no RTOL and ignore the default)", parse=_rtol)
+    min_probes: int = option(10, "fewest Hutchinson probes before --rtol may stop it")
+    block_size: int | None = option(None, "probes per block of products [default: as many as fit 64 MiB, "
+                                          "at most 8]")
+    class_samples: int | None = option(
+        None, "exact GGN trace for many classes: sample K classes per sample, with replacement, "
+              "∝ |λ_c|·‖u_c‖² for the logit Hessian A = Σ_c λ_c u_c u_cᵀ (cross entropy: "
+              "p_c·‖e_c − p‖²); unbiased, with stderr")
     # per-layer and per-parameter parts of a Hutchinson/Hutch++ trace; without them the
     # autograd backend takes vᵀHv by forward tangents, up to twice as fast as an HVP
-    parts: bool = True
+    parts: bool = option(True, "per-layer parts; without them the Hessian trace takes a route up to "
+                               "twice as fast (autograd backend)", flags=("--layers/--no-layers",), layers=True)
 
     def __post_init__(self):
         if self.estimator == "exact" and self.matrix == "hessian":
@@ -38,6 +58,9 @@ class TraceOptions:
             raise ConfigError(f"--probes-max must be at least 6 for hutchpp, got {self.probes_max}")
         if self.rtol is not None and not self.rtol > 0:
             raise ConfigError(f"--rtol must be positive, got {self.rtol}")
+        if self.rtol == DEFAULT_RTOL and self.estimator != "hutchinson":
+            # the default stop belongs to Hutchinson; the others take their fixed count
+            object.__setattr__(self, "rtol", None)
         if self.rtol is not None and self.estimator != "hutchinson":
             # Hutch++ spends its matvecs in three fixed thirds and the exact trace has no error:
             # neither has a running standard error to stop on
@@ -69,6 +92,7 @@ class TraceProbe:
     Options: ClassVar[type] = TraceOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp, ExactGGN})
     effort_option: ClassVar[str] = "probes_max"
+    command_help: ClassVar[str] = "Tr(H) or Tr(G) of the loss over the sample set, per layer too."
 
     def requires_for(self, options: TraceOptions) -> frozenset[type]:
         """The exact estimator needs the GGN trace alone; Hutchinson and Hutch++ the products
@@ -84,10 +108,7 @@ class TraceProbe:
         label = "Tr(H)" if matrix == "hessian" else "Tr(G)"
         start = time.perf_counter()
 
-        def progress(done: int, total: int) -> None:
-            if ctx.progress is not None:
-                ctx.progress(f"trace ({options.estimator})", done, total)
-
+        progress = progress_reporter(ctx, f"trace ({options.estimator})")
         # module parts for the table, parameter parts for exact bookkeeping (e.g. invariance)
         split = LayoutParts(layout) if options.parts else None
 
@@ -111,7 +132,7 @@ class TraceProbe:
         else:
             est = hutchinson(op, generator=ctx.generator(), max_probes=options.probes_max, rtol=options.rtol,
                              min_probes=options.min_probes, block_size=options.block_size,
-                             split=split, progress=progress)
+                             split=split, progress=progress, should_stop=budget_stop(ctx))
             value, stderr, probes, stop, parts = est.value, est.stderr, est.probes, est.stop_reason, est.groups
 
         route = _route(op, options, ctx.backend)

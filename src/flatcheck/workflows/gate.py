@@ -165,8 +165,9 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
         opts = opts or {}
         if not isinstance(opts, Mapping):
             raise fail(f"probes.{name}", "must be a mapping of options")
+        opts = _fixed_count(str(name), dict(opts))
         try:
-            parsed = parse_options(str(name), dict(opts))  # fail now, not after loading the model
+            parsed = parse_options(str(name), opts)  # fail now, not after loading the model
         except ConfigError as exc:
             raise fail(f"probes.{name}", f"is invalid: {exc}") from None
         if getattr(parsed, "rtol", None) is not None:
@@ -174,7 +175,7 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
             # of a gate would not draw the same probes and could not be paired
             raise fail(f"probes.{name}.rtol", "is not allowed in a gate: gates take a fixed probe count "
                                               "(raise it, or let `inconclusive: rerun` double it)")
-        probes[str(name)] = dict(opts)
+        probes[str(name)] = opts
 
     rules = data.get("rules")
     if not isinstance(rules, list) or not rules:
@@ -195,7 +196,7 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
             get_probe_class(probe)
         except ConfigError as exc:
             raise fail(f"{at}.field", f"names no probe: {exc}") from None
-        probes.setdefault(probe, {})
+        probes.setdefault(probe, _fixed_count(probe, {}))
         pol = rule.get("inconclusive", policy)
         if pol not in POLICIES:
             raise fail(f"{at}.inconclusive", f"must be one of {', '.join(POLICIES)}, got {pol!r}")
@@ -665,6 +666,18 @@ def _other_probes(base: Mapping[str, Any], seed: Any, estimator: Any, matrix: An
 
 
 # ---------------------------------------------------------------- reruns
+
+
+def _fixed_count(probe: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """A gate's probe runs its fixed count, not the probe's default stop on its own running
+    error (trace's rtol): two runs are paired only if they draw the same probes."""
+    try:
+        has_rtol = any(f.name == "rtol" for f in dataclasses.fields(get_probe_class(probe).Options))
+    except ConfigError:
+        return opts  # an unknown probe: parse_options says so, with the names it knows
+    if has_rtol and opts.get("rtol") is None:
+        opts["rtol"] = None
+    return opts
 
 
 def effort_option(probe: str) -> str | None:

@@ -1,0 +1,114 @@
+"""What several probes share: option fields that carry their CLI flag and help, the progress
+reporter, the budget's stop test, and the exact mean of per-sample statistics over the sample set.
+
+An option's default, flag and help live once, in its probe's Options dataclass (`option(...)`);
+the CLI command of the probe is generated from those fields (flatcheck.commands.probes), and
+`-o PROBE.KEY=VALUE` reads the same fields (registry.parse_options).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..losses import per_sample_loss
+
+if TYPE_CHECKING:  # the registry imports nothing from here at run time either way
+    from .registry import ProbeContext
+
+# metadata keys of an option field
+HELP, FLAGS, PARSE, SHOW, COMMAND = "help", "flags", "parse", "show_default", "command_value"
+LAYERS = "layers"  # the field is the command's --layers/--no-layers switch (per-layer parts)
+
+
+def option(default: Any, help: str, *, flags: Sequence[str] = (), parse: Callable[[str], Any] | None = None,
+           show_default: str | None = None, command_value: Any = dataclasses.MISSING,
+           layers: bool = False) -> Any:
+    """A field of a probe's Options with what its CLI flag needs.
+
+    flags: the flag and its aliases as the user writes them (default: --NAME-WITH-DASHES);
+    parse: turns a string from the command line or from -o into the value (e.g. "auto" → None);
+    show_default: the default as --help shows it, when that is not the value itself;
+    command_value: the probe's own command fixes this value and has no flag for it (the
+      field stays an -o key of `probe`), for the rare option whose sensible value differs
+      between the single-probe command and a multi-probe run (gap's missing split);
+    layers: this boolean field is switched by --layers/--no-layers, which also shows the table.
+    """
+    meta: dict[str, Any] = {HELP: help, FLAGS: tuple(flags), LAYERS: layers}
+    if parse is not None:
+        meta[PARSE] = parse
+    if show_default is not None:
+        meta[SHOW] = show_default
+    if command_value is not dataclasses.MISSING:
+        meta[COMMAND] = command_value
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def flag_names(field: dataclasses.Field) -> tuple[str, ...]:
+    return field.metadata.get(FLAGS) or (f"--{field.name.replace('_', '-')}",)
+
+
+def layers_field(options_cls: type) -> str | None:
+    """The name of the Options field that --layers/--no-layers switches, if the probe has one."""
+    return next((f.name for f in dataclasses.fields(options_cls) if f.metadata.get(LAYERS)), None)
+
+
+Progress = Callable[..., None]  # (done, total, *, value=None, stderr=None)
+
+
+def progress_reporter(ctx: "ProbeContext", desc: str) -> Progress | None:
+    """The callback an estimator calls after each unit of work, forwarding to the context's
+    renderer under this description; None when nothing listens (the estimators skip it then).
+    value/stderr are the running estimate where the estimator has one."""
+    listener = ctx.progress
+    if listener is None:
+        return None
+
+    def report(done: int, total: int, *, value: float | None = None, stderr: float | None = None) -> None:
+        listener(desc, done, total, value=value, stderr=stderr)
+
+    return report
+
+
+def budget_stop(ctx: "ProbeContext") -> Callable[[], bool] | None:
+    """The estimators' `should_stop`: true once the probe's share of --budget is spent."""
+    deadline = ctx.deadline
+    if deadline is None:
+        return None
+    return lambda: time.monotonic() >= deadline
+
+
+Statistic = Callable[[Tensor, Tensor], Tensor]  # (logits, labels) → (B,) per-sample values
+
+
+def sample_means(backend: Any, *stats: Statistic) -> list[float]:
+    """The exact mean over the backend's sample set of each per-sample statistic, in float64
+    (each batch's mean weighted by the batch's share of the samples)."""
+    sums = torch.zeros(len(stats), dtype=torch.float64)
+    for logits, y, weight in backend.outputs():
+        per_sample = torch.stack([s(logits, y).to(torch.float64) for s in stats])
+        sums += per_sample.mean(1).cpu() * weight
+    return sums.tolist()
+
+
+def loss_statistic(backend: Any) -> Statistic:
+    loss = backend.problem.loss
+    return lambda logits, y: per_sample_loss(logits, y, loss)
+
+
+def accuracy(logits: Tensor, y: Tensor) -> Tensor:
+    return logits.argmax(-1) == y
+
+
+def mean_loss(backend: Any) -> float:
+    """L(θ) over the whole sample set."""
+    return sample_means(backend, loss_statistic(backend))[0]
+
+
+def loss_and_accuracy(backend: Any) -> tuple[float, float]:
+    loss, acc = sample_means(backend, loss_statistic(backend), accuracy)
+    return loss, acc
