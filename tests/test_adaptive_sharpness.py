@@ -178,3 +178,29 @@ def test_result_carries_the_degrees_of_freedom_of_its_stderr():
     second = probe.run(ProbeContext(backend=backend, seed=0),
                        AdaptiveSharpnessOptions(method="second-order", probes_max=7))
     assert second.dof == 6 and second.details["second_order"]["probes"] == 7
+
+
+def test_headline_route_is_the_monte_carlo_where_it_resolves_the_value():
+    case = make_case("mlp")
+    r = run(case, rho=1e-5, noise_draws=16, probes_max=50)
+    d = r.details
+    assert d["route"] == "monte-carlo" and "resolved" in d["route_reason"]
+    assert (r.value, r.stderr, r.dof) == (d["mc"]["value"], d["mc"]["stderr"], d["mc"]["draws"] - 1)
+    assert abs(r.value - dense_second_order(case, 1e-5)) <= Z * r.stderr
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_headline_falls_back_to_the_second_order_form_below_the_rounding_floor(kind):
+    """At ρ = 1e-8 S_ρ (~3e-18) is far below one rounding of L (~3e-16 in float64): the ± pairs
+    share L(w)'s rounding, and on the CNN their mean, 1.2e-16 ± 4e-17, looks 'significant'
+    by its standard error alone while being 50× the truth. The headline must not be it."""
+    case = make_case(kind)
+    r = run(case, rho=1e-8, noise_draws=16, probes_max=50)
+    d = r.details
+    truth = dense_second_order(case, 1e-8)
+    assert d["route"] == "second-order" and "0 within noise" in d["route_reason"]
+    assert d["mc"]["rounding_floor"] == pytest.approx(torch.finfo(torch.float64).eps * d["mc"]["base_loss"])
+    assert (r.value, r.stderr, r.dof) == (d["second_order"]["value"], d["second_order"]["stderr"],
+                                          d["second_order"]["probes"] - 1)
+    assert abs(r.value - truth) <= Z * r.stderr
+    assert "headline: second-order" in r.notes
