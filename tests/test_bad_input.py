@@ -1223,8 +1223,9 @@ def test_a_run_without_q_writes_only_progress_lines_to_stderr_when_not_a_termina
 @pytest.mark.parametrize("args, names", [
     (["trace", CKPT, "--spec", SPEC, "--samples", "x"], ["--samples", "integer", "trace --help"]),
     (["gate", CKPT, "--spec", SPEC, "--config", SPEC, "--confidence", "high"], ["--confidence", "number"]),
-    (["trace", CKPT], ["--spec", "missing"]),
-    (["trace"], ["checkpoint", "missing"]),
+    # the checkpoint alone may say what it is (issue 16 §1): when it does not, the ways are listed
+    (["trace", CKPT], ["--spec", "--model", "does not say which model"]),
+    (["trace"], ["CHECKPOINT", "--spec", "--model"]),
     (["nosuch", CKPT], ["nosuch", "command", "flatcheck --help"]),
     (["trace", CKPT, "--spec", SPEC, "--bogus"], ["--bogus", "no such option"]),
 ], ids=["samples-x", "confidence-high", "no-spec", "no-checkpoint", "unknown-command", "unknown-flag"])

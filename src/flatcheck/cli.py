@@ -44,7 +44,24 @@ app = typer.Typer(
 
 # -- options every probe command shares ---------------------------------------------------
 _COMMON: list[tuple[str, Any, Any]] = [
-    ("spec", Annotated[Path, typer.Option("--spec", help="model spec YAML (see model_specs/)"), READS], ...),
+    # the model: --spec, --model, or what the checkpoint says (flatcheck.models.resolve)
+    ("spec", Annotated[Optional[Path], typer.Option("--spec", help="model spec YAML (see model_specs/) [default: "
+                       "the checkpoint's embedded spec, STEM.yaml, spec.yaml or config.json beside it]"), READS],
+     None),
+    ("model", Annotated[Optional[str], typer.Option("--model", help="the model by name instead of --spec: "
+                        "timm:NAME (hf-hub:timm/... too), torchvision:NAME or python:MODULE:FUNCTION")], None),
+    ("pretrained", Annotated[bool, typer.Option("--pretrained", help="no CHECKPOINT: the library's own weights, "
+                             "from the local cache only (never downloaded)")], False),
+    ("random_init", Annotated[bool, typer.Option("--random-init", help="no CHECKPOINT: measure the model as "
+                              "built, with random weights")], False),
+    ("num_classes", Annotated[Optional[int], typer.Option("--num-classes", help="spec field num_classes")], None),
+    ("input_size", Annotated[Optional[str], typer.Option("--input-size", help="spec field input_size: S or C,H,W")],
+     None),
+    ("mean", Annotated[Optional[str], typer.Option("--mean", help="spec field mean, per channel: 0.5,0.5,0.5")],
+     None),
+    ("std", Annotated[Optional[str], typer.Option("--std", help="spec field std, per channel: 0.5,0.5,0.5")], None),
+    ("spec_set", Annotated[Optional[list[str]], typer.Option("--set", help="any other spec field, FIELD=VALUE "
+                           "(repeatable), e.g. --set loss=mse, --set kwargs.img_size=64")], None),
     ("data", Annotated[str, typer.Option("--data", help="data set: digits, synthetic, cifar10, cifar100, mnist, "
                                          "fashion-mnist, svhn, npz:PATH, imagefolder:PATH")], "digits"),
     ("data_root", Annotated[Optional[Path], typer.Option("--data-root", help="folder holding torchvision data sets "
@@ -85,7 +102,7 @@ def probe_command(name: str, help: str) -> Callable:
         # eval_str: this module uses `from __future__ import annotations`, and Typer does not
         # evaluate the string annotations of an explicit __signature__ (the Option names and
         # help inside Annotated[...] would be lost, e.g. `-o` and `--max-probes`).
-        own = list(inspect.signature(fn, eval_str=True).parameters.values())
+        own = [_optional_checkpoint(p) for p in inspect.signature(fn, eval_str=True).parameters.values()]
         shared = [
             inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in _COMMON
         ]
@@ -109,6 +126,15 @@ def probe_command(name: str, help: str) -> Callable:
     return deco
 
 
+def _optional_checkpoint(param: inspect.Parameter) -> inspect.Parameter:
+    # CHECKPOINT may be left out (--model with --pretrained/--random-init): resolve() says
+    # what is missing in one line, where click would only say "missing argument". Keyword-only,
+    # as typer passes them all, so that a required option may follow the defaulted argument.
+    if param.name == "checkpoint" and param.default is inspect.Parameter.empty:
+        param = param.replace(default=None)
+    return param.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+
+
 def _flag(param: Any) -> str:
     """A click parameter as the user writes it: its first option name, or an argument's NAME."""
     return param.opts[0] if param.param_type_name == "option" else param.name.upper()
@@ -129,8 +155,9 @@ def _named_files(roles: dict[str, FileRole], values: dict[str, Any], ctx: typer.
             if values.get(name) is not None and str(values[name]) != "-"]
 
 
-Checkpoint = Annotated[Path, typer.Argument(help="checkpoint: .safetensors, or .pt/.pth/.bin (read with weights_only)",
-                                            show_default=False), READS]
+Checkpoint = Annotated[Optional[Path], typer.Argument(
+    help="checkpoint: .safetensors, or .pt/.pth/.bin (read with weights_only); optional with --model or --spec "
+         "and --pretrained or --random-init", show_default=False), READS]
 
 
 @probe_command("probe", help="Run several probes in one pass, e.g. --probes trace,gini.")
@@ -220,12 +247,15 @@ def _data_file(uri: str) -> list[tuple[str, str, bool]]:
 def _run(checkpoint, common, names, options, quiet, err, execute=None):
     from . import api
     from .config import RunConfig, probe_requests
+    from .models.resolve import resolve
 
     from .backends._dist import is_main_process
 
     execute = execute or api.run
     params = tuple(p.strip() for p in (common.pop("params") or "").split(",") if p.strip())
-    config = RunConfig(checkpoint=checkpoint, probes=probe_requests(names, options), params=params, **common)
+    model = resolve(model_request(checkpoint, common))
+    config = RunConfig(checkpoint=model.checkpoint, spec=model.spec, probes=probe_requests(names, options),
+                       params=params, extra_meta={"weights": model.weights}, **common)
     if quiet or not is_main_process():
         return execute(config, None)
     from .report.progress import ProgressRenderer, period_from_env
@@ -233,6 +263,18 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None):
     # a rich bar per probe at a terminal, plain lines anywhere else (report/progress.py)
     with ProgressRenderer(err.file, interactive=err.is_interactive, period=period_from_env()) as progress:
         return execute(config, progress)
+
+
+def model_request(checkpoint: Path | None, common: dict[str, Any]):
+    """The model flags of _COMMON, taken out of `common`, as a models.resolve.ModelRequest."""
+    from .models.resolve import ModelRequest
+
+    return ModelRequest(
+        checkpoint=checkpoint, spec=common.pop("spec"), model=common.pop("model"),
+        pretrained=common.pop("pretrained"), random_init=common.pop("random_init"),
+        num_classes=common.pop("num_classes"), input_size=common.pop("input_size"), mean=common.pop("mean"),
+        std=common.pop("std"), sets=tuple(common.pop("spec_set") or ()),
+    )
 
 
 def _check_json_target(json_out: str | None) -> None:

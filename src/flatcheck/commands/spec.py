@@ -1,0 +1,78 @@
+"""`flatcheck spec`: the fully resolved spec of a model, with where each field came from;
+`flatcheck embed-spec`: a spec written into a safetensors checkpoint, so it says what it is."""
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..cli import _COMMON, READS, WRITES, Checkpoint, app, guarded
+
+# the model flags every probe command has, with the same names, help and defaults
+_FLAG = {name: annotation for name, annotation, _ in _COMMON}
+
+
+@app.command("spec", help="Write the fully resolved model spec (library metadata filled in, each field's origin "
+                          "as a comment) for --model, --spec or a checkpoint that says what it is.")
+def spec_cmd(
+    checkpoint: Checkpoint = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the YAML here [default: stdout]"),
+                   WRITES] = None,
+    spec: _FLAG["spec"] = None,
+    model: _FLAG["model"] = None,
+    num_classes: _FLAG["num_classes"] = None,
+    input_size: _FLAG["input_size"] = None,
+    mean: _FLAG["mean"] = None,
+    std: _FLAG["std"] = None,
+    spec_set: _FLAG["spec_set"] = None,
+    trust_packages: _FLAG["trust_packages"] = None,
+    debug: _FLAG["debug"] = False,
+):
+    def body() -> int:
+        from ..cli import model_request
+        from ..models.load import build_with_weights
+        from ..models.resolve import describe
+        from ..models.yamlfile import spec_yaml
+        from ..report.io import check_distinct_files, check_writable, write_text_atomic
+
+        check_distinct_files([(f, str(p), w) for f, p, w in (("CHECKPOINT", checkpoint, False),
+                              ("--spec", spec, False), ("--out", out, True)) if p is not None])
+        if out is not None:
+            check_writable(out, "--out")
+        request = model_request(checkpoint, {
+            "spec": spec, "model": model, "pretrained": False, "random_init": True, "num_classes": num_classes,
+            "input_size": input_size, "mean": mean, "std": std, "spec_set": spec_set})
+        # built at random init, never with weights: the library's metadata needs the model only
+        _, full, _ = build_with_weights(describe(request), None, tuple(trust_packages or ()))
+        text = spec_yaml(full)
+        if out is None:
+            typer.echo(text, nl=False)
+        else:
+            write_text_atomic(out, text)
+        return 0
+
+    guarded(debug, body)
+
+
+@app.command("embed-spec", help="Write a model spec into a .safetensors checkpoint's metadata (atomically; the "
+                                "tensors' bytes are untouched), so that the checkpoint alone says what it is.")
+def embed_spec_cmd(
+    checkpoint: Annotated[Path, typer.Argument(help="the .safetensors checkpoint", show_default=False), READS],
+    spec: Annotated[Path, typer.Option("--spec", help="model spec YAML to embed"), READS],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the result here [default: in "
+                                                                    "place]"), WRITES] = None,
+    debug: _FLAG["debug"] = False,
+):
+    def body() -> int:
+        from ..models.embed import embed_spec
+        from ..models.spec import load_spec, spec_to_dict
+        from ..report.io import check_distinct_files, check_writable
+
+        check_distinct_files([("--spec", str(spec), False), *([("--out", str(out), True)] if out else [])])
+        if out is not None:
+            check_writable(out, "--out")
+        target = embed_spec(checkpoint, spec_to_dict(load_spec(spec)), out)
+        typer.echo(f"embedded {spec} in {target}", err=True)
+        return 0
+
+    guarded(debug, body)
