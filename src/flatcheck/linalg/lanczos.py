@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.linalg import eigh_tridiagonal
 from torch import Tensor
 
 from ..errors import InputError
@@ -124,6 +123,9 @@ def tridiagonal_eigh(alpha, beta) -> tuple[np.ndarray, np.ndarray]:
     e = np.asarray(beta, dtype=np.float64)
     if d.size == 1:
         return d.copy(), np.ones((1, 1))
+    # scipy.linalg costs ~0.15 s to import: only the probes that run Lanczos pay it
+    from scipy.linalg import eigh_tridiagonal
+
     return eigh_tridiagonal(d, e)
 
 

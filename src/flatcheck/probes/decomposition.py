@@ -78,7 +78,7 @@ class DecompositionProbe:
     """
 
     name: ClassVar[str] = "decomposition"
-    summary: ClassVar[str] = "seed-000 centered GGN decomposition per layer, scale-aware bound, vs exact Tr(G)"
+    summary: ClassVar[str] = "centered GGN decomposition per layer (Anonymous 2025), scale-aware bound, vs exact Tr(G)"
     Options: ClassVar[type] = DecompositionOptions
     requires: ClassVar[frozenset[type]] = frozenset({ExactGGN})
     command_help: ClassVar[str] = ("Centered decomposition of Tr(G) per layer (Anonymous 2025), its bound, "
