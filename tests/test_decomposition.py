@@ -59,3 +59,27 @@ def test_conv_layers_are_flagged_approximate():
     assert not d["exact"]
     assert [v["exact"] for v in d["per_layer"].values()] == [False, False, True]
     assert d["dense_total"] == pytest.approx(d["dense_ggn_trace"], rel=EXACT)
+
+
+# -- the matrix-free route (issue 19 §1) against the exact one ------------------------------
+
+@pytest.mark.parametrize("kind,loss", [("mlp", "cross_entropy"), ("cnn", "cross_entropy"), ("mlp", "sigmoid_mse")])
+def test_estimate_route_within_its_reported_error(kind, loss):
+    z = 4.0
+    case = make_case(kind, loss=loss)
+
+    def run(**opts):
+        return create_probe("decomposition").run(ProbeContext(case.backend(), seed=0),
+                                                 parse_options("decomposition", opts))
+
+    exact, est = run(method="exact"), run(method="estimate", lanczos_iters=3)
+    assert exact.details["route"] == "exact" and est.details["route"] == "estimate"
+    assert abs(est.value - exact.value) <= z * est.stderr
+    for name, layer in exact.details["per_layer"].items():
+        e = est.details["per_layer"][name]
+        assert abs(e["centered"] - layer["centered"]) <= z * e["centered_stderr"] + 1e-12, name
+        assert abs(e["term"] - layer["term"]) <= z * e["term_stderr"] + 1e-12, name
+        assert abs(e["lambda_max"] - layer["lambda_max"]) <= e["lambda_max_error_bound"] + 1e-12, name
+        assert abs(e["bound"] - layer["bound"]) <= e["bound_error_bound"] + 1e-12, name
+    # the Tr(G) it is compared with is class-sampled on this route, exact on the other
+    assert est.details["ggn_class_samples"] == 8 and est.seed == 0 and exact.stderr is None

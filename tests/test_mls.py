@@ -100,3 +100,57 @@ def test_bounds_hold_on_trained_mlp():
         assert d_["nmls"] <= d_["nmls_bound"]
         for layer in d_["per_layer"].values():
             assert layer["dense"] and layer["sensitivity"] <= layer["bound"]
+
+
+# -- the matrix-free route (issue 19 §1) against the exact one ------------------------------
+
+Z = 4.0  # Hutchinson estimates: within 4 reported standard errors (a 6e-5 two-sided miss rate)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_estimate_route_within_its_reported_error(kind):
+    case = make_case(kind)
+    exact = run(case.backend(), method="exact").details
+    # 3 Lanczos steps on C = 4 classes: not converged, so the error bounds are not zero
+    est = run(case.backend(), method="estimate", lanczos_iters=3).details
+    assert exact["route"] == "exact" and est["route"] == "estimate"
+    assert est["lanczos"]["unconverged"] > 0
+    for key in ("mls", "normalized_mls", "nmls"):
+        err = est[f"{key}_error_bound"]
+        assert err > 0 and abs(est[key] - exact[key]) <= err, key
+        assert est[key] <= exact[key] * (1 + 1e-12), key  # Ritz values approach σ² from below
+    for name, layer in exact["per_layer"].items():
+        e = est["per_layer"][name]
+        assert abs(e["sensitivity"] - layer["sensitivity"]) <= e["sensitivity_error_bound"], name
+        if layer["bound"] is not None:
+            assert abs(e["bound"] - layer["bound"]) <= Z * e["bound_stderr"] + 1e-12 * layer["bound"], name
+        else:
+            assert e["bound"] is None
+    assert abs(est["local_dimensionality"] - exact["local_dimensionality"]) <= Z * est["local_dimensionality_stderr"]
+    J = tail_jacobians(case.model, case.X, 0)
+    fro = J.pow(2).sum((1, 2)).mean().item()
+    assert abs(est["frobenius_sq_mean"] - fro) <= Z * est["frobenius_sq_mean_stderr"]
+    # what needs every singular value is null, with the reason
+    assert est["log_volume"] is None and est["mean_rank"] is None and "singular value" in est["null_reason"]
+
+
+def test_estimate_route_converged_to_tolerance():
+    case = make_case("mlp")
+    exact = run(case.backend(), method="exact").details
+    est = run(case.backend(), method="estimate", lanczos_tol=1e-8).details
+    assert est["lanczos"]["unconverged"] == 0 and est["lanczos"]["max_relative_residual"] <= 1e-8
+    assert est["mls"] == pytest.approx(exact["mls"], rel=1e-7)
+    assert est["mls_error_bound"] <= 1e-8 * est["mls"]
+
+
+def test_auto_route_by_size():
+    case = make_case("mlp")
+    assert run(case.backend()).details["route"] == "exact"  # 4 classes
+    wide = nn.Sequential(nn.Flatten(), nn.Linear(12, 200)).double()
+    problem = Problem(wide, LossSpec(), case.problem.samples, ParamLayout.from_model(wide))
+    d_ = run(create_backend("autograd", problem), lanczos_tol=1e-10).details
+    assert d_["route"] == "estimate"  # 200 classes > 128
+    # one linear layer: J = W for every sample, so σ_max(W) and ‖W‖²_F are the truth
+    W = wide[1].weight.detach()
+    assert d_["mls"] == pytest.approx(torch.linalg.matrix_norm(W, ord=2).item(), rel=1e-8)
+    assert abs(d_["frobenius_sq_mean"] - W.pow(2).sum().item()) <= Z * d_["frobenius_sq_mean_stderr"]

@@ -75,6 +75,10 @@ _COMMON: list[tuple[str, Any, Any]] = [
     ("bn_mode", Annotated[str, typer.Option("--bn-mode", help="BatchNorm statistics: eval (running) or train "
                                             "(batch; running stats left untouched)")], "eval"),
     ("seed", Annotated[int, typer.Option("--seed", help="seed of every random draw")], 0),
+    ("max_memory", Annotated[Optional[str], typer.Option("--max-memory", help="memory the probes' working sets "
+                             "may take, e.g. 8G or 512M: samples, classes and vectors are chunked to fit, and a "
+                             "probe that cannot fit exits 2 [default: half the free RAM, or free VRAM on CUDA]")],
+     None),
     ("params", Annotated[Optional[str], typer.Option("--params", help="comma-separated globs of parameter names "
                                                      "to probe, e.g. 'head.*' [default: all trainable]")], None),
     ("backend", Annotated[str, typer.Option("--backend", help="product backend")], "autograd"),

@@ -12,6 +12,7 @@ import torch
 
 from .backends.base import BN_MODES
 from .errors import ConfigError
+from .linalg.memory import parse_bytes
 from .models.spec import ModelSpec
 from .probes.registry import list_probes, parse_options
 
@@ -49,6 +50,9 @@ class RunConfig:
     # seconds for all the probes of the run (--budget); each probe gets an equal share of what is
     # left when it starts, and iterative ones stop there (details.stop_reason "budget")
     budget: float | None = None
+    # bytes the probes' working sets may take (--max-memory: 8G, 512M, or bytes); None: half of
+    # the free memory when each probe runs
+    max_memory: int | str | None = None
     # packages a `source: python` spec may import beyond flatcheck.zoo, timm, torchvision
     trust_packages: tuple[str, ...] = ()
     extra_meta: dict[str, Any] = field(default_factory=dict)
@@ -70,6 +74,8 @@ class RunConfig:
             raise ConfigError(f"--seed must be an integer from 0 to {MAX_SEED} (2**63 - 1), got {self.seed}")
         if self.budget is not None and not (math.isfinite(self.budget) and self.budget > 0):
             raise ConfigError(f"--budget must be a positive number of seconds, got {self.budget}")
+        if self.max_memory is not None:
+            object.__setattr__(self, "max_memory", parse_bytes(self.max_memory))
         if not self.probes:
             raise ConfigError("no probes requested; see `flatcheck list-probes`")
         object.__setattr__(self, "trust_packages", _package_names(self.trust_packages))

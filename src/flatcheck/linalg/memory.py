@@ -29,3 +29,52 @@ def available_bytes(device: torch.device) -> int | None:
 
 def gib(n: int | float) -> str:
     return f"{n / 2**30:.3g} GiB"
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+def parse_bytes(text: "str | int | float", flag: str = "--max-memory") -> int:
+    """"8G", "512MiB", "1.5GB", "4096" (bytes) → bytes. K/M/G/T alone are binary (GiB), as in
+    `free -g`; KB/MB/GB decimal. Anything else is one error line naming the flag."""
+    from ..errors import ConfigError
+
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        import re
+
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ConfigError(f"{flag} expects a size such as 8G, 512M or 1.5GiB (bytes without a unit), got {text!r}")
+        value, unit = float(match.group(1)), match.group(2).lower()
+    size = int(value * _UNITS[unit])
+    if size < 1:
+        raise ConfigError(f"{flag} must be a positive size, got {text!r}")
+    return size
+
+
+def memory_limit(device: torch.device, requested: int | None) -> int | None:
+    """The bytes a probe's working set may take: --max-memory when given, else half of what is
+    free now (MemAvailable, or CUDA's free VRAM) — the other half is left to the model's own
+    forward/backward buffers, the allocator's slack and other processes. None: unknown."""
+    if requested is not None:
+        return requested
+    have = available_bytes(device)
+    return None if have is None else have // 2
+
+
+def chunk_size(per_item: int, limit: int | None, what: str, total: int | None = None) -> int:
+    """How many items of `per_item` bytes fit in `limit`; refuses (ConfigError, exit 2) up front
+    when even one does not, with the size it would need."""
+    from ..errors import ConfigError
+
+    if limit is None:
+        return total or 1 << 30
+    if per_item > limit:
+        raise ConfigError(f"{what} needs about {gib(per_item)} even one at a time, more than the "
+                          f"{gib(limit)} allowed (--max-memory, default half the free memory); "
+                          f"raise --max-memory or free memory")
+    n = max(1, limit // max(1, per_item))
+    return n if total is None else min(n, total)

@@ -6,6 +6,7 @@ double-blind review."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -18,16 +19,25 @@ from ._hooks import is_linear_like, named_matching
 from ._inputjac import iter_rows, require_independent
 from ..losses import output_hessian_factors
 from ..report.result import ProbeResult
-from ._kit import progress_reporter
-from ..backends.base import ExactGGN
+from ..errors import ConfigError
+from ._jacfree import LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks, \
+    lanczos_sigma, plan, rademacher
+from ._kit import budget_stop, option, progress_reporter
+from ..backends.base import ExactGGN, model_mode
 from .registry import ProbeContext, register_probe
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
 @dataclass(frozen=True)
-class DecompositionOptions:
-    pass
+class DecompositionOptions(MatrixFreeOptions):
+    class_samples: int = option(8, "sampled classes per sample of the Tr(G) it is compared with (estimate route; "
+                                   "the exact route uses every class)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.class_samples < 1:
+            raise ConfigError(f"decomposition.class_samples must be ≥ 1, got {self.class_samples}")
 
 
 def patch_sqnorm(module: nn.Module, h: Tensor) -> Tensor:
@@ -50,10 +60,28 @@ class _Layer:
     def __init__(self, module: nn.Module, exact: bool):
         self.module, self.exact = module, exact
         self.sums = torch.zeros(5, dtype=torch.float64)  # s, λmax, centered, s·centered, bound
+        self.errors: Tensor | None = None  # estimate route: see add_errors
 
     def add(self, s: Tensor, lam: Tensor, centered: Tensor, bound_factor: Tensor) -> None:
         self.sums += torch.stack([s.sum(), lam.sum(), centered.sum(), (s * centered).sum(),
                                   (s * lam * bound_factor).sum()]).cpu()
+
+    def add_errors(self, s: Tensor, draws: Tensor, norms, bound_factor: Tensor) -> None:
+        """The estimate route's uncertainty: Σ_n of the Hutchinson variances of centered and
+        s·centered (draws (B, K)), and Σ_n of the Lanczos error bounds on λmax and the bound
+        (λ = σ² within (σ + e)² − σ²)."""
+        k = draws.shape[1]
+        var = draws.var(1, unbiased=True) / k
+        lam_err = (norms.sigma + norms.error).pow(2) - norms.sigma.pow(2)
+        add = torch.stack([var.sum(), (s.pow(2) * var).sum(), lam_err.sum(), (s * lam_err * bound_factor).sum()])
+        self.errors = add if self.errors is None else self.errors + add
+
+    def error_details(self, n: int) -> dict:
+        if self.errors is None:
+            return {}
+        var_c, var_t, lam_err, bound_err = self.errors.tolist()
+        return {"centered_stderr": math.sqrt(var_c) / n, "term_stderr": math.sqrt(var_t) / n,
+                "lambda_max_error_bound": lam_err / n, "bound_error_bound": bound_err / n}
 
 
 @register_probe
@@ -92,10 +120,65 @@ class DecompositionProbe:
         probed = set(layout.names)
         taps = [(n, m) for n, m in named_matching(problem.model, is_linear_like)
                 if _weight_name(n) in probed]
+        x1 = next(iter(problem.samples)).x[:1]
+        with model_mode(problem.model, problem.bn_mode):
+            route = plan(problem.model, x1, "logits", taps, options.method, ctx.max_memory, self.name,
+                         tap_outputs=True)
+        if route.route == "estimate":
+            layers, n_total, passes, extra = self._estimate(ctx, options, taps, route)
+            ggn_result = ctx.backend.ggn_trace(options.class_samples, ctx.generator())
+        else:
+            layers, n_total, passes = self._exact(ctx, taps, route)
+            extra = {}
+            ggn_result = ctx.backend.ggn_trace()
+        ggn = ggn_result.per_param.cpu()
+        ggn_by_name = dict(zip(layout.names, ggn.tolist()))
+        per_layer = {}
+        for key, layer in layers.items():
+            s, lam_max, centered, term, bound = (layer.sums / n_total).tolist()
+            name = _weight_name(key.split("#")[0])
+            per_layer[key] = {"type": type(layer.module).__name__, "exact": layer.exact, "s": s,
+                              "lambda_max": lam_max, "centered": centered, "term": term, "bound": bound,
+                              "ggn_weight": ggn_by_name[name],
+                              # the s that would make s·centered exact: how far a conv layer is from dense
+                              "s_effective": ggn_by_name[name] / centered if centered else None,
+                              **layer.error_details(n_total)}
+        # a layer called twice has one weight: its exact GGN counts once in the comparison
+        weights = {_weight_name(k.split("#")[0]) for k in per_layer}
+        total = sum(v["term"] for v in per_layer.values())
+        ggn_total = sum(ggn_by_name[w] for w in weights)
+        bound = sum(v["bound"] for v in per_layer.values())
+        exact = bool(per_layer) and all(v["exact"] for v in per_layer.values()) and len(weights) == len(per_layer)
+        rel = abs(total - ggn_total) / abs(ggn_total) if ggn_total else None
+        dense_terms = sum(v["term"] for v in per_layer.values() if v["exact"])
+        dense_ggn = sum(v["ggn_weight"] for v in per_layer.values() if v["exact"])
+        rel_text = "n/a" if rel is None else f"{rel:.3g}"
+        estimate = route.route == "estimate"
+        ggn_name = f"Tr(G) ({options.class_samples} sampled classes)" if estimate else "exact Tr(G)"
+        notes = (f"{route.route}: Σ terms {total:.4g}{_pm(extra.get('total_stderr'))} vs {ggn_name} of the same "
+                 f"weights {ggn_total:.4g} (rel. diff {rel_text}, "
+                 f"{'exact' if exact else 'approximate: conv/shared layers'}); bound {bound:.4g}")
+        details = {"total": total, "ggn_trace": ggn_total, "relative_difference": rel, "exact": exact,
+                   "bound": bound, "dense_total": dense_terms, "dense_ggn_trace": dense_ggn,
+                   "loss": problem.loss.name, "per_layer": per_layer,
+                   # the Jacobian products' batched passes (C per batch on the exact route), not Tr(G)'s
+                   "backward_passes": passes, **extra, **route.details()}
+        if estimate:
+            # the comparison's Tr(G) is class-sampled; its stderr covers every probed parameter
+            details["ggn_class_samples"] = options.class_samples
+            details["ggn_trace_stderr_all_parameters"] = ggn_result.stderr
+        return ProbeResult(
+            probe=self.name, value=total, stderr=extra.get("total_stderr"), matvecs=0,
+            seconds=time.perf_counter() - start, seed=ctx.seed if estimate else None,
+            label="Σ_l s·centered", notes=notes, details=details,
+        )
+
+    def _exact(self, ctx: ProbeContext, taps, route) -> tuple[dict, int, int]:
+        problem = ctx.backend.problem
         layers: dict[str, _Layer] = {}
         n_total, passes = 0, 0
         progress = progress_reporter(ctx, "decomposition")
-        for _, y, rows in iter_rows(problem, "logits", taps, tap_outputs=True, progress=progress):
+        for _, y, rows in iter_rows(problem, "logits", taps, tap_outputs=True, progress=progress, chunk=route.chunk):
             U, lam = output_hessian_factors(rows.logits, y, problem.loss)
             U, lam = U.to(torch.float64), lam.to(torch.float64)
             A = torch.einsum("bck,bk,bdk->bcd", U, lam, U)
@@ -113,39 +196,67 @@ class DecompositionProbe:
                 layers.setdefault(tap.call.key, _Layer(tap.call.module, exact)).add(s, lam_max, centered, factor)
             n_total += y.shape[0]
             passes += rows.out.shape[1]
+        return layers, n_total, passes
 
-        ggn = ctx.backend.ggn_trace().per_param.cpu()
-        ggn_by_name = dict(zip(layout.names, ggn.tolist()))
-        per_layer = {}
-        for key, layer in layers.items():
-            s, lam_max, centered, term, bound = (layer.sums / n_total).tolist()
-            name = _weight_name(key.split("#")[0])
-            per_layer[key] = {"type": type(layer.module).__name__, "exact": layer.exact, "s": s,
-                              "lambda_max": lam_max, "centered": centered, "term": term, "bound": bound,
-                              "ggn_weight": ggn_by_name[name],
-                              # the s that would make s·centered exact: how far a conv layer is from dense
-                              "s_effective": ggn_by_name[name] / centered if centered else None}
-        # a layer called twice has one weight: its exact GGN counts once in the comparison
-        weights = {_weight_name(k.split("#")[0]) for k in per_layer}
-        total = sum(v["term"] for v in per_layer.values())
-        ggn_total = sum(ggn_by_name[w] for w in weights)
-        bound = sum(v["bound"] for v in per_layer.values())
-        exact = bool(per_layer) and all(v["exact"] for v in per_layer.values()) and len(weights) == len(per_layer)
-        rel = abs(total - ggn_total) / abs(ggn_total) if ggn_total else None
-        dense_terms = sum(v["term"] for v in per_layer.values() if v["exact"])
-        dense_ggn = sum(v["ggn_weight"] for v in per_layer.values() if v["exact"])
-        rel_text = "n/a" if rel is None else f"{rel:.3g}"
-        notes = (f"Σ terms {total:.4g} vs exact Tr(G) of the same weights {ggn_total:.4g} (rel. diff {rel_text}, "
-                 f"{'exact' if exact else 'approximate: conv/shared layers'}); bound {bound:.4g}")
-        return ProbeResult(
-            probe=self.name, value=total, stderr=None, matvecs=0, seconds=time.perf_counter() - start,
-            label="Σ_l s·centered", notes=notes,
-            details={"total": total, "ggn_trace": ggn_total, "relative_difference": rel, "exact": exact,
-                     "bound": bound, "dense_total": dense_terms, "dense_ggn_trace": dense_ggn,
-                     "loss": problem.loss.name, "per_layer": per_layer,
-                     # the Jacobian rows' batched passes (C per batch), not the exact Tr(G)'s per-sample ones
-                     "backward_passes": passes},
-        )
+    def _estimate(self, ctx: ProbeContext, options: DecompositionOptions, taps, route) -> tuple[dict, int, int, dict]:
+        """Matrix-free: λmax(M_l) = σ_max(∂f/∂z_l)² by Lanczos on M_l; centered = Tr(A M_l) =
+        E[⟨∂f/∂z_lᵀ w', ∂f/∂z_lᵀ w⟩] with w = Σ_k √|λ_k| ξ_k U_k, w' the same with sign(λ_k),
+        ξ Rademacher over the loss's output-Hessian factors A = Σ_k λ_k U_k U_kᵀ."""
+        problem = ctx.backend.problem
+        model, k = problem.model, options.projections
+        should_stop = budget_stop(ctx)
+        progress = progress_reporter(ctx, "decomposition (estimate)")
+        layers: dict[str, _Layer] = {}
+        n_total, passes, unconverged, worst, total_var = 0, 0, 0, 0.0, 0.0
+        for index, x, y, batch_no in iter_chunks(problem, route.chunk):
+            with model_mode(model, problem.bn_mode):
+                jp = JacobianProducts(model, x, "logits", taps, tap_outputs=True)
+            b = x.shape[0]
+            U, lam = output_hessian_factors(jp.logits.detach(), y, problem.loss)
+            U, lam = U.to(torch.float64).cpu(), lam.to(torch.float64).cpu()
+            signed = bool((lam < 0).any())
+            xi = rademacher(ctx.seed, index, b, lam.shape[1], PROBE_STREAM, draws=k)
+            outs = [jp.output_index(i) for i in range(len(jp.calls))]
+            draws = torch.zeros(len(outs), b, k, dtype=torch.float64)
+            for j in range(k):
+                w = torch.einsum("bck,bk->bc", U, lam.abs().sqrt() * xi[j])
+                g = jp.vjp(w, outs)
+                g2 = jp.vjp(torch.einsum("bck,bk->bc", U, lam.sign() * lam.abs().sqrt() * xi[j]), outs) if signed else g
+                for li, (a, a2) in enumerate(zip(g, g2)):
+                    draws[li, :, j] = (a.flatten(1).to(torch.float64) * a2.flatten(1).to(torch.float64)).sum(1).cpu()
+            if problem.loss.name in ("cross_entropy", "label_smoothing"):
+                factor = torch.full((b,), 2.0, dtype=torch.float64)
+            else:
+                factor = (lam * U.pow(2).sum(1)).sum(1)  # Tr(A)
+            total_draws = torch.zeros(b, k, dtype=torch.float64)
+            for li, call in enumerate(jp.calls):
+                start = gaussian(ctx.seed, index, b, jp.num_classes, (LANCZOS_STREAM, outs[li]))
+                norms = lanczos_sigma(jp.gram(outs[li]), start, options.lanczos_iters, options.lanczos_tol, should_stop)
+                unconverged += int((~norms.converged).sum())
+                worst = max(worst, norms.residual.max().item())
+                s_ = patch_sqnorm(call.module, call.input.detach()).cpu()
+                exact = isinstance(call.module, nn.Linear) and call.input.ndim == 2
+                layer = layers.setdefault(call.key, _Layer(call.module, exact))
+                centered = draws[li].mean(1)
+                layer.add(s_, norms.sigma.pow(2), centered, factor)
+                layer.add_errors(s_, draws[li], norms, factor)
+                total_draws += s_.unsqueeze(1) * draws[li]
+            total_var += (total_draws.var(1, unbiased=True) / k).sum().item()
+            n_total += b
+            passes += jp.backward_passes
+            jp.close()
+            if progress is not None:
+                progress(batch_no + 1, problem.samples.num_batches)
+        extra = {"total_stderr": math.sqrt(total_var) / n_total, "projections": k, "lanczos": {"max_iters": options.lanczos_iters, "tol": options.lanczos_tol,
+                                               "unconverged": unconverged, "max_relative_residual": worst}}
+        if should_stop is not None and should_stop():
+            extra["stop_reason"] = "budget"
+        return layers, n_total, passes, extra
+
+
+
+def _pm(stderr: float | None) -> str:
+    return "" if stderr is None else f" ± {stderr:.2g}"
 
 
 def _weight_name(module_name: str) -> str:

@@ -11,16 +11,13 @@ import torch
 
 from ..backends.base import Outputs, model_mode
 from ..errors import ConfigError
-from ._inputjac import (ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
+from ._inputjac import (AUTO_MAX_CLASSES, ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
                         require_independent, sample_chunks, spectral_stats, summarise)
 from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
 from ._kit import option, progress_reporter
 from .registry import ProbeContext, register_probe
 
-# "auto" materialises the C rows per sample only below these sizes: the exact route costs C
-# backward passes per batch and C·D numbers per sample.
-AUTO_MAX_CLASSES = 128
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ and the right-hand sides of the MLS / NMLS bounds next to the quantities."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -15,13 +16,15 @@ from ._hooks import is_linear_like, named_matching
 from ._inputjac import iter_rows, require_independent, spectral_stats
 from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
-from ._kit import option, progress_reporter
-from ..backends.base import Outputs
+from ._jacfree import (LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks,
+                       lanczos_sigma, local_dimension, plan, rademacher)
+from ._kit import budget_stop, option, progress_reporter
+from ..backends.base import Outputs, model_mode
 from .registry import ProbeContext, register_probe
 
 
 @dataclass(frozen=True)
-class MLSOptions:
+class MLSOptions(MatrixFreeOptions):
     output: Literal["logits", "softmax"] = option("logits", OUTPUT_HELP)
 
 
@@ -73,6 +76,19 @@ class MLSProbe:
         problem = ctx.backend.problem
         require_independent(problem.model, problem.bn_mode, self.name)
         taps = named_matching(problem.model, is_linear_like)
+        x1 = next(iter(problem.samples)).x[:1]
+        with model_mode(problem.model, problem.bn_mode):
+            route = plan(problem.model, x1, options.output, taps, options.method, ctx.max_memory, self.name,
+                         tap_outputs=True)
+        if route.route == "estimate":
+            result = self._estimate(ctx, options, taps, route)
+        else:
+            result = self._exact(ctx, options, taps, route)
+        result.details.update(route.details())
+        return dataclasses.replace(result, seconds=time.perf_counter() - start)
+
+    def _exact(self, ctx: ProbeContext, options: MLSOptions, taps, route) -> ProbeResult:
+        problem = ctx.backend.problem
         eps = None
         spec, norm_spec, logvol, rank, ldim = [], [], [], [], []
         layers: dict[str, _Layer] = {}
@@ -80,7 +96,8 @@ class MLSProbe:
         first_key = None
         passes = 0
         progress = progress_reporter(ctx, "mls")
-        for x, _, rows in iter_rows(problem, options.output, taps, tap_outputs=True, progress=progress):
+        for x, _, rows in iter_rows(problem, options.output, taps, tap_outputs=True, progress=progress,
+                                   chunk=route.chunk):
             eps = torch.finfo(x.dtype).eps
             passes += rows.out.shape[1]
             stats = spectral_stats(rows.dx, eps)
@@ -136,6 +153,141 @@ class MLSProbe:
         notes = (f"MLS {mls:.4g} (bound {fmt(mls_bound)}), NMLS {nmls:.4g} (bound {fmt(nmls_bound)}), "
                  f"normalized MLS {details['normalized_mls']:.4g}, log-vol {details['log_volume']:.4g}, "
                  f"local dim {details['local_dimensionality']:.4g}")
-        return ProbeResult(probe=self.name, value=mls, stderr=None, matvecs=0,
-                           seconds=time.perf_counter() - start, label=f"MLS ({options.output})",
-                           notes=notes, details=details)
+        return ProbeResult(probe=self.name, value=mls, stderr=None, matvecs=0, seconds=0.0,
+                           label=f"MLS ({options.output})", notes=notes, details=details)
+
+    def _estimate(self, ctx: ProbeContext, options: MLSOptions, taps, route) -> ProbeResult:
+        """The matrix-free route: per sample, σ_max of J_x and of every ∂f/∂h_l by Lanczos on
+        JJᵀ, Tr(JJᵀ) and Tr((JJᵀ)²) of J_x and ‖∂f/∂z_l‖²_F of the dense layers by Hutchinson."""
+        problem = ctx.backend.problem
+        model, k = problem.model, options.projections
+        should_stop = budget_stop(ctx)
+        progress = progress_reporter(ctx, "mls (estimate)")
+        sig, sig_err, norm_sig, norm_err, t1s, t2s = [], [], [], [], [], []
+        layers: dict[str, dict] = {}
+        iters, unconverged, worst = [], 0, 0.0
+        first_key, first_is_input, passes = None, True, 0
+        for index, x, _, batch_no in iter_chunks(problem, route.chunk):
+            with model_mode(model, problem.bn_mode):
+                jp = JacobianProducts(model, x, options.output, taps, tap_outputs=True)
+            b, c = jp.out.shape
+            dense = [isinstance(call.module, nn.Linear) and call.input.ndim == 2 for call in jp.calls]
+            # Hutchinson: one reverse pass per draw gives Jᵀr at x and every dense layer's output
+            r = rademacher(ctx.seed, index, b, c, PROBE_STREAM, draws=k)
+            t1, t2 = torch.zeros(b, k, dtype=torch.float64), torch.zeros(b, k, dtype=torch.float64)
+            dz_sq = {i: torch.zeros(b, k, dtype=torch.float64) for i, d in enumerate(dense) if d}
+            for j in range(k):
+                grads = jp.vjp(r[j], [0] + [jp.output_index(i) for i in dz_sq])
+                t1[:, j] = _sq(grads[0])
+                t2[:, j] = jp.jv(0, grads[0]).pow(2).sum(1).cpu()  # ‖JJᵀr‖²
+                for g, i in zip(grads[1:], dz_sq):
+                    dz_sq[i][:, j] = _sq(g)
+            t1s.append(t1)
+            t2s.append(t2)
+            # Lanczos on J_x J_xᵀ, then on every layer's ∂f/∂h_l (∂f/∂h_l)ᵀ
+            targets = [(0, None)] + [(jp.input_index(i), i) for i in range(len(jp.calls))]
+            for t, i in targets:
+                start = gaussian(ctx.seed, index, b, c, (LANCZOS_STREAM, t))
+                norms = lanczos_sigma(jp.gram(t), start, options.lanczos_iters, options.lanczos_tol, should_stop)
+                iters.append(norms.iterations)
+                unconverged += int((~norms.converged).sum())
+                worst = max(worst, norms.residual.max().item())
+                if i is None:
+                    x_norm = x.flatten(1).to(torch.float64).norm(dim=1).cpu()
+                    sig.append(norms.sigma)
+                    sig_err.append(norms.error)
+                    norm_sig.append(x_norm * norms.sigma)
+                    norm_err.append(x_norm * norms.error)
+                    continue
+                call = jp.calls[i]
+                if i == 0:
+                    first_key = call.key
+                    h = call.input.detach().flatten(1)
+                    first_is_input &= bool(h.shape == x.flatten(1).shape and torch.equal(h, x.flatten(1)))
+                layer = layers.setdefault(call.key, {"module": call.module, "dense": dense[i], "sens": [], "err": [],
+                                                     "inv_h_sq": [], "grad_w_sq": []})
+                layer["sens"].append(norms.sigma)
+                layer["err"].append(norms.error)
+                h_sq = call.input.detach().flatten(1).to(torch.float64).pow(2).sum(1).cpu()
+                layer["inv_h_sq"].append(1 / h_sq)
+                if dense[i]:
+                    layer["grad_w_sq"].append(dz_sq[i] * h_sq.unsqueeze(1))  # draws of ‖∇_W f‖²_F
+            passes += jp.backward_passes
+            jp.close()
+            if progress is not None:
+                progress(batch_no + 1, problem.samples.num_batches)
+
+        n = sum(len(v) for v in sig)
+        sig_t, err_t = torch.cat(sig), torch.cat(sig_err)
+        per_layer = {key: _estimated_layer(v, n) for key, v in layers.items()}
+        nmls = sum(v["sensitivity"] for v in per_layer.values())
+        all_dense = bool(per_layer) and all(v["dense"] for v in per_layer.values())
+        nmls_bound = sum(v["bound"] for v in per_layer.values()) if all_dense else None
+        mls_bound = per_layer[first_key]["bound"] if first_key is not None and first_is_input else None
+        t1_t, t2_t = torch.cat(t1s), torch.cat(t2s)
+        ld, ld_se = local_dimension(t1_t, t2_t)
+        fro = t1_t.mean(1)
+        fro_se = t1_t.var(1, unbiased=True).sqrt() / math.sqrt(k)
+        it = torch.cat(iters).to(torch.float64)
+        details = {
+            "output": options.output,
+            "mls": sig_t.mean().item(),
+            "mls_error_bound": err_t.mean().item(),
+            "mls_bound": mls_bound,
+            "normalized_mls": torch.cat(norm_sig).mean().item(),
+            "normalized_mls_error_bound": torch.cat(norm_err).mean().item(),
+            "nmls": nmls,
+            "nmls_error_bound": sum(v["sensitivity_error_bound"] for v in per_layer.values()),
+            "nmls_bound": nmls_bound,
+            "log_volume": None,
+            "mean_rank": None,
+            "null_reason": ("log_volume and mean_rank need every singular value of J, which the matrix-free "
+                            f"route ({route.num_classes} classes) does not compute; use method=exact where "
+                            "the C×D rows fit"),
+            "local_dimensionality": ld.mean().item(),
+            "local_dimensionality_stderr": ld_se.pow(2).sum().sqrt().item() / n,
+            "frobenius_sq_mean": fro.mean().item(),  # Tr(JJᵀ) = ‖J_x‖²_F, mean over S
+            "frobenius_sq_mean_stderr": fro_se.pow(2).sum().sqrt().item() / n,
+            "per_layer": per_layer,
+            "projections": k,
+            "lanczos": {"max_iters": options.lanczos_iters, "tol": options.lanczos_tol,
+                        "iterations_mean": it.mean().item(), "iterations_max": int(it.max().item()),
+                        "unconverged": unconverged, "max_relative_residual": worst,
+                        "stop_reason": "budget" if should_stop is not None and should_stop() else "converged"
+                        if unconverged == 0 else "max_iters"},
+            "backward_passes": passes,  # batched reverse passes, double-VJP ones included
+        }
+        if details["lanczos"]["stop_reason"] == "budget":
+            details["stop_reason"] = "budget"
+        fmt = lambda b: "n/a" if b is None else f"{b:.4g}"  # noqa: E731
+        notes = (f"estimate: MLS {details['mls']:.4g} ± {details['mls_error_bound']:.2g} (bound {fmt(mls_bound)}), "
+                 f"NMLS {nmls:.4g} ± {details['nmls_error_bound']:.2g}, normalized MLS "
+                 f"{details['normalized_mls']:.4g}, local dim {details['local_dimensionality']:.4g} ± "
+                 f"{details['local_dimensionality_stderr']:.2g}; log-vol n/a (needs every σ)")
+        if unconverged:
+            notes += f"; Lanczos: {unconverged} norms above tol"
+        return ProbeResult(probe=self.name, value=details["mls"], stderr=None, matvecs=0, seconds=0.0,
+                           seed=ctx.seed, label=f"MLS ({options.output})", notes=notes, details=details)
+
+
+def _sq(g: torch.Tensor) -> torch.Tensor:
+    """Per-sample squared norm in float64."""
+    return g.flatten(1).to(torch.float64).pow(2).sum(1).cpu()
+
+
+def _estimated_layer(v: dict, n: int) -> dict:
+    """A layer's mean sensitivity and Lanczos error bound over S and, for a dense layer, its
+    bound ‖W‖₂ √(mean ‖h‖⁻²) √(mean ‖∇_W f‖²_F) from the Hutchinson draws, with the
+    delta-method standard error of the last factor."""
+    out = {"type": type(v["module"]).__name__, "dense": v["dense"],
+           "sensitivity": torch.cat(v["sens"]).mean().item(),
+           "sensitivity_error_bound": torch.cat(v["err"]).mean().item(), "bound": None, "bound_stderr": None}
+    if v["dense"]:
+        draws = torch.cat(v["grad_w_sq"])  # (N, K)
+        grad = draws.mean().item()
+        grad_se = (draws.var(1, unbiased=True) / draws.shape[1]).sum().sqrt().item() / n
+        w2 = torch.linalg.matrix_norm(v["module"].weight.detach().to(torch.float64), ord=2).item()
+        inv = torch.cat(v["inv_h_sq"]).mean().item()
+        out["bound"] = w2 * math.sqrt(inv) * math.sqrt(grad)
+        out["bound_stderr"] = w2 * math.sqrt(inv) * grad_se / (2 * math.sqrt(grad)) if grad > 0 else 0.0
+    return out

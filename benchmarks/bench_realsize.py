@@ -1,0 +1,164 @@
+"""Every registered probe on ImageNet-sized timm ViTs (random weights, 224 px, 1,000 classes) on
+this machine: seconds and peak resident memory of each run, at two sample counts so the fixed
+cost (model build, first forward, tracing) shows apart from the per-sample one (issue 19 §4).
+
+Each run is its own `flatcheck probe` process under an address-space cap (RLIMIT_AS, as
+`ulimit -v` sets it); its peak RSS is the child's ru_maxrss from wait4, so a run the kernel or
+the cap kills still has its row. Rows are written to the table as they finish (a partial table
+is still a table), atomically.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_realsize.py --models vit_tiny_patch16_224 \\
+        --samples 4,8 --cap-gb 12 --timeout 3600
+
+Models run one at a time, probes one at a time: others share this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODELS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
+# (row name, probe, -o options): the defaults, except the exact GGN trace with sampled classes
+# (every class would be 1,000 reverse passes per sample) and head-trace without --verify
+RUNS = (
+    ("activations", "activations", ()),
+    ("adaptive-sharpness", "adaptive-sharpness", ()),
+    ("decomposition", "decomposition", ()),
+    ("gap", "gap", ()),
+    ("gini", "gini", ()),
+    ("head-trace", "head-trace", ()),
+    ("jacobian", "jacobian", ()),
+    ("lmax", "lmax", ()),
+    ("mls", "mls", ()),
+    ("rank", "rank", ()),
+    ("relative-flatness", "relative-flatness", ()),
+    ("spectrum", "spectrum", ()),
+    ("trace", "trace", ()),
+    ("trace exact GGN, 8 classes", "trace", ("trace.estimator=exact", "trace.class_samples=8")),
+)
+
+
+def command(model: str, probe: str, options: tuple[str, ...], samples: int, batch: int, out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "flatcheck", "probe", "--probes", probe, "--model", f"timm:{model}",
+           "--random-init", "--num-classes", "1000", "--input-size", "3,224,224", "--data", "synthetic",
+           "--samples", str(samples), "--batch-size", str(batch), "--json", str(out), "-q"]
+    for o in options:
+        cmd += ["-o", o]
+    return cmd
+
+
+def run_one(cmd: list[str], cap_bytes: int, timeout: float) -> dict:
+    """Run `cmd` as a child under RLIMIT_AS = cap; its seconds, exit status and ru_maxrss."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
+
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=limit, env=env,
+                            start_new_session=True)
+    deadline = start + timeout
+    status, usage, timed_out = None, None, False
+    while status is None:
+        pid, st, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            status, usage = st, ru
+            break
+        if time.perf_counter() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            timed_out = True
+            _, status, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.5)
+    seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode(errors="replace").strip().splitlines() if proc.stderr else []
+    return {"seconds": seconds, "peak_rss_bytes": usage.ru_maxrss * 1024, "exit": proc.returncode,
+            "timed_out": timed_out, "error": err[-1] if proc.returncode and err else None}
+
+
+def headline(path: Path, probe: str) -> dict:
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    res = report.get("results", {}).get(probe, {})
+    d = res.get("details") or {}
+    return {"value": res.get("value"), "stderr": res.get("stderr"), "route": d.get("route") or d.get("method"),
+            "stop_reason": d.get("stop_reason")}
+
+
+def write_table(rows: list[dict], path: Path, args) -> None:
+    lines = [
+        "# Every probe on timm ViTs at ImageNet size (random weights, 224 px, 1,000 classes), this CPU",
+        "",
+        f"`python benchmarks/bench_realsize.py --samples {args.samples} --batch-size {args.batch_size} "
+        f"--cap-gb {args.cap_gb}`; one `flatcheck probe` process per row, OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS', '?')}, address space capped at {args.cap_gb} GB (RLIMIT_AS), "
+        f"per-run timeout {args.timeout:.0f} s. Peak RSS is the child's ru_maxrss. {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores shared with other work, so seconds are upper bounds of an idle machine's.",
+        "Defaults everywhere except: trace exact GGN with 8 sampled classes per sample; head-trace without --verify.",
+        "",
+        "| model | probe | samples | seconds | peak RSS (GB) | exit | route | value | stderr | note |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        fmt = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+        note = "timeout" if r["timed_out"] else (r["error"] or r.get("stop_reason") or "")
+        lines.append(f"| {r['model']} | {r['row']} | {r['samples']} | {r['seconds']:.1f} | "
+                     f"{r['peak_rss_bytes'] / 1e9:.2f} | {r['exit']} | {fmt(r.get('route'))} | {fmt(r.get('value'))} | "
+                     f"{fmt(r.get('stderr'))} | {note.replace('|', '/')[:160]} |")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--probes", default=None, help="row names to run (comma-separated) [default: all]")
+    ap.add_argument("--samples", default="4,8", help="sample counts, comma-separated")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--cap-gb", type=float, default=12.0, help="RLIMIT_AS of each run, GB (10^9 bytes)")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before a run is killed")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "realsize_vit.md")
+    ap.add_argument("--jsonl", type=Path, default=HERE / "results" / "realsize_vit.jsonl")
+    args = ap.parse_args()
+    wanted = None if args.probes is None else set(args.probes.split(","))
+    rows: list[dict] = []
+    if args.jsonl.exists():  # resume: keep what an earlier, interrupted run measured
+        rows = [json.loads(line) for line in args.jsonl.read_text().splitlines() if line.strip()]
+    done = {(r["model"], r["row"], r["samples"]) for r in rows}
+    cap = int(args.cap_gb * 1e9)
+    for model in args.models.split(","):
+        for name, probe, options in RUNS:
+            if wanted is not None and name not in wanted:
+                continue
+            for samples in (int(s) for s in args.samples.split(",")):
+                if (model, name, samples) in done:
+                    continue
+                with tempfile.TemporaryDirectory() as tmp:
+                    out = Path(tmp) / "report.json"
+                    row = {"model": model, "row": name, "samples": samples,
+                           **run_one(command(model, probe, options, samples, args.batch_size, out), cap, args.timeout),
+                           **headline(out, probe)}
+                rows.append(row)
+                with args.jsonl.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+                write_table(rows, args.out, args)
+                print(f"{model} {name} n={samples}: {row['seconds']:.1f} s, {row['peak_rss_bytes'] / 1e9:.2f} GB, "
+                      f"exit {row['exit']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
