@@ -30,6 +30,19 @@ def fmt_pm(value: float | None, stderr: float | None) -> str:
     return f"{fmt(value)} ± {fmt(stderr, 2)}"
 
 
+def within_noise(value: float | None, stderr: float | None) -> bool:
+    """A value within its own standard error of zero: its sign and size are not resolved."""
+    return (value is not None and stderr is not None and math.isfinite(value) and math.isfinite(stderr)
+            and stderr > 0 and abs(value) <= stderr)
+
+
+def fmt_estimate(value: float | None, stderr: float | None) -> str:
+    """value ± stderr, said to be zero within noise when it is (issue 16: '−2.8e-08 ± 4.2e-08'
+    with no word that it is zero reads as a tiny negative sharpness)."""
+    text = fmt_pm(value, stderr)
+    return f"0 within noise: {text}" if within_noise(value, stderr) else text
+
+
 def header(report: Report) -> str:
     m = report.meta
     d = m["data"]
@@ -42,13 +55,14 @@ def header(report: Report) -> str:
 
 def summary_table(report: Report) -> Table:
     table = Table(title=header(report), title_justify="left", show_lines=False)
-    table.add_column("probe")
-    table.add_column("quantity")
-    table.add_column("value ± stderr", justify="right")
+    # fold, never cut: a probe or quantity cut to "adaptive-sha…" at 80 columns is lost
+    table.add_column("probe", overflow="fold")
+    table.add_column("quantity", overflow="fold")
+    table.add_column("value ± stderr", justify="right", overflow="fold")
     table.add_column("matvecs", justify="right")
     table.add_column("seconds", justify="right")
     for r in report.results.values():
-        table.add_row(r.probe, r.label, fmt_pm(r.value, r.stderr), str(r.matvecs), f"{r.seconds:.2f}")
+        table.add_row(r.probe, r.label, fmt_estimate(r.value, r.stderr), str(r.matvecs), f"{r.seconds:.2f}")
     return table
 
 
@@ -56,15 +70,21 @@ def layers_table(r: ProbeResult) -> Table | None:
     layers = r.details.get("layers")
     if not layers:
         return None
-    table = Table(title=f"{r.label} per layer", title_justify="left")
-    table.add_column("module")
+    # a share of a total that is zero within noise is noise too (it went negative or past 100 %)
+    shares = bool(r.value) and math.isfinite(r.value) and not within_noise(r.value, r.stderr)
+    table = Table(title=f"{r.label} per layer", title_justify="left",
+                  caption=None if shares else "no shares: the total is zero within its standard error",
+                  caption_justify="left")
+    table.add_column("module", overflow="fold")
     table.add_column("params", justify="right")
-    table.add_column("value ± stderr", justify="right")
-    table.add_column("share", justify="right")
-    total = r.value or 0.0
+    table.add_column("value ± stderr", justify="right", overflow="fold")
+    if shares:
+        table.add_column("share", justify="right")
     for name, part in layers.items():
-        share = f"{100 * part['value'] / total:.1f}%" if total and not math.isnan(part["value"]) else "—"
-        table.add_row(name, f"{part['parameters']:,}", fmt_pm(part["value"], part["stderr"]), share)
+        row = [name, f"{part['parameters']:,}", fmt_estimate(part["value"], part["stderr"])]
+        if shares:
+            row.append(f"{100 * part['value'] / r.value:.1f}%" if not math.isnan(part["value"]) else "—")
+        table.add_row(*row)
     return table
 
 

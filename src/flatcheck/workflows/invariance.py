@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ..api import ProgressFn, open_session, run
 from ..config import RunConfig
-from ..report.render import fmt, fmt_pm, header
+from ..report.render import fmt, fmt_estimate, header
 from ..report.result import ProbeResult, Report
 from .rescale import Rescaling, apply_rescaling, find_rescaling
 
@@ -62,19 +62,27 @@ class InvarianceReport:
         out["comparison"] = [{"probe": c.probe, "label": c.label, "original": c.before.value,
                               "original_stderr": c.before.stderr, "rescaled": c.after.value,
                               "rescaled_stderr": c.after.stderr, "ratio": c.ratio, "predicted": c.predicted,
-                              "moved": c.moved} for c in self.comparisons]
+                              # null: the rescaling changed the predictions, so "not moved" would
+                              # claim an invariance it did not test
+                              "moved": c.moved if self.function_preserved else None} for c in self.comparisons]
         out["original"] = self.original.to_dict()["results"]
         out["rescaled"] = self.rescaled.to_dict()["results"]
         return out
 
     def render(self, console: Console) -> None:
-        table = Table(title=header(self.original) + f" · rescaling: {self.rescaling.describe()}", title_justify="left")
+        preserved = self.function_preserved
+        # when the predictions changed, "same" would read as "invariant" for a rescaling that was
+        # not one: the column then says nothing either way
+        caption = None if preserved else ("moved?: n/a — the predictions changed, so this rescaling says nothing "
+                                          "about which quantities are invariant")
+        table = Table(title=header(self.original) + f" · rescaling: {self.rescaling.describe()}", title_justify="left",
+                      caption=caption, caption_justify="left")
         for col in ("probe", "quantity", "original", "rescaled", "ratio", "predicted", "moved?"):
-            table.add_column(col, justify="left" if col in ("probe", "quantity") else "right")
+            table.add_column(col, justify="left" if col in ("probe", "quantity") else "right", overflow="fold")
         for c in self.comparisons:
-            table.add_row(c.probe, c.label, fmt_pm(c.before.value, c.before.stderr),
-                          fmt_pm(c.after.value, c.after.stderr), fmt(c.ratio), fmt(c.predicted),
-                          "[bold red]moved[/]" if c.moved else "same")
+            moved = "n/a" if not preserved else "[bold red]moved[/]" if c.moved else "same"
+            table.add_row(c.probe, c.label, fmt_estimate(c.before.value, c.before.stderr),
+                          fmt_estimate(c.after.value, c.after.stderr), fmt(c.ratio), fmt(c.predicted), moved)
         console.print(table)
         verdict = "unchanged" if self.function_preserved else "CHANGED — not a function-preserving rescaling"
         console.print(f"  predictions: {verdict} (max |Δlogit|/max|logit| = {self.max_logit_change:.2e}, "
