@@ -128,17 +128,9 @@ def _device_for(device: str, placement) -> str:
 
 
 def _parse_size(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        parts = tuple(int(p) for p in text.replace("x", ",").split(","))
-    except ValueError:
-        parts = ()
-    if len(parts) == 1:
-        parts = (3, parts[0], parts[0])
-    if len(parts) != 3 or min(parts) < 1:
-        raise _config_error(f"--input-size expects S or C,H,W positive integers, got {text!r}")
-    return parts
+    from ..models.resolve import parse_input_size  # the one parser every command's --input-size uses
+
+    return None if text is None else parse_input_size(text)
 
 
 def _entries(patterns, models_file, checkpoints, pretrained, weights_dir, kwargs, input_size):
