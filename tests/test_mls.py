@@ -154,3 +154,13 @@ def test_auto_route_by_size():
     W = wide[1].weight.detach()
     assert d_["mls"] == pytest.approx(torch.linalg.matrix_norm(W, ord=2).item(), rel=1e-8)
     assert abs(d_["frobenius_sq_mean"] - W.pow(2).sum().item()) <= Z * d_["frobenius_sq_mean_stderr"]
+
+
+def test_sigmoid_output_against_dense_svd():
+    """output=sigmoid (Chen et al. 2023, App. F): J of sigmoid(f), checked against jacrev."""
+    case = make_case("mlp")
+    model, X = case.model, case.X
+    with model_mode(model, "eval"):
+        J = torch.stack([jacrev(lambda x: model(x.unsqueeze(0)).squeeze(0).sigmoid())(x) for x in X]).flatten(2)
+    d_ = run(case.backend(), output="sigmoid").details
+    assert d_["mls"] == pytest.approx(torch.linalg.matrix_norm(J, ord=2).mean().item(), rel=EXACT)

@@ -27,7 +27,7 @@ from ..backends.base import model_mode
 from ..errors import ConfigError
 from ._hooks import Call, record
 
-Output = Literal["logits", "softmax"]
+Output = Literal["logits", "softmax", "sigmoid"]
 # Rows of all samples of one chunk together; a single sample larger than this still runs.
 ROW_BYTES = 256 * 2**20
 # "auto" materialises the C rows per sample only up to this many classes: the exact route costs
@@ -35,7 +35,8 @@ ROW_BYTES = 256 * 2**20
 AUTO_MAX_CLASSES = 128
 
 # the help of the probes' `output` option (jacobian, mls)
-OUTPUT_HELP = "differentiate the logits or softmax(logits)"
+# sigmoid: Chen et al. 2023 (App. F) put a sigmoid on the logits for normalized MLS
+OUTPUT_HELP = "differentiate the logits, softmax(logits) or sigmoid(logits)"
 
 
 def require_independent(model: nn.Module, bn_mode: str, probe: str) -> None:
@@ -47,7 +48,9 @@ def require_independent(model: nn.Module, bn_mode: str, probe: str) -> None:
 
 
 def apply_output(logits: Tensor, output: Output) -> Tensor:
-    return logits.softmax(-1) if output == "softmax" else logits
+    if output == "softmax":
+        return logits.softmax(-1)
+    return logits.sigmoid() if output == "sigmoid" else logits
 
 
 def sample_chunks(n: int, per_sample_elems: int, element_size: int) -> Iterator[slice]:

@@ -22,7 +22,7 @@ from .registry import ProbeContext, register_probe
 
 @dataclass(frozen=True)
 class JacobianOptions:
-    output: Literal["logits", "softmax"] = option("logits", OUTPUT_HELP)
+    output: Literal["logits", "softmax", "sigmoid"] = option("logits", OUTPUT_HELP)
     exclude_region: str | None = option(  # "y,x,h,w" in pixels
         None, "y,x,h,w: also the Frobenius norm outside this pixel box, rescaled to its area")
     method: Literal["auto", "exact", "estimate"] = option(

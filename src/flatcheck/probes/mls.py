@@ -25,7 +25,7 @@ from .registry import ProbeContext, register_probe
 
 @dataclass(frozen=True)
 class MLSOptions(MatrixFreeOptions):
-    output: Literal["logits", "softmax"] = option("logits", OUTPUT_HELP)
+    output: Literal["logits", "softmax", "sigmoid"] = option("logits", OUTPUT_HELP)
 
 
 class _Layer:
