@@ -138,3 +138,22 @@ def test_invariance_never_says_same_when_the_predictions_changed():
     text = printed(kept.render, width=120)
     assert "same" in text and "n/a" not in text
     assert kept.to_dict()["comparison"][0]["moved"] is False
+
+
+# ---------------------------------------------------------------- --weights-dir names, as its help says
+
+@pytest.mark.parametrize("asked, on_disk, found", [
+    ("resnet50.a1_in1k", "resnet50.safetensors", True),           # timm's default tag: NAME.safetensors
+    ("resnet50", "resnet50.a1_in1k.safetensors", True),           # and the reverse
+    ("resnet50.a1_in1k", "resnet50.a1_in1k.safetensors", True),   # the tag-qualified name itself
+    ("resnet50.a1_in1k", "resnet50.a1_in1k/model.safetensors", True),
+    ("resnet50.a2_in1k", "resnet50.safetensors", False),          # another tag's weights never stand in
+])
+def test_weights_dir_accepts_name_and_tag_qualified_files(tmp_path, asked, on_disk, found):
+    from flatcheck.models.pretrained import find_local_weights
+
+    path = tmp_path / on_disk
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"weights")
+    hit, looked = find_local_weights(asked, tmp_path)
+    assert (hit == path) is found, (hit, looked)

@@ -42,9 +42,9 @@ def find_local_weights(name: str, weights_dir: Path | None) -> tuple[Path | None
     """timm model `name`'s pretrained weights on disk, or None and where it looked."""
     looked = []
     if weights_dir is not None:
-        stem = name.replace("/", "_")
-        candidates = [weights_dir / f"{stem}{ext}" for ext in CKPT_EXTS]
-        candidates += [weights_dir / stem / f for f in HF_FILES]
+        stems = _weights_dir_stems(name)
+        candidates = [weights_dir / f"{stem}{ext}" for stem in stems for ext in CKPT_EXTS]
+        candidates += [weights_dir / stem / f for stem in stems for f in HF_FILES]
         looked.append(f"--weights-dir {weights_dir}")
         for c in candidates:
             if c.is_file():
@@ -87,6 +87,24 @@ def _in_torch_hub(url: str) -> tuple[Path | None, str]:
     hub = torch_hub_checkpoints()
     f = hub / os.path.basename(url.split("?", 1)[0])
     return (f if f.is_file() else None), f"torch hub {f}"
+
+
+def _weights_dir_stems(name: str) -> list[str]:
+    """The file names a --weights-dir may hold `name`'s weights under: the name as given first,
+    then the same weights named the other way — `resnet50` for `resnet50.a1_in1k` and the
+    reverse — only when that tag is timm's default for the architecture (the weights
+    `timm.create_model("resnet50", pretrained=True)` loads); another tag's file never stands in."""
+    stem = name.replace("/", "_")
+    if name.startswith(HF_HUB):
+        return [stem]
+    arch, _, tag = name.partition(".")
+    cfg = _pretrained_cfg(arch)
+    default = getattr(cfg, "tag", None) if cfg is not None else None
+    if not default:
+        return [stem]
+    if not tag:
+        return [stem, f"{stem}.{default}"]
+    return [stem, arch.replace("/", "_")] if tag == default else [stem]
 
 
 def _pretrained_cfg(name: str):
