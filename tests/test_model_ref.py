@@ -342,3 +342,16 @@ def load_spec_dict(data: dict):
     from flatcheck.models.spec import spec_from_dict
 
     return spec_from_dict(data)
+
+
+def test_scan_folders_read_what_a_checkpoint_says(tmp_path):
+    from flatcheck.workflows.scan_sources import checkpoint_entries
+
+    own = copy_demo(tmp_path, "a.safetensors")
+    shutil.copy(DEMO_SPEC, own.with_suffix(".yaml"))
+    assert invoke("embed-spec", copy_demo(tmp_path, "b.safetensors"), "--spec", DEMO_SPEC).exit_code == 0
+    copy_demo(tmp_path, "c.safetensors")
+    a, b, c = checkpoint_entries(tmp_path)
+    assert a.describe["spec"] == str(own.with_suffix(".yaml")) and a.make_spec().arch.endswith("DigitsCNN")
+    assert b.describe["spec"] == f"embedded in {tmp_path / 'b.safetensors'}" and b.make_spec().embedded
+    assert c.skip_reason.startswith("no spec:") and "embed-spec" in c.skip_reason

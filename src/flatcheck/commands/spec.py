@@ -32,7 +32,7 @@ def spec_cmd(
         from ..cli import model_request
         from ..models.load import build_with_weights
         from ..models.resolve import describe
-        from ..models.yamlfile import spec_yaml
+        from ..models.spec import spec_yaml
         from ..report.io import check_distinct_files, check_writable, write_text_atomic
 
         check_distinct_files([(f, str(p), w) for f, p, w in (("CHECKPOINT", checkpoint, False),

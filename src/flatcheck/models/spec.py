@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import yaml
+
 from flatcheck.errors import SpecError
 from flatcheck.models.registry import list_sources
 from flatcheck.models.yamlfile import load_yaml
@@ -343,3 +345,14 @@ class _Validator:
             key=self.optional_string(value.get("key"), "checkpoint.key"),
             strip_prefix=self.optional_string(value.get("strip_prefix"), "checkpoint.strip_prefix"),
         )
+
+
+def spec_yaml(spec: Any) -> str:
+    """A ModelSpec as a YAML spec file, each field under a comment saying where its value came
+    from (spec.origins); loading the text gives the same spec."""
+    lines = [f"# resolved by flatcheck: {spec.source}:{spec.arch}"]
+    for name, value in spec_to_dict(spec).items():
+        lines.append(f"# {name}: {spec.origins.get(name, 'default')}")
+        flow = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1 << 16)
+        lines.append(f"{name}: {flow.removesuffix(chr(10)).removesuffix('...').strip()}")
+    return "\n".join(lines) + "\n"

@@ -82,15 +82,3 @@ def _read(path: Path, where: str, error: type[InputError]) -> bytes:
     except OSError as exc:
         raise error(f"{where}: cannot read ({exc.strerror or exc})") from None
 
-
-def spec_yaml(spec: Any) -> str:
-    """A ModelSpec as a YAML spec file, each field under a comment saying where its value came
-    from (spec.origins); loading the text gives the same spec."""
-    from flatcheck.models.spec import spec_to_dict
-
-    lines = [f"# resolved by flatcheck: {spec.source}:{spec.arch}"]
-    for name, value in spec_to_dict(spec).items():
-        lines.append(f"# {name}: {spec.origins.get(name, 'default')}")
-        flow = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1 << 16)
-        lines.append(f"{name}: {flow.removesuffix(chr(10)).removesuffix('...').strip()}")
-    return "\n".join(lines) + "\n"

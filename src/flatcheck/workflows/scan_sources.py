@@ -6,23 +6,19 @@ quietly pull 50 GB, and a CI runner may have no network. A model whose weights a
 disk becomes a `skipped` record that says where flatcheck looked.
 
 Checkpoint folders pair `NAME.safetensors` (or .pt/.pth/.bin) with `NAME.yaml` next to it;
-a `spec.yaml` in the folder serves every checkpoint without its own spec.
+a `spec.yaml` in the folder serves every checkpoint without its own spec; a spec embedded in a
+checkpoint or a timm config.json beside it count too (models.discover, as for one checkpoint).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from ..errors import ConfigError
-from ..models.checkpoint import SAFETENSORS_EXTS, TORCH_EXTS
-
-CKPT_EXTS = SAFETENSORS_EXTS + TORCH_EXTS
-HF_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm's hub loader looks for
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# the local-only lookup of pretrained weights is the one `flatcheck trace --pretrained` uses
+from ..models.pretrained import CKPT_EXTS, find_local_weights, offline  # noqa: F401 - offline: scan.py
 
 
 @dataclass
@@ -92,106 +88,28 @@ def timm_entry(name: str, *, pretrained: bool, kwargs: dict[str, Any], input_siz
     return entry
 
 
-def hf_cache_dir() -> Path:
-    """Resolved at call time from the environment (huggingface_hub fixes it at import)."""
-    env = os.environ
-    if env.get("HF_HUB_CACHE"):
-        return Path(env["HF_HUB_CACHE"]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    return Path(env.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "huggingface" / "hub"
-
-
-def find_local_weights(name: str, weights_dir: Path | None) -> tuple[Path | None, str]:
-    looked = []
-    if weights_dir is not None:
-        stem = name.replace("/", "_")
-        candidates = [weights_dir / f"{stem}{ext}" for ext in CKPT_EXTS]
-        candidates += [weights_dir / stem / f for f in HF_FILES]
-        looked.append(f"--weights-dir {weights_dir}")
-        for c in candidates:
-            if c.is_file():
-                return c, ""
-    cfg = _pretrained_cfg(name)
-    repo = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
-    if repo:
-        cache = hf_cache_dir()
-        looked.append(f"HF cache {cache} for {repo}")
-        hit = _hf_cached(repo, getattr(cfg, "hf_hub_filename", None), cache)
-        if hit is not None:
-            return hit, ""
-    url = getattr(cfg, "url", None) if cfg is not None else None
-    if url:
-        import torch.hub
-
-        hub = Path(torch.hub.get_dir()) / "checkpoints"
-        looked.append(f"torch hub {hub}")
-        f = hub / os.path.basename(url.split("?", 1)[0])
-        if f.is_file():
-            return f, ""
-    if cfg is None:
-        looked.append("timm knows no pretrained weights for it")
-    return None, "; ".join(looked) or "nowhere"
-
-
-def _pretrained_cfg(name: str):
-    try:
-        from timm.models import get_pretrained_cfg
-
-        return get_pretrained_cfg(name)
-    except Exception:  # unknown or untagged names: no registry entry to read
-        return None
-
-
-def _hf_cached(repo: str, filename: str | None, cache: Path) -> Path | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    for fname in ([filename] if filename else []) + list(HF_FILES):
-        hit = try_to_load_from_cache(repo, fname, cache_dir=cache)
-        if isinstance(hit, str) and Path(hit).is_file():  # other returns mean "not cached"
-            return Path(hit)
-    return None
-
-
-@contextlib.contextmanager
-def offline() -> Iterator[None]:
-    """No library reached during the scan may go to the network for weights."""
-    saved = {k: os.environ.get(k) for k in OFFLINE_ENV}
-    os.environ.update(OFFLINE_ENV)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 # ---------------------------------------------------------------- checkpoint folders
 
 
 def checkpoint_entries(folder: Path) -> list[Entry]:
-    from ..models.spec import load_spec
+    from ..models.discover import find_spec, nothing_found
 
     if not folder.is_dir():
         raise ConfigError(f"--checkpoints {folder}: not a folder")
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in CKPT_EXTS)
     if not files:
         raise ConfigError(f"--checkpoints {folder}: holds no {', '.join(CKPT_EXTS)} files")
-    shared = next((folder / n for n in ("spec.yaml", "spec.yml") if (folder / n).is_file()), None)
     out = []
     for ckpt in files:
-        own = next((ckpt.with_suffix(s) for s in (".yaml", ".yml") if ckpt.with_suffix(s).is_file()), None)
-        spec_path = own or shared
+        # what `flatcheck trace CKPT` reads: STEM.yaml, an embedded spec, spec.yaml, config.json
+        found = find_spec(ckpt)
         st = ckpt.stat()
-        entry = Entry(ckpt.stem, "checkpoint", (lambda p=spec_path: load_spec(p)),
+        label = None if found is None else str(found.path) if found.kind == "spec file" else found.origin
+        entry = Entry(ckpt.stem, "checkpoint", (lambda f=found: f.load()),
                       {"checkpoint": str(ckpt.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
-                       "spec": str(spec_path) if spec_path else None}, checkpoint=ckpt)
-        if spec_path is None:
-            entry.skip_reason = f"no spec: expected {ckpt.with_suffix('.yaml').name} or spec.yaml in {folder}"
+                       "spec": label}, checkpoint=ckpt)
+        if found is None:
+            entry.skip_reason = f"no spec: {nothing_found(ckpt)}"
         _place(entry, ckpt)
         out.append(entry)
     return out
