@@ -138,8 +138,10 @@ class EigenResult:
     converged: list[bool]  # residual ≤ tol·|λ|
     matvecs: int  # including the final block product that measures the true residuals
     iterations: int  # Lanczos steps, or power iterations summed over the k pairs
-    stop_reason: str  # converged, max_iter, stalled (round-off floor), invariant (Krylov space closed), budget
+    stop_reason: str  # converged, max_iter, stalled (round-off floor), invariant (Krylov space closed)
     method: str
+    # the reported unit eigenvectors (k, P), same order as values: a later run's warm start
+    vectors: Tensor | None = None
 
 
 def lanczos_top(
@@ -151,6 +153,7 @@ def lanczos_top(
     max_iter: int | None = None,
     progress: Progress | None = None,
     should_stop: StopTest | None = None,
+    start: Tensor | None = None,
 ) -> EigenResult:
     """The k largest (algebraic) eigenvalues of a symmetric operator.
 
@@ -166,13 +169,24 @@ def lanczos_top(
     top eigenvalue may be listed once. `should_stop` (a budget) ends it after any step with
     at least k Ritz values (stop_reason "budget"); the true residuals of what it reached are
     measured and reported as usual.
+
+    `start` (a warm start, shape (m, P)): eigenvectors of a nearby operator, e.g. the previous
+    result on weights a few optimiser steps back. The recurrence starts from their sum plus a
+    random part of relative size WARM_MIX, and takes at least WARM_MIN_STEPS steps: an old
+    top vector may have become (nearly) orthogonal to the new top one when two eigenvalues
+    crossed, and a start with no component along the new top eigenvector would converge to
+    the old one as though it were still the largest.
     """
     dim = op.dim
     k = min(k, dim)
     limit = min(max_iter if max_iter is not None else default_max_iter(k), dim)
     start_matvecs = op.matvecs
-    lz = Lanczos(op, gaussian(1, dim, generator, dtype=op.dtype, device=op.device)[0], limit)
-    stop, next_check, measured = "max_iter", 0, None
+    random_start = gaussian(1, dim, generator, dtype=op.dtype, device=op.device)[0]
+    first_check = 0
+    if start is not None:
+        random_start, first_check = warm_vector(start, random_start, dim), min(WARM_MIN_STEPS, limit)
+    lz = Lanczos(op, random_start, limit)
+    stop, next_check, measured = "max_iter", first_check, None
     while True:
         if lz.invariant and lz.size < k:
             lz.restart(gaussian(1, dim, generator, dtype=op.dtype, device=op.device)[0])
@@ -204,13 +218,14 @@ def lanczos_top(
     if measured is None or measured[0] != lz.size:
         theta, S = lz.ritz()
         measured = (lz.size, _true_residuals(op, lz, S[:, np.argsort(theta)[::-1][:k]]))
-    values, res = measured[1]
+    values, res, _ = measured[1]
     if stop == "max_iter" and _all_within(measured[1], tol):
         stop = "converged"
     order = sorted(range(len(values)), key=lambda i: -values[i])
     values, res = [values[i] for i in order], [res[i] for i in order]
     return EigenResult(
         values=[float(v) for v in values],
+        vectors=measured[1][2][order],
         residuals=res,
         converged=[r <= tol * abs(v) for r, v in zip(res, values)],
         matvecs=op.matvecs - start_matvecs,
@@ -220,22 +235,40 @@ def lanczos_top(
     )
 
 
+# Warm starts: the random part's norm relative to the old eigenvectors' sum, and the fewest
+# steps before convergence is tested (see lanczos_top). Each costs a few products a cold start
+# spends anyway; together they let a top eigenvalue that appeared since grow into view.
+WARM_MIX = 0.1
+WARM_MIN_STEPS = 4
+
+
+def warm_vector(start: Tensor, noise: Tensor, dim: int) -> Tensor:
+    """The sum of the unit rows of `start` with WARM_MIX of a random direction added."""
+    V = start.reshape(-1, dim).to(dtype=noise.dtype, device=noise.device)
+    norms = torch.linalg.vector_norm(V, dim=1, keepdim=True)
+    if not bool(torch.isfinite(V).all()) or not bool((norms > 0).all()):
+        raise ValueError("a warm start needs finite, nonzero vectors")
+    v = (V / norms).sum(0)
+    v = v / torch.linalg.vector_norm(v)
+    return v + WARM_MIX * noise / torch.linalg.vector_norm(noise)
+
+
 def default_max_iter(k: int) -> int:
     return max(300, 20 * k)
 
 
 def _worst(measured) -> float:
-    values, res = measured
+    values, res = measured[:2]
     return max(r / abs(v) if v != 0 else math.inf for v, r in zip(values, res))
 
 
 def _all_within(measured, tol: float) -> bool:
-    values, res = measured
+    values, res = measured[:2]
     return all(r <= tol * abs(v) for v, r in zip(values, res))
 
 
-def _true_residuals(op: Operator, lz: Lanczos, S_top: np.ndarray) -> tuple[list[float], list[float]]:
-    """Rayleigh quotients of the normalised Ritz vectors and their true residual norms."""
+def _true_residuals(op: Operator, lz: Lanczos, S_top: np.ndarray) -> tuple[list[float], list[float], Tensor]:
+    """Rayleigh quotients of the normalised Ritz vectors, their true residual norms, and the vectors."""
     Y = lz.vectors(S_top)
     Y = Y / torch.linalg.vector_norm(Y, dim=1, keepdim=True)
     HY = op.matmat(Y)
@@ -243,4 +276,4 @@ def _true_residuals(op: Operator, lz: Lanczos, S_top: np.ndarray) -> tuple[list[
     # true one for exactly the value reported
     values = rowsum64(Y * HY)
     R = HY.to(torch.float64) - values.unsqueeze(1) * Y.to(torch.float64)
-    return values.cpu().tolist(), torch.linalg.vector_norm(R, dim=1).cpu().tolist()
+    return values.cpu().tolist(), torch.linalg.vector_norm(R, dim=1).cpu().tolist(), Y

@@ -91,8 +91,14 @@ class LmaxProbe:
         tol = options.resolved_tol(op.dtype)
         progress = progress_reporter(ctx, f"lmax ({options.method})")
         solve = lanczos_top if options.method == "lanczos" else power_top
+        # a Tracker keeps the last eigenvectors (ctx.warm) and Lanczos starts from them
+        warm_key = (self.name, options.matrix, options.k)
+        warm = ctx.warm.get(warm_key) if ctx.warm is not None and options.method == "lanczos" else None
+        extra = {"start": warm} if warm is not None else {}
         res = solve(op, options.k, generator=ctx.generator(), tol=tol, max_iter=max_iter, progress=progress,
-                    should_stop=budget_stop(ctx))
+                    should_stop=budget_stop(ctx), **extra)
+        if ctx.warm is not None and getattr(res, "vectors", None) is not None:
+            ctx.warm[warm_key] = res.vectors
         bn_mode = ctx.backend.problem.bn_mode
         symbol = "H" if options.matrix == "hessian" else "G"
         relative = [r / abs(v) if v != 0 else math.inf for v, r in zip(res.values, res.residuals)]
@@ -150,5 +156,7 @@ class LmaxProbe:
                 "iterations": res.iterations,
                 "stop_reason": res.stop_reason,
                 "parameters": op.dim,
+                # started from the eigenvectors of an earlier run (a Tracker's), not only the seed
+                "warm_start": warm is not None,
             },
         )
