@@ -564,8 +564,8 @@ def test_preprocess_wrong_sizes():
     with pytest.raises(DataError) as e:
         create_dataset("digits", preprocess=Preprocess(input_size=(100,)))
     assert str(e.value) == "data 'digits' gives samples of shape (1,8,8) = 64 values; spec input_size is [100]"
-    with pytest.raises(DataError, match="1-channel images .* needs 3 channels"):
-        create_dataset("digits", preprocess=Preprocess(input_size=(3, 8, 8)))
+    with pytest.raises(DataError, match="1-channel images .* needs 2 channels"):  # 1 → 3 is converted
+        create_dataset("digits", preprocess=Preprocess(input_size=(2, 8, 8)))
     with pytest.raises(DataError, match=r"shape \(10\); .* needs \(C,H,W\)"):
         apply_preprocess(torch.zeros(10), Preprocess(input_size=(1, 2, 5)), source="t")
     with pytest.raises(DataError, match="mean has 2 values"):

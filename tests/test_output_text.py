@@ -5,7 +5,11 @@ invariance table that never says "same" for a rescaling that changed the predict
 from __future__ import annotations
 
 import io
+import json
 import re
+
+import numpy as np
+import torch
 
 import pytest
 from rich.console import Console
@@ -157,3 +161,72 @@ def test_weights_dir_accepts_name_and_tag_qualified_files(tmp_path, asked, on_di
     path.write_bytes(b"weights")
     hit, looked = find_local_weights(asked, tmp_path)
     assert (hit == path) is found, (hit, looked)
+
+
+# ---------------------------------------------------------------- channels: grey ↔ RGB when the spec asks
+
+def test_grey_data_feeds_a_three_channel_model_replicated():
+    from flatcheck.data.preprocess import Preprocess
+    from flatcheck.data.registry import create_dataset
+
+    grey, rgb = create_dataset("digits"), create_dataset("digits", preprocess=Preprocess(input_size=(3, 8, 8)))
+    assert rgb.sample_shape == (3, 8, 8) and rgb.channel_conversion == "grey → RGB (replicated)"
+    for i in (0, 7):
+        assert all(torch.equal(rgb[i][0][c], grey[i][0][0]) for c in range(3))
+    assert grey.channel_conversion is None
+
+
+def rgb_npz(path, n: int = 40):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 3, 8, 8, generator=g).numpy().astype("float32")
+    y = (torch.arange(n) % 10).numpy()
+    np.savez(path, x=x, y=y)
+    return x
+
+
+def test_rgb_data_feeds_a_one_channel_model_by_luminance(tmp_path):
+    from flatcheck.data.preprocess import Preprocess
+    from flatcheck.data.registry import create_dataset
+
+    x = rgb_npz(tmp_path / "rgb.npz")
+    ds = create_dataset(f"npz:{tmp_path / 'rgb.npz'}", preprocess=Preprocess(input_size=(1, 8, 8)))
+    assert ds.sample_shape == (1, 8, 8) and ds.channel_conversion.startswith("RGB → grey (luminance")
+    want = 0.299 * x[3, 0] + 0.587 * x[3, 1] + 0.114 * x[3, 2]  # PIL's convert("L") weights
+    assert np.allclose(ds[3][0][0].numpy(), want, rtol=0, atol=4 * np.finfo(np.float32).eps)
+
+
+def test_no_standard_conversion_is_still_refused():
+    from flatcheck.data.preprocess import Preprocess
+    from flatcheck.data.registry import create_dataset
+    from flatcheck.errors import DataError
+
+    with pytest.raises(DataError, match="needs 2 channels .*grey ↔ RGB"):
+        create_dataset("digits", preprocess=Preprocess(input_size=(2, 8, 8)))
+
+
+def test_the_report_says_it_converted(tmp_path):
+    from test_cli import CKPT, SPEC
+
+    rgb_npz(tmp_path / "rgb.npz", n=64)
+    args = ["trace", str(CKPT), "--spec", str(SPEC), "--data", f"npz:{tmp_path / 'rgb.npz'}", "--samples", "64",
+            "--probes-max", "2", "--no-layers", "-q"]
+    table = RUNNER.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "RGB → grey (luminance" in " ".join(table.stdout.split())
+    data = json.loads(RUNNER.invoke(app, args + ["--json", "-"]).stdout)["data"]
+    assert data["channels"].startswith("RGB → grey (luminance")
+
+
+def test_an_rgb_image_folder_for_a_grey_model_says_it_converted(tmp_path):
+    from PIL import Image
+
+    from flatcheck.data.preprocess import Preprocess
+    from flatcheck.data.registry import create_dataset
+
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+        Image.new("RGB", (8, 8), (200, 100, 50)).save(tmp_path / label / "0.png")
+    ds = create_dataset(f"imagefolder:{tmp_path}", preprocess=Preprocess(input_size=(1, 8, 8)))
+    assert ds.channel_conversion.startswith("RGB → grey") and ds.sample_shape == (1, 8, 8)
+    assert create_dataset(f"imagefolder:{tmp_path}", preprocess=Preprocess(input_size=(3, 8, 8))).channel_conversion \
+        is None

@@ -126,6 +126,8 @@ class SampleSet:
             "batch_size": self.batch_size,
             "batches": self.num_batches,
             "fingerprint": self.fingerprint,
+            # grey ↔ RGB for the model's channels, when the data set had to be converted
+            **({"channels": conv} if (conv := getattr(self.dataset, "channel_conversion", None)) else {}),
         }
 
     def __repr__(self) -> str:

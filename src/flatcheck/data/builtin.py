@@ -244,6 +244,21 @@ class ImageFiles(Dataset):
 
     def __init__(self, samples: list[tuple[Path, int]], mode: str, where: str) -> None:
         self.samples, self.mode, self.where = samples, mode, where
+        self.channel_conversion = self._conversion()
+
+    def _conversion(self) -> str | None:
+        """What convert(mode) does to the first image's channels, for the report (a folder is
+        taken to hold one kind of image; a file that cannot be read fails when it is read)."""
+        from PIL import Image
+
+        from .transform import channel_conversion
+
+        try:
+            with Image.open(self.samples[0][0]) as img:  # reads the header only
+                bands = len(img.getbands()) - ("A" in img.getbands())
+        except Exception:
+            return None
+        return channel_conversion(bands, len(self.mode)) if bands in (1, 3) else None
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -23,7 +23,7 @@ from flatcheck.data.catalogue import (
     _REGISTRY, ROOT_ENV, SPLITS, DataSource, MissingSplitError, _canonical, register_dataset,
 )
 from flatcheck.data.preprocess import Preprocess
-from flatcheck.data.transform import apply_preprocess
+from flatcheck.data.transform import apply_preprocess, channel_conversion
 from flatcheck.errors import DataError, InternalError
 
 _AS_IS = Preprocess()  # frozen, so one shared default is safe
@@ -117,6 +117,13 @@ class PreparedDataset(Dataset):
             raise MissingSplitError(f"data '{name}' split '{split}' has no samples ({source.description})")
         x0, _ = self[0]
         self.sample_shape: tuple[int, ...] = tuple(x0.shape)
+        # the report says when the images' channels were converted for the model (transform.py)
+        raw = _as_tensor(source.dataset[0][0], name)
+        size = preprocess.input_size
+        self.channel_conversion = (channel_conversion(raw.shape[0], size[0])
+                                   if size is not None and len(size) == 3 and raw.dim() == 3 else None)
+        # a source that decodes to the model's channels itself (imagefolder through PIL) says so
+        self.channel_conversion = self.channel_conversion or getattr(source.dataset, "channel_conversion", None)
 
     def __len__(self) -> int:
         return self._len

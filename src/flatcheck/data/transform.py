@@ -1,9 +1,11 @@
 """Turn one raw sample (float in [0, 1], (C,H,W) or (D,)) into what the model expects.
 
-Deliberately strict: a silent channel repeat, crop or reshape would let flatcheck measure
-the geometry of a model on inputs it was never trained on, and the numbers would still
-look plausible. Only resizing is done implicitly, because checkpoints are routinely
-evaluated at their own resolution on data stored at another.
+Deliberately strict: a silent crop or reshape would let flatcheck measure the geometry of a
+model on inputs it was never trained on, and the numbers would still look plausible. Done
+implicitly: resizing, because checkpoints are routinely evaluated at their own resolution on
+data stored at another, and the two standard channel conversions when the spec's input_size
+asks for them — grey to RGB by replication and RGB to grey by luminance, as torchvision's
+Grayscale and PIL's convert("L") make them — which the report names (data.channels).
 """
 
 from __future__ import annotations
@@ -18,6 +20,19 @@ from flatcheck.errors import DataError
 INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic", "area")
 # antialias only exists for these modes in F.interpolate
 _ANTIALIAS_MODES = ("bilinear", "bicubic")
+
+
+# ITU-R 601-2 luma, the weights of PIL's convert("L") and torchvision's Grayscale
+_LUMA = torch.tensor((0.299, 0.587, 0.114))
+
+
+def channel_conversion(have: int, want: int) -> str | None:
+    """How `have`-channel images are made `want`-channel ones, or None when no standard way is."""
+    if (have, want) == (1, 3):
+        return "grey → RGB (replicated)"
+    if (have, want) == (3, 1):
+        return "RGB → grey (luminance 0.299 R + 0.587 G + 0.114 B)"
+    return None
 
 
 def _shape(t: Tensor | tuple[int, ...]) -> str:
@@ -60,10 +75,12 @@ def _fit_image(x: Tensor, size: tuple[int, ...], mode: str, source: str) -> Tens
             f"data '{source}' gives samples of shape {_shape(x)}; spec input_size {_spec(size)} needs (C,H,W) images"
         )
     if x.shape[0] != c:
-        raise DataError(
-            f"data '{source}' gives {x.shape[0]}-channel images {_shape(x)}; "
-            f"spec input_size {_spec(size)} needs {c} channels"
-        )
+        if channel_conversion(x.shape[0], c) is None:
+            raise DataError(
+                f"data '{source}' gives {x.shape[0]}-channel images {_shape(x)}; "
+                f"spec input_size {_spec(size)} needs {c} channels (flatcheck converts only grey ↔ RGB)"
+            )
+        x = x.expand(3, -1, -1) if c == 3 else torch.tensordot(_LUMA.to(x.dtype), x, dims=1).unsqueeze(0)
     if tuple(x.shape[1:]) == (h, w):
         return x
     if mode not in INTERPOLATIONS:

@@ -48,7 +48,9 @@ def header(report: Report) -> str:
     d = m["data"]
     return (
         f"[bold]{m['model']['arch']}[/] ({m['model']['probed_parameters']:,} params probed) · "
-        f"{d['name']}/{d['split']} n={d['samples']} · loss {m['model']['loss']} · bn {m['bn_mode']} · "
+        f"{d['name']}/{d['split']} n={d['samples']}"
+        + (f" ({d['channels']})" if d.get("channels") else "")  # a grey ↔ RGB conversion for the model
+        + f" · loss {m['model']['loss']} · bn {m['bn_mode']} · "
         f"{m['device']} {m['dtype']} · seed {m['seed']}"
     )
 
