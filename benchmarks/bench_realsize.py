@@ -123,8 +123,74 @@ def write_table(rows: list[dict], path: Path, args) -> None:
     os.replace(tmp, path)
 
 
+def agreement(path: Path) -> None:
+    """The goals' checks on models small enough for ground truth, float64: normalized MLS of the
+    matrix-free route against the exact route on timm's test_vit at 1,000 classes, and
+    adaptive sharpness against the dense (ρ²/2)·Tr(diag|w| H diag|w|) and a many-draw Monte Carlo."""
+    import math
+
+    import timm
+    import torch
+    from torch import nn
+    from torch.func import functional_call, hessian
+
+    import flatcheck
+
+    torch.manual_seed(0)
+    lines = ["# Agreement checks behind realsize_vit.md (float64, models small enough for ground truth)", ""]
+    vit = timm.create_model("test_vit", num_classes=1000, img_size=32, pretrained=False).double().eval()
+    x, y = torch.randn(4, 3, 32, 32, dtype=torch.float64), torch.randint(0, 1000, (4,))
+    ex = flatcheck.measure(vit, (x, y), probes="mls", options={"mls": {"method": "exact"}}).results["mls"].details
+    es = flatcheck.measure(vit, (x, y), probes="mls", options={"mls": {"method": "estimate"}}).results["mls"].details
+    lines += ["timm test_vit (32 px, 1,000 classes, random weights), 4 samples, mls exact vs estimate (defaults):", "",
+              "| quantity | exact | estimate | reported error | |diff| / error |", "|---|---:|---:|---:|---:|"]
+    for key, err in (("mls", "mls_error_bound"), ("normalized_mls", "normalized_mls_error_bound"),
+                     ("nmls", "nmls_error_bound"), ("local_dimensionality", "local_dimensionality_stderr")):
+        diff = abs(ex[key] - es[key])
+        lines.append(f"| {key} | {ex[key]:.8g} | {es[key]:.8g} | {es[err]:.3g} ({err.rsplit('_', 1)[-1]}) | "
+                     f"{diff / es[err] if es[err] else float('inf'):.3g} |")
+    # adaptive sharpness: dense Hessian diagonal of a small MLP in float64
+    mlp = nn.Sequential(nn.Linear(16, 24), nn.Tanh(), nn.Linear(24, 10)).double()
+    xs, ys = torch.randn(64, 16, dtype=torch.float64), torch.randint(0, 10, (64,))
+    names = [n for n, _ in mlp.named_parameters()]
+    w0 = torch.cat([p.detach().reshape(-1) for p in mlp.parameters()])
+    shapes = [p.shape for p in mlp.parameters()]
+
+    def loss(theta):
+        parts = dict(zip(names, (t.view(s) for t, s in zip(theta.split([math.prod(s) for s in shapes]), shapes))))
+        return nn.functional.cross_entropy(functional_call(mlp, parts, (xs,)), ys)
+
+    rho = 5e-4
+    dense = rho**2 / 2 * (w0.pow(2) * torch.diagonal(hessian(loss)(w0))).sum().item()
+    g = torch.Generator().manual_seed(1)
+    draws = 20000
+    base = loss(w0).item()
+    vals = torch.empty(draws, dtype=torch.float64)
+    with torch.no_grad():
+        for i in range(draws):
+            d = torch.randn(w0.shape, generator=g, dtype=torch.float64) * rho * w0.abs()
+            vals[i] = 0.5 * (loss(w0 + d) + loss(w0 - d)) - base
+    mc, mc_se = vals.mean().item(), vals.std().item() / math.sqrt(draws)
+    res = flatcheck.measure(mlp, (xs, ys), probes="adaptive-sharpness",
+                            options={"adaptive-sharpness": {"rho": rho}}).results["adaptive-sharpness"]
+    route = res.details.get("route")
+    lines += ["", f"adaptive sharpness, MLP 16-24-10 (tanh, {w0.numel()} parameters), 64 samples, ρ = {rho:g}, "
+              "cross entropy, float64:", "",
+              "| what | value | stderr | |diff to dense| / stderr |", "|---|---:|---:|---:|",
+              f"| dense (ρ²/2)·Σ w_i² H_ii | {dense:.6g} | exact | |",
+              f"| Monte Carlo, {draws} ± pairs | {mc:.6g} | {mc_se:.3g} | {abs(mc - dense) / mc_se:.3g} |",
+              f"| flatcheck adaptive-sharpness (defaults; headline route {route}) | {res.value:.6g} | "
+              f"{res.stderr:.3g} | {abs(res.value - dense) / res.stderr:.3g} |"]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agreement", action="store_true", help="only the small-model agreement checks "
+                    "(results/realsize_agreement.md)")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--probes", default=None, help="row names to run (comma-separated) [default: all]")
     ap.add_argument("--samples", default="4,8", help="sample counts, comma-separated")
@@ -134,6 +200,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results" / "realsize_vit.md")
     ap.add_argument("--jsonl", type=Path, default=HERE / "results" / "realsize_vit.jsonl")
     args = ap.parse_args()
+    if args.agreement:
+        agreement(HERE / "results" / "realsize_agreement.md")
+        return
     wanted = None if args.probes is None else set(args.probes.split(","))
     rows: list[dict] = []
     if args.jsonl.exists():  # resume: keep what an earlier, interrupted run measured

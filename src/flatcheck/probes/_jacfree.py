@@ -59,6 +59,14 @@ def gaussian(seed: int, first: int, count: int, dim: int, stream) -> Tensor:
                         for i in range(count)])
 
 
+def twice_differentiable():
+    """Attention by its math kernel: the fused CPU kernels (flash attention) have no
+    derivative of their backward, which J v by the double-VJP trick needs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
+
+
 class JacobianProducts:
     """One forward of a chunk with the tapped calls recorded, and products with the Jacobians of
     the outputs with respect to x and the tapped layers' inputs (`tap_inputs`) or outputs.
@@ -69,7 +77,7 @@ class JacobianProducts:
     def __init__(self, model: nn.Module, x: Tensor, output: Output, taps: list[tuple[str, nn.Module]],
                  tap_outputs: bool = False):
         self.x = x.detach().requires_grad_(True)
-        with torch.enable_grad():
+        with torch.enable_grad(), twice_differentiable():
             with record(list(taps)) as rec:  # hooks off after the forward; the calls stay recorded
                 self.logits = model(self.x)
             self.out = apply_output(self.logits, output)
@@ -240,7 +248,7 @@ def graph_bytes(model: nn.Module, x: Tensor, output: Output) -> int:
         return t
 
     xg = x.detach().requires_grad_(True)
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.enable_grad(), twice_differentiable(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         apply_output(model(xg), output)
     return sum(seen.values())
 
