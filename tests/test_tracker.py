@@ -170,3 +170,24 @@ def test_float64_tracking_of_a_float32_model_follows_its_weights():
                                  dtype="float64").results["trace"].value
         assert got == want
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_the_training_example_runs_small(tmp_path):
+    """examples/track_training.py at toy size: both learning rates tracked, every record ok,
+    the PNG written, the JSONL files readable by report."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import track_training
+
+    runs = track_training.main(["--steps", "4", "--every", "2", "--lrs", "0.5,1", "--samples", "48",
+                                "--out", str(tmp_path / "plot.png"), "--jsonl", str(tmp_path)])
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for run in runs:
+        assert [r["step"] for r in run["records"]] == [0, 2, 4]
+        assert all(r["status"] == "ok" for r in run["records"]), [r["error"] for r in run["records"]]
+        assert set(run["records"][0]["results"]) == {"lmax", "trace", "jacobian"}
+        s = track_training.summary(run)
+        assert s["two_over_lr"] == 2 / run["lr"] and s["errors"] == 0
+    records = load_results(sorted(tmp_path.glob("*.jsonl"))).records
+    assert len(records) == 12  # 2 runs × 3 steps × (curvature file + Jacobian file)
