@@ -366,3 +366,31 @@ def test_preset_runs_the_mls_vs_sharpness_protocol(tmp_path):
     assert png.read_bytes().startswith(b"\x89PNG")
     res = invoke("scan", "--checkpoints", folder, "--preset", "fig9", "--out", tmp_path / "x.jsonl")
     assert res.exit_code == 2 and "mls-vs-sharpness" in res.stderr
+
+
+def test_scan_takes_models_by_name_with_the_shared_spec_flags(tmp_path):
+    """--model REF (repeatable) as every probe command reads it, with --num-classes/--input-size/
+    --set applied to each model and recorded with where each field came from; a reference that
+    cannot be read is refused up front (exit 2), before any model runs."""
+    from flatcheck.workflows.scan_sources import family
+
+    out = tmp_path / "s.jsonl"
+    r = invoke("scan", "--model", "timm:test_vit", "--model", "torchvision:resnet18", "--num-classes", "7",
+                "--input-size", "3,32,32", "--set", "loss=mse", "--data", "synthetic", "--samples", "4",
+                "--batch-size", "4", "--probes", "gini", "--out", str(out), "-q")
+    assert r.exit_code == 0, r.output
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(x["model"], x["status"], x["origin"], x["family"]) for x in recs] == [
+        ("timm:test_vit", "ok", "model", "test"), ("torchvision:resnet18", "ok", "model", "resnet")]
+    for rec in recs:
+        model = rec["meta"]["model"]
+        assert model["num_classes"] == 7 and model["resolved_spec"]["input_size"] == [3, 32, 32]
+        assert model["loss"] == "mse" and model["spec_origins"]["num_classes"] == "flag --num-classes"
+        assert model["spec_origins"]["loss"] == "flag --set loss"
+    assert family("hf-hub:timm/vit_small_patch16_224.augreg_in21k") == "vit"
+
+    bad = invoke("scan", "--model", "timm", "--model", "torchvision:resnet18", "--out", str(tmp_path / "b.jsonl"))
+    assert bad.exit_code == 2 and "--model expects" in bad.output
+    assert not (tmp_path / "b.jsonl").exists()
+    bad = invoke("scan", "--checkpoints", str(tmp_path), "--num-classes", "3", "--out", str(tmp_path / "c.jsonl"))
+    assert bad.exit_code == 2 and "checkpoint folder" in bad.output

@@ -23,6 +23,16 @@ def scan_cmd(
     pretrained: Annotated[bool, typer.Option("--pretrained", help="pretrained weights, from local disk only "
                                              "(HF cache or --weights-dir); models without them are skipped")] = False,
     models_file: Annotated[Optional[Path], typer.Option("--models-file", help="timm model names, one per line")] = None,
+    model: Annotated[Optional[list[str]], typer.Option("--model", help="a model by name, repeatable: timm:NAME, "
+                                                       "torchvision:NAME or python:MODULE:FUNCTION (random init "
+                                                       "unless --pretrained)")] = None,
+    num_classes: Annotated[Optional[int], typer.Option("--num-classes", help="spec field num_classes for "
+                                                       "every --timm/--model model")] = None,
+    mean: Annotated[Optional[str], typer.Option("--mean", help="per-channel mean, e.g. 0.5,0.5,0.5 (with --std)")] = None,
+    std: Annotated[Optional[str], typer.Option("--std", help="per-channel std (with --mean)")] = None,
+    set_fields: Annotated[Optional[list[str]], typer.Option("--set", help="FIELD=VALUE: any other spec field of "
+                                                            "every --timm/--model model (VALUE is YAML), "
+                                                            "repeatable")] = None,
     checkpoints: Annotated[Optional[Path], typer.Option("--checkpoints", help="folder of NAME.safetensors|pt "
                                                         "with NAME.yaml (or one spec.yaml) beside them")] = None,
     weights_dir: Annotated[Optional[Path], typer.Option("--weights-dir", help="folder of NAME.safetensors or "
@@ -92,8 +102,13 @@ def scan_cmd(
             params=tuple(p.strip() for p in (params or "").split(",") if p.strip()), backend=backend,
             trust_packages=trust_package, budget=budget,
         )
+        from ..models.resolve import ModelRequest
+
+        # the spec fields the shared flags set, as every probe command reads them (models.resolve)
+        request = ModelRequest(pretrained=pretrained, random_init=not pretrained, num_classes=num_classes,
+                               mean=mean, std=std, sets=tuple(set_fields or ()))
         entries = _entries(timm_pattern or [], models_file, checkpoints, pretrained, weights_dir,
-                           parse_kwargs(model_kwargs or []), _parse_size(input_size))
+                           parse_kwargs(model_kwargs or []), _parse_size(input_size), model or [], request)
         with warnings.catch_warnings():
             if quiet:
                 warnings.simplefilter("ignore")
@@ -133,11 +148,19 @@ def _parse_size(text: str | None) -> tuple[int, ...] | None:
     return None if text is None else parse_input_size(text)
 
 
-def _entries(patterns, models_file, checkpoints, pretrained, weights_dir, kwargs, input_size):
-    from ..workflows.scan_sources import checkpoint_entries, names_from_file, timm_entry, timm_names
+def _entries(patterns, models_file, checkpoints, pretrained, weights_dir, kwargs, input_size, refs, request):
+    from dataclasses import replace
 
-    if not patterns and models_file is None and checkpoints is None:
-        raise _config_error("nothing to scan: give --timm PATTERN, --models-file FILE or --checkpoints DIR")
+    from ..models.resolve import flag_fields
+    from ..workflows.scan_sources import checkpoint_entries, model_entry, names_from_file, timm_entry, timm_names
+
+    if not patterns and models_file is None and checkpoints is None and not refs:
+        raise _config_error("nothing to scan: give --timm PATTERN, --models-file FILE, --model REF or "
+                            "--checkpoints DIR")
+    fields = flag_fields(request)
+    if fields and not (patterns or models_file or refs):
+        raise _config_error("--num-classes/--mean/--std/--set set fields of --timm/--models-file/--model models; "
+                            "a checkpoint folder's models take theirs from their specs")
     if weights_dir is not None and not weights_dir.is_dir():
         raise _config_error(f"--weights-dir {weights_dir}: not a folder")
     names: list[str] = []
@@ -145,8 +168,13 @@ def _entries(patterns, models_file, checkpoints, pretrained, weights_dir, kwargs
         names += timm_names(pattern, pretrained)
     if models_file is not None:
         names += names_from_file(models_file)
-    entries = [timm_entry(n, pretrained=pretrained, kwargs=kwargs, input_size=input_size, weights_dir=weights_dir)
-               for n in dict.fromkeys(names)]
+    entries = [timm_entry(n, pretrained=pretrained, kwargs=kwargs, input_size=input_size, weights_dir=weights_dir,
+                          fields=fields) for n in dict.fromkeys(names)]
+    if refs and (kwargs or weights_dir is not None):
+        raise _config_error("--model-kwargs/--weights-dir are for --timm/--models-file names; with --model use "
+                            "--set kwargs.KEY=VALUE, and --pretrained reads the library's local cache")
+    sized = replace(request, input_size=None if input_size is None else ",".join(map(str, input_size)))
+    entries += [model_entry(ref, sized) for ref in dict.fromkeys(refs)]
     if checkpoints is not None:
         entries += checkpoint_entries(checkpoints)
     return entries

@@ -136,6 +136,22 @@ def _hf_hub(name: str, label: str) -> _Base:
 # ---------------------------------------------------------------- the flags' layer
 
 
+def flag_fields(req: ModelRequest) -> dict[str, Any]:
+    """The spec fields `req`'s flags set (--num-classes, --input-size, --mean, --std, --set), checked."""
+    return _overrides(req)[0]
+
+
+def merge_fields(data: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """Spec fields with flag-set ones on top; kwargs/loss/checkpoint mappings merge key by key."""
+    out = dict(data)
+    for name, value in fields.items():
+        if name in _DOTTED and isinstance(value, dict) and name in out:
+            out[name] = {**_as_mapping(name, out[name]), **value}
+        else:
+            out[name] = value
+    return out
+
+
 def _overrides(req: ModelRequest) -> tuple[dict[str, Any], dict[str, str]]:
     """Spec fields set by flags (or load_model's keywords), each checked alone so that an error
     names the flag, and where each came from."""
@@ -176,14 +192,7 @@ def _overrides(req: ModelRequest) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def _with_overrides(base: _Base, overrides: dict[str, Any], told: dict[str, str]) -> ModelSpec:
-    data = dict(base.data)
-    for name, value in overrides.items():
-        if name in _DOTTED and isinstance(value, dict) and name not in base.data:
-            data[name] = value
-        elif name in _DOTTED and isinstance(value, dict):
-            data[name] = {**_as_mapping(name, base.data[name]), **value}
-        else:
-            data[name] = value
+    data = merge_fields(base.data, overrides)
     for given, other in (("mean", "std"), ("std", "mean")):
         # a flag for one of the pair must not pair silently with nothing
         if given in overrides and data.get(other) is None:

@@ -26,7 +26,7 @@ class Entry:
     """One model of a scan. `spec` is built lazily so a broken spec is that model's error."""
 
     name: str
-    origin: str  # "timm" or "checkpoint"
+    origin: str  # "timm", "model" (--model REF) or "checkpoint"
     make_spec: Callable[[], Any]
     describe: dict[str, Any]  # what identifies the model in the fingerprint
     checkpoint: Path | None = None
@@ -38,7 +38,9 @@ class Entry:
 
 
 def family(name: str) -> str:
-    """Model family for colouring plots: the name before its first '_' (vit, deit3, eva02 …)."""
+    """Model family for colouring plots: the name before its first '_' (vit, deit3, eva02 …);
+    a --model reference's source (timm:, torchvision:, hf-hub:timm/) is not part of it."""
+    name = name.rsplit("/", 1)[-1].rsplit(":", 1)[-1] if ":" in name else name
     base = name.split(".", 1)[0]
     return base.split("_", 1)[0] if "_" in base else base.rstrip("0123456789") or base
 
@@ -69,12 +71,15 @@ def names_from_file(path: Path) -> list[str]:
 
 
 def timm_entry(name: str, *, pretrained: bool, kwargs: dict[str, Any], input_size: tuple[int, ...] | None,
-               weights_dir: Path | None) -> Entry:
+               weights_dir: Path | None, fields: dict[str, Any] | None = None) -> Entry:
+    """`fields`: spec fields the shared flags set (--num-classes, --mean, --std, --set), on top."""
+    from ..models.resolve import merge_fields
     from ..models.spec import spec_from_dict
 
     spec_dict: dict[str, Any] = {"source": "timm", "arch": name, "kwargs": dict(kwargs)}
     if input_size is not None:
         spec_dict["input_size"] = list(input_size)
+    spec_dict = merge_fields(spec_dict, fields or {})
     # label error messages with the model's name rather than "model spec"
     entry = Entry(name, "timm", lambda: spec_from_dict(spec_dict, path=Path(f"timm:{name}")),
                   {"spec": spec_dict, "pretrained": pretrained})
@@ -82,6 +87,29 @@ def timm_entry(name: str, *, pretrained: bool, kwargs: dict[str, Any], input_siz
         found, looked = find_local_weights(name, weights_dir)
         if found is None:
             entry.skip_reason = f"no local pretrained weights (looked in {looked}); flatcheck never downloads"
+        else:
+            entry.checkpoint = found
+            entry.describe["weights"] = {"path": str(found), "bytes": found.stat().st_size}
+    return entry
+
+
+def model_entry(ref: str, request: Any) -> Entry:
+    """--model REF (timm:NAME, torchvision:NAME, python:MODULE:FUNCTION), resolved as every
+    command resolves it (models.resolve): a reference that cannot be read is the user's error, up
+    front; missing local pretrained weights skip the model."""
+    from dataclasses import replace
+
+    from ..models.resolve import describe, flag_fields, resolve
+
+    req = replace(request, model=ref)
+    spec = describe(req)
+    entry = Entry(ref, "model", lambda: spec,
+                  {"model": ref, "fields": flag_fields(req), "pretrained": req.pretrained})
+    if req.pretrained:
+        try:
+            found = resolve(req).checkpoint
+        except ConfigError as exc:
+            entry.skip_reason = str(exc)
         else:
             entry.checkpoint = found
             entry.describe["weights"] = {"path": str(found), "bytes": found.stat().st_size}
