@@ -187,3 +187,15 @@ def test_cli_refuses_a_bad_period():
     proc = subprocess.run(RUN + ["--probes-max", "2"], cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="soon"),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith("error: $FLATCHECK_PROGRESS_SECONDS")
+
+
+def test_a_probe_run_twice_gets_two_end_lines():
+    # invariance runs the probes before and after the rescaling under one renderer
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        for _ in range(2):
+            for i in range(1, 4):
+                clock.now += 1
+                progress("trace (hutchinson)", i, 3, value=5.0, stderr=0.5)
+    ends = [line for line in lines_of(out) if ": done · 3/3" in line]
+    assert len(ends) == 2 and all(line.endswith("5 ± 0.5") for line in ends)

@@ -149,7 +149,9 @@ class ProgressRenderer:
         now = self.clock()
         with self._lock:
             task = self.tasks.get(desc)
-            if task is None:
+            # the same description counting from the start again is a new run of the probe
+            # (invariance runs every probe twice, gate may rerun): a task of its own
+            if task is None or done < task.done or (task.finished and done <= task.done):
                 if self.current is not None and not self.current.finished and not self.interactive:
                     self._finish(self.current, now)  # the previous stage stopped early
                 start = self.current.last if self.current is not None else self.started
