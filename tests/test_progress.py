@@ -199,3 +199,21 @@ def test_a_probe_run_twice_gets_two_end_lines():
                 progress("trace (hutchinson)", i, 3, value=5.0, stderr=0.5)
     ends = [line for line in lines_of(out) if ": done · 3/3" in line]
     assert len(ends) == 2 and all(line.endswith("5 ± 0.5") for line in ends)
+
+
+def test_scan_off_a_terminal_says_which_model_loads_and_each_model_done(tmp_path):
+    models = tmp_path / "models.txt"
+    models.write_text("test_resnet\ntest_convnext\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "flatcheck", "scan", "--models-file", str(models), "--probes", "gini,trace",
+           "-o", "trace.probes_max=2", "--data", "synthetic", "--samples", "8", "--batch-size", "8",
+           "--out", str(tmp_path / "scan.jsonl")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="0.3"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert all(line.startswith(PREFIX) for line in lines), lines
+    assert any(line.startswith("flatcheck: model 1/2: loading test_resnet") for line in lines)
+    done = [line for line in lines if line.startswith("flatcheck scan: ok")]
+    assert [d.split()[3] for d in done] == ["test_resnet", "test_convnext"], done
+    assert done[0].endswith("1/2 models · ETA ?") and "2/2 models · ETA 0:00:00" in done[1]
+    assert any(line.startswith("flatcheck test_convnext: trace (hutchinson): done · 2/2") for line in lines)

@@ -189,8 +189,8 @@ def _say(msg: str, quiet: bool) -> None:
 
 def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_errors, placement, quiet):
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from ..report.progress import ProgressRenderer, Task, clock_text, period_from_env
     from ..workflows.scan import ScanHooks
 
     tag = f"[rank {placement.rank}/{placement.world_size}] " if placement.world_size > 1 else ""
@@ -198,27 +198,25 @@ def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_er
         return run_scan(entries, base, out, resume=resume, overwrite=overwrite, retry_errors=retry_errors,
                         placement=placement)
     err = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("ETA"), TimeRemainingColumn(), console=err, transient=True) as bar:
-        models = bar.add_task(f"{tag}models", total=None)
-        inner: dict[str, int] = {}
+    # a bar per probe at a terminal, plain lines elsewhere (a line at least every 15 s even while a
+    # model loads); a line per model done, with the scan's ETA from the models done so far
+    with ProgressRenderer(err.file, interactive=err.is_interactive, period=period_from_env(),
+                          phase=f"{tag}starting the scan") as progress:
+        models = Task(f"{tag}models", started=progress.clock())
+        where = {"name": "", "index": 0, "total": 0}
 
         def start(i, total, entry):
-            bar.update(models, total=total, completed=i, description=f"{tag}models · {entry.name}")
-            for t in inner.values():
-                bar.remove_task(t)
-            inner.clear()
+            where.update(name=entry.name, index=i, total=total)
+            progress.stage(f"{tag}model {i + 1}/{total}: loading {entry.name}")
 
         def done(rec):
-            bar.advance(models)
+            models.update(progress.clock(), where["index"] + 1, where["total"], None, None)
             extra = f" — {rec['error']}" if rec["error"] else ""
-            err.print(f"{tag}{rec['status']:>7}  {rec['model']}  {rec['seconds']:.1f}s{extra}", markup=False,
-                      highlight=False)
+            progress.note(f"flatcheck scan: {tag}{rec['status']}  {rec['model']}  {rec['seconds']:.1f}s{extra} · "
+                          f"{models.done}/{models.total} models · ETA {clock_text(models.eta())}")
 
-        def probe_progress(desc, d, total, **_):
-            if desc not in inner:
-                inner[desc] = bar.add_task(f"  {desc}", total=total)
-            bar.update(inner[desc], completed=d, total=total)
+        def probe_progress(desc, d, total, **estimate):
+            progress(f"{tag}{where['name']}: {desc}", d, total, **estimate)
 
         summary = run_scan(entries, base, out, resume=resume, overwrite=overwrite, retry_errors=retry_errors,
                            placement=placement, hooks=ScanHooks(start, done, probe_progress))

@@ -163,6 +163,23 @@ class ProgressRenderer:
             elif done >= total and not task.finished:
                 self._finish(task, now)
 
+    # -- what several runs in one renderer need (scan) --------------------------------------------
+    def stage(self, text: str) -> None:
+        """A new stage before any probe reports (a scan's next model loading): the ticker says
+        `text` until the first callback."""
+        with self._lock:
+            if self.current is not None and not self.current.finished and not self.interactive:
+                self._finish(self.current, self.clock())
+            self.phase, self.current = text, None
+
+    def note(self, text: str) -> None:
+        """A line of its own (a scan's model done), above the bars at a terminal."""
+        with self._lock:
+            if self._bar is not None:
+                self._bar.console.print(text, markup=False, highlight=False)
+            else:
+                self._write(text, self.clock())
+
     # -- plain lines ----------------------------------------------------------------------------
     def _finish(self, task: Task, now: float) -> None:
         task.finished = True
