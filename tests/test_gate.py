@@ -494,3 +494,34 @@ def test_a_paired_rerun_remeasures_the_baseline_when_it_can():
     (c,), _ = decide_with_reruns(cfg, run(grown, start), start, lambda more: spent.append(1) or run(grown, more),
                                  base, rerun_baseline=lambda more: None)
     assert c.verdict == "inconclusive" and c.failed and spent == [] and c.capped
+
+
+def test_an_adaptive_sharpness_headline_follows_the_baselines_estimator():
+    """Adaptive sharpness takes its headline from the Monte Carlo mean or the second-order form,
+    whichever resolves it; a gate runs the baseline's estimator (method pinned where the gate file
+    leaves it open) and refuses to compare two different estimators."""
+    import dataclasses
+
+    from flatcheck.config import RunConfig, probe_requests
+    from flatcheck.errors import InputError
+    from flatcheck.workflows.gate import follow_baseline
+
+    rule = {"field": "adaptive-sharpness.value", "max_increase": "20%"}
+    cfg = gate(rule, probes={"adaptive-sharpness": {"rho": 0.001}})
+    run = RunConfig(checkpoint=CKPT, spec=SPEC, probes=probe_requests("adaptive-sharpness", {
+        "adaptive-sharpness": dict(cfg.probes["adaptive-sharpness"])}))
+    for route, method in (("monte-carlo", "mc"), ("second-order", "second-order")):
+        base = _baseline({"adaptive-sharpness": {"value": 1.0, "stderr": 0.01, "details": {"route": route}}}, **META)
+        (req,) = follow_baseline(run, cfg, base).probes
+        assert req.options.method == method and req.options.rho == 0.001
+    # the gate file's own choice stands
+    fixed = gate(rule, probes={"adaptive-sharpness": {"method": "both"}})
+    run_both = dataclasses.replace(run, probes=probe_requests("adaptive-sharpness", {"adaptive-sharpness": {}}))
+    (req,) = follow_baseline(run_both, fixed, base).probes
+    assert req.options.method == "both"
+    now = {"adaptive-sharpness": result(1.0, 0.01, "adaptive-sharpness", route="second-order")}
+    then = {"adaptive-sharpness": result(1.0, 0.01, "adaptive-sharpness", route="monte-carlo")}
+    with pytest.raises(InputError, match="not the same estimate"):
+        evaluate(fixed, now, then)
+    assert verdicts(fixed, now, {"adaptive-sharpness": result(1.0, 0.01, "adaptive-sharpness",
+                                                              route="second-order")}) == ["pass"]

@@ -223,6 +223,10 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
             b.field.startswith(PART_FIELDS) for b in bounds):
         probes["trace"]["parts"] = False
         defaulted.add("trace.parts")
+    # adaptive sharpness picks its headline's estimator from the data (method both); a gate
+    # follows the baseline's pick (follow_baseline), so both sides are the same estimate
+    if "adaptive-sharpness" in probes and "method" not in probes["adaptive-sharpness"]:
+        defaulted.add("adaptive-sharpness.method")
     return GateConfig(tuple(bounds), probes, confidence, max_reruns, factor, where, frozenset(defaulted))
 
 
@@ -356,6 +360,7 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
             check.verdict, check.message = "skipped", f"baseline has no {bound.field}"
             return check
         b, base_se = _baseline_number(bound, b_raw, b_se_raw)
+        _check_same_route(bound, results, baseline)
         paired, why = pairing(bound, results, baseline)
         if paired is not None:
             b = paired.baseline_value()
@@ -573,6 +578,24 @@ def _check_same_quantity(bound: Bound, result: Mapping[str, Any], gate: GateConf
     if now is not None and then is not None and now != then:
         raise InputError(f"{where}: rule {bound.name}: the baseline's {bound.probe} is of the {then} matrix, "
                          f"this gate's of the {now}: not the same quantity (set probes.{bound.probe}.matrix)")
+
+
+# Routes that are different estimators of a headline (adaptive sharpness: the Monte Carlo mean
+# or the second-order form), unlike a trace's routes, which are one estimator's arithmetic.
+ESTIMATOR_ROUTES = frozenset({"monte-carlo", "second-order"})
+_METHOD_OF_ROUTE = {"monte-carlo": "mc", "second-order": "second-order"}
+
+
+def _check_same_route(bound: Bound, results: Mapping[str, Any], baseline: Mapping[str, Any]) -> None:
+    """A headline taken by another estimator than the baseline's is not comparable with it."""
+    if not _headline(bound):
+        return
+    now = ((results.get(bound.probe) or {}).get("details") or {}).get("route")
+    then = ((baseline.get(bound.probe) or {}).get("details") or {}).get("route")
+    if now != then and now in ESTIMATOR_ROUTES and then in ESTIMATOR_ROUTES:
+        raise InputError(f"rule {bound.name}: the baseline's {bound.probe} headline is its {then} value, this "
+                         f"run's its {now} value: not the same estimate (set probes.{bound.probe}.method: "
+                         f"{_METHOD_OF_ROUTE[then]} in the gate file, or remake the baseline)")
 
 
 def _check_probe_values(bound: Bound, result: Mapping[str, Any], b: float, s_b: float, where: str) -> None:
@@ -799,6 +822,9 @@ def follow_baseline(config, gate: GateConfig, baseline: Baseline):
         if (f"{req.name}.parts" in gate.defaulted and base.get("seed") == config.seed
                 and isinstance(parts, bool) and hasattr(req.options, "parts")):
             req = ProbeRequest(req.name, dataclasses.replace(req.options, parts=parts))
+        route = (base.get("details") or {}).get("route")
+        if f"{req.name}.method" in gate.defaulted and route in ESTIMATOR_ROUTES and hasattr(req.options, "method"):
+            req = ProbeRequest(req.name, dataclasses.replace(req.options, method=_METHOD_OF_ROUTE[route]))
         requests.append(req)
     return dataclasses.replace(config, probes=tuple(requests))
 
