@@ -360,6 +360,7 @@ def test_preset_runs_the_mls_vs_sharpness_protocol(tmp_path):
     assert probes["adaptive-sharpness"]["loss"] == "sigmoid_mse" and probes["adaptive-sharpness"]["probes_max"] == 4
     assert a["results"]["adaptive-sharpness"]["details"]["loss"] == "sigmoid_mse"
     assert a["results"]["mls"]["details"]["normalized_mls"] > 0
+    assert probes["mls"]["output"] == a["results"]["mls"]["details"]["output"] == "sigmoid"  # as App. F
     png = tmp_path / "fig4.png"
     res = invoke("report", out, "--preset", "mls-vs-sharpness", "--plot", png, "-q")
     assert res.exit_code == 0, res.stderr

@@ -3,7 +3,8 @@ figure `flatcheck report --preset` draws from its records.
 
 mls-vs-sharpness (Chen et al. 2023 §4.3, App. F, Fig. 4): elementwise adaptive sharpness with
 a sigmoid on the logits and the MSE loss (Andriushchenko et al. 2023's average-case definition,
-δ ~ N(0, ρ² diag|w|²)), and normalized MLS, (1/N) Σ ‖x_n‖·‖J_n‖₂; Fig. 4 plots the second
+δ ~ N(0, ρ² diag|w|²)), and normalized MLS of the sigmoid output, (1/N) Σ ‖x_n‖·‖J_n‖₂ with J_n = ∂σ(f(x_n))/∂x_n;
+Fig. 4 plots the second
 against the first on log axes, one colour per model family. The paper's text gives neither ρ
 nor the number of noise draws or samples; the preset keeps flatcheck's ρ = 5e-4 and takes its
 headline from whichever route resolves the value (adaptive_sharpness: details.route). Each
@@ -33,11 +34,11 @@ PRESETS = {
         name="mls-vs-sharpness",
         cite="Chen et al. 2023, App. F and Fig. 4",
         probes="adaptive-sharpness,mls",
-        options=("adaptive-sharpness.loss=sigmoid_mse",),
+        options=("adaptive-sharpness.loss=sigmoid_mse", "mls.output=sigmoid"),
         samples=1000,
         figure={"x": "adaptive-sharpness", "y": "mls.normalized_mls", "logx": True, "logy": True,
                 "xlabel": "elementwise adaptive sharpness S_ρ (sigmoid + MSE)",
-                "ylabel": "normalized MLS  (1/N) Σ ‖x_n‖·‖J_n‖₂"},
+                "ylabel": "normalized MLS of σ(f)  (1/N) Σ ‖x_n‖·‖J_n‖₂"},
     ),
 }
 
