@@ -126,7 +126,8 @@ def plot(runs: list[dict], path: Path) -> None:
         axes[0].axhline(2 / run["lr"], color=color, ls="--", lw=1, label=f"2/η = {2 / run['lr']:g}")
     axes[0].legend(fontsize=8)
     axes[1].legend(fontsize=8)
-    fig.suptitle("demo CNN, bundled digits (1437 train), full-batch gradient descent — flatcheck.Tracker")
+    n = runs[0]["records"][0]["settings"]["samples"] if runs and runs[0]["records"] else "?"
+    fig.suptitle(f"demo CNN, bundled digits ({n} train samples), full-batch gradient descent — flatcheck.Tracker")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
