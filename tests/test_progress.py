@@ -217,3 +217,20 @@ def test_scan_off_a_terminal_says_which_model_loads_and_each_model_done(tmp_path
     assert [d.split()[3] for d in done] == ["test_resnet", "test_convnext"], done
     assert done[0].endswith("1/2 models · ETA ?") and "2/2 models · ETA 0:00:00" in done[1]
     assert any(line.startswith("flatcheck test_convnext: trace (hutchinson): done · 2/2") for line in lines)
+
+
+def test_a_zero_done_report_starts_the_clock_and_is_not_a_unit():
+    clock = FakeClock()
+    out = io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        clock.now += 50  # loading
+        progress("lmax", 0, 4)
+        clock.now += 20  # the first unit: tracing and the like
+        progress("lmax", 1, 4)
+        assert progress.current.eta() is None  # one unit done: no rate yet
+        clock.now += 2
+        progress("lmax", 2, 4)
+        assert progress.current.eta() == pytest.approx(4.0)
+        clock.now += 2
+        progress("lmax", 4, 4)
+    assert lines_of(out) == ["flatcheck lmax: done · 4/4 · elapsed 0:00:24"]

@@ -73,7 +73,7 @@ class Task:
     bar_id: Any = field(default=None, repr=False)
 
     def update(self, now: float, done: int, total: int, value: float | None, stderr: float | None) -> None:
-        if self.anchor is None:
+        if self.anchor is None and done > 0:  # a "0 done" report marks the start, not a unit
             self.anchor = (now, done)
         self.done, self.total, self.last = done, total, now
         if value is not None:
@@ -124,8 +124,9 @@ class ProgressRenderer:
     # -- context ------------------------------------------------------------------------------
     def __enter__(self) -> "ProgressRenderer":
         if self.interactive:
-            self._bar = _rich_progress(self.stream)
+            self._bar = _rich_progress(self.stream, self.clock)
             self._bar.start()
+            self._show_phase()
         else:
             self._ticker = threading.Thread(target=self._tick, name="flatcheck-progress", daemon=True)
             self._ticker.start()
@@ -154,11 +155,14 @@ class ProgressRenderer:
             if task is None or done < task.done or (task.finished and done <= task.done):
                 if self.current is not None and not self.current.finished and not self.interactive:
                     self._finish(self.current, now)  # the previous stage stopped early
-                start = self.current.last if self.current is not None else self.started
+                # a probe that reports "0 done" first says when it began; else it began when the
+                # previous one last reported (or when the run did)
+                start = now if done == 0 else self.current.last if self.current is not None else self.started
                 task = self.tasks[desc] = Task(desc, started=start)
             self.current = task
             task.update(now, done, total, value, stderr)
             if self._bar is not None:
+                self._hide_phase()
                 self._draw(task)
             elif done >= total and not task.finished:
                 self._finish(task, now)
@@ -171,6 +175,9 @@ class ProgressRenderer:
             if self.current is not None and not self.current.finished and not self.interactive:
                 self._finish(self.current, self.clock())
             self.phase, self.current = text, None
+            if self._bar is not None:
+                self._hide_phase()
+                self._show_phase()
 
     def note(self, text: str) -> None:
         """A line of its own (a scan's model done), above the bars at a terminal."""
@@ -204,20 +211,38 @@ class ProgressRenderer:
                     self._write(f"{PREFIX}: {what} · elapsed {clock_text(now - self.started)}", now)
 
     # -- the bar --------------------------------------------------------------------------------
+    _phase_id: Any = None
+
+    def _show_phase(self) -> None:
+        # a pulsing bar while the model and data load: the screen is not blank for those seconds
+        self._phase_id = self._bar.add_task(self.phase, total=None, eta="", estimate="", t0=self.clock())
+
+    def _hide_phase(self) -> None:
+        if self._phase_id is not None:
+            self._bar.remove_task(self._phase_id)
+            self._phase_id = None
+
     def _draw(self, task: Task) -> None:
         if task.bar_id is None:
-            task.bar_id = self._bar.add_task(task.desc, total=task.total, eta="?", estimate="")
+            task.bar_id = self._bar.add_task(task.desc, total=task.total, eta="?", estimate="", t0=task.started)
         eta = task.eta()
         self._bar.update(task.bar_id, completed=task.done, total=task.total, eta=clock_text(eta),
                          estimate=value_text(task.value, task.stderr))
 
 
-def _rich_progress(stream: TextIO) -> Any:
+def _rich_progress(stream: TextIO, clock: Callable[[], float]) -> Any:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
+    from rich.text import Text
+
+    class Elapsed(ProgressColumn):
+        """Since the probe began (rich's own column starts at the first report, after a unit)."""
+
+        def render(self, task: Any) -> Text:
+            return Text(clock_text(clock() - task.fields["t0"]), style="progress.elapsed")
 
     # transient: the bars give way to the result tables; the ETA column is ours (Task.eta)
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Elapsed(),
                     TextColumn("ETA {task.fields[eta]}"), TextColumn("{task.fields[estimate]}"),
                     console=Console(file=stream), transient=True)
 
