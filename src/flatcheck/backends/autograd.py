@@ -98,10 +98,16 @@ class AutogradBackend:
                 yield tuple(zip(*g))  # type: ignore[misc]
 
     def _hv_row(self, index, outputs, v: list[Tensor]) -> tuple[Tensor | None, ...]:
-        """H_batch v for one vector given per parameter; None where a part is zero."""
+        """H_batch v for one vector given per parameter; None where a part is zero.
+
+        The gradient of the scalar Σ_j ⟨g_j, v_j⟩ rather than the backward of the g_j with
+        grad_outputs v_j: the same backward (the product's derivative hands each g_j exactly
+        1·v_j = v_j, so H v agrees bit for bit), but torch checks tensor grad_outputs' shapes
+        with torch.fx.experimental.symbolic_shapes, whose first import (sympy with it) costs
+        about a second of a short run (issue 16 §5)."""
         try:
-            return torch.autograd.grad(outputs, self._params, [v[j] for j in index], retain_graph=True,
-                                       allow_unused=True)
+            inner = sum((g * v[j]).sum() for j, g in zip(index, outputs))
+            return torch.autograd.grad(inner, self._params, retain_graph=True, allow_unused=True)
         except RuntimeError as exc:
             missing = re.search(r"derivative for (\S+) is not implemented", str(exc))
             if missing is None:
