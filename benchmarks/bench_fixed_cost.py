@@ -1,0 +1,118 @@
+"""The fixed cost of a flatcheck run (issue 16 §5): process wall time of a two-probe trace on the
+demo CNN, beside what its parts cost on their own (the interpreter, importing torch, importing
+the CLI, torch's compiler stack that make_fx pulls in).
+
+The rows take turns (run 1 of every row, then run 2 …) so that a change in the machine's load
+falls on all of them alike, and each row reports the median and range of its runs. Beside the
+wall time, the CPU time (user + system) of the process: on a shared, loaded machine it is what
+the wall time would be on an idle one (OMP_NUM_THREADS=1: these runs use one core), and it
+swings far less with the load.
+
+    python benchmarks/bench_fixed_cost.py [--repeat 5] [--label after] [--save]
+                                          [--before-src DIR --before-label TEXT]
+
+--before-src DIR adds the two trace rows run on another copy of the package (e.g.
+`git archive COMMIT src | tar -x -C DIR`, then DIR/src), interleaved with the others.
+
+--save appends the table to benchmarks/results/fixed_cost.md under the label, the commit and
+the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "fixed_cost.md"
+PY = [sys.executable]
+DEMO = ["demo/digits_cnn.safetensors", "--spec", "model_specs/demo_digits.yaml", "--data", "digits",
+        "--probes-max", "2"]
+
+# (row, command, what it shows)
+ROWS: list[tuple[str, list[str], str]] = [
+    ("python -c pass", PY + ["-c", "pass"], "the interpreter alone"),
+    ("import torch", PY + ["-c", "import torch"], "the floor of any run"),
+    ("import flatcheck.cli", PY + ["-c", "import flatcheck.cli"], "typer, rich and the CLI, no torch"),
+    ("import torch + torch._inductor.config", PY + ["-c", "import torch, torch._inductor.config"],
+     "what make_fx's import of the compiler config (and torch._dynamo) adds"),
+    ("flatcheck trace --help", PY + ["-m", "flatcheck", "trace", "--help"], "building the command (imports torch)"),
+    ("trace --no-layers (headline)", PY + ["-m", "flatcheck", "trace", *DEMO, "--no-layers", "-q"],
+     "vᵀHv by forward tangents (traced with make_fx)"),
+    ("trace --layers", PY + ["-m", "flatcheck", "trace", *DEMO, "--layers", "-q"],
+     "per-layer parts: double-backward HVPs, no tracing"),
+]
+
+
+def run_once(cmd: list[str], src: str | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of `cmd` (with package source `src` first on the path)."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if src is not None:
+        env["PYTHONPATH"] = src
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def table(times: dict[str, list[tuple[float, float]]], label: str, repeat: int) -> str:
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [f"## {label} · commit {commit()} · {datetime.datetime.now().isoformat(timespec='minutes')}", "",
+             f"- {repeat} interleaved runs per row; load average at the end {load} "
+             f"({os.cpu_count()} logical CPUs, shared); OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}",
+             "", "| row | median wall (s) | wall range (s) | median CPU (s) | CPU range (s) | what it shows |",
+             "|---|---:|---|---:|---|---|"]
+    for name, _, what in ROWS:
+        wall, cpu = [t[0] for t in times[name]], [t[1] for t in times[name]]
+        lines.append(f"| {name} | {statistics.median(wall):.2f} | {min(wall):.2f}–{max(wall):.2f} | "
+                     f"{statistics.median(cpu):.2f} | {min(cpu):.2f}–{max(cpu):.2f} | {what} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--label", default="current")
+    parser.add_argument("--save", action="store_true")
+    parser.add_argument("--before-src", help="a copy of the package's src/ to time the trace rows on as well")
+    parser.add_argument("--before-label", default="before")
+    args = parser.parse_args()
+    if args.before_src:
+        traces = [(name, cmd, what) for name, cmd, what in ROWS if name.startswith("trace")]
+        ROWS.extend((f"{name} — {args.before_label}", cmd, f"{what}; source {args.before_src}")
+                    for name, cmd, what in traces)
+    sources = {name: args.before_src if name.endswith(f" — {args.before_label}") else None for name, _, _ in ROWS}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in ROWS}
+    for _ in range(args.repeat):
+        for name, cmd, _ in ROWS:
+            times[name].append(run_once(cmd, sources[name]))
+    text = table(times, args.label, args.repeat)
+    print(text)
+    if args.save:
+        header = "" if RESULTS.exists() else (
+            "# Fixed cost of a run (benchmarks/bench_fixed_cost.py)\n\n"
+            "Process wall and CPU time, medians of interleaved runs on a shared 2-core machine: compare rows of "
+            "one table, not across tables taken under a different load; the CPU time is what the wall time "
+            "would be on an idle core.\n\n")
+        with RESULTS.open("a", encoding="utf-8") as f:
+            f.write(header + text + "\n")
+
+
+if __name__ == "__main__":
+    main()
