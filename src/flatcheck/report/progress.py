@@ -52,9 +52,9 @@ def clock_text(seconds: float | None) -> str:
 def value_text(value: float | None, stderr: float | None) -> str:
     if value is None:
         return ""
-    from .render import fmt_pm
+    from .render import fmt_estimate
 
-    return fmt_pm(value, stderr)
+    return fmt_estimate(value, stderr)  # "0 within noise: …" as the tables say it
 
 
 @dataclass
