@@ -15,9 +15,10 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional, get_origin
+from typing import Annotated, Any, Callable, Optional, Protocol, get_origin, runtime_checkable
 
 import typer
+from typer.core import TyperGroup
 from rich.console import Console
 from rich.table import Table
 
@@ -35,7 +36,56 @@ class FileRole:
 
 READS, WRITES = FileRole(writes=False), FileRole(writes=True)
 
+
+@runtime_checkable
+class CommandResult(Protocol):
+    """What a command that does more than one run returns (gate, invariance): it renders itself
+    and may carry a verdict as the exit code; a plain Report is rendered by report.render."""
+
+    exit_code: int
+
+    def to_dict(self) -> dict: ...
+
+    def render(self, console: Console) -> None: ...
+
+
+class _Commands(TyperGroup):
+    """The CLI's command group: the probes' own commands (`flatcheck trace` …) are generated
+    from their Options when first asked for (flatcheck.commands.probes), so that importing
+    the CLI imports no probe and no torch."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        from .commands.probes import command_names
+
+        names = super().list_commands(ctx)
+        return names + [n for n in command_names() if n not in names]
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        command = super().get_command(ctx, name)
+        if command is None:
+            from .commands.probes import build, command_names
+
+            if name in command_names():
+                command = _BUILT.get(name) or _BUILT.setdefault(name, build(name))
+        return command
+
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        # click cuts each command's help to ~45 characters or at its first period, mid-sentence
+        # ("Run several probes in one pass, e.g."): the list shows the first paragraph whole, wrapped
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.short_help or (command.help or "").split("\n\n")[0].strip()))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+_BUILT: dict[str, Any] = {}
 app = typer.Typer(
+    cls=_Commands,
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -95,39 +145,61 @@ _COMMON: list[tuple[str, Any, Any]] = [
 ]
 
 
-def probe_command(name: str, help: str) -> Callable:
+# --budget: the probe commands and `probe` take it; gate (fixed probe counts, so that runs pair)
+# and invariance (two runs compared) do not
+_BUDGET = ("budget", Annotated[Optional[float], typer.Option(
+    "--budget", help="seconds for the run's probes: iterative ones stop when it is spent and report what "
+                     "they reached (details.stop_reason: budget); several probes share what is left equally "
+                     "[default: none]")], None)
+
+
+def probe_command(name: str, help: str, *, budget: bool = False) -> Callable:
     """Register a command whose signature gets the shared options appended.
 
     The decorated function receives its own options and returns (probe names, options by
-    probe, render-layers flag); everything else — config, run, output, exit codes — is here.
+    probe, render-layers flag[, execute]); everything else — config, run, output, exit codes —
+    is here.
     """
 
     def deco(fn: Callable) -> Callable:
-        # eval_str: this module uses `from __future__ import annotations`, and Typer does not
-        # evaluate the string annotations of an explicit __signature__ (the Option names and
-        # help inside Annotated[...] would be lost, e.g. `-o` and `--max-probes`).
-        own = [_optional_checkpoint(p) for p in inspect.signature(fn, eval_str=True).parameters.values()]
-        shared = [
-            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for n, a, d in _COMMON
-        ]
-        own_names = {p.name for p in own}
-        roles = {p.name: role for p in own + shared if (role := _file_role(p.annotation)) is not None}
-
-        @functools.wraps(fn)
-        def wrapper(click_context: typer.Context, **kwargs):
-            files = _named_files(roles, kwargs, click_context)
-            common = {k: kwargs.pop(k) for k in list(kwargs) if k not in own_names}
-            checkpoint = kwargs.pop("checkpoint")
-            _execute(checkpoint, common, lambda: fn(checkpoint=checkpoint, **kwargs), files)
-
-        # typer passes the click context to a parameter of this type: it names the flags
-        context = inspect.Parameter("click_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-        wrapper.__signature__ = inspect.Signature(own + shared + [context])
-        wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
-        app.command(name, help=help)(wrapper)
+        app.command(name, help=help)(_with_common(fn, budget))
         return fn
 
     return deco
+
+
+def command_from(fn: Callable, name: str, help: str, *, budget: bool = False) -> Any:
+    """A click command for `fn` with the shared options appended, not registered on `app`
+    (the command group asks for the generated probe commands by name: `_Commands`)."""
+    one = typer.Typer(add_completion=False, rich_markup_mode=None)
+    one.command(name, help=help)(_with_common(fn, budget))
+    return typer.main.get_command(one)
+
+
+def _with_common(fn: Callable, budget: bool) -> Callable:
+    # eval_str: this module uses `from __future__ import annotations`, and Typer does not
+    # evaluate the string annotations of an explicit __signature__ (the Option names and
+    # help inside Annotated[...] would be lost, e.g. `-o` and `--max-probes`).
+    own = [_optional_checkpoint(p) for p in inspect.signature(fn, eval_str=True).parameters.values()]
+    shared = [
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a)
+        for n, a, d in _COMMON + ([_BUDGET] if budget else [])
+    ]
+    own_names = {p.name for p in own}
+    roles = {p.name: role for p in own + shared if (role := _file_role(p.annotation)) is not None}
+
+    @functools.wraps(fn)
+    def wrapper(click_context: typer.Context, **kwargs):
+        files = _named_files(roles, kwargs, click_context)
+        common = {k: kwargs.pop(k) for k in list(kwargs) if k not in own_names}
+        checkpoint = kwargs.pop("checkpoint")
+        _execute(checkpoint, common, lambda: fn(checkpoint=checkpoint, **kwargs), files)
+
+    # typer passes the click context to a parameter of this type: it names the flags
+    context = inspect.Parameter("click_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+    wrapper.__signature__ = inspect.Signature(own + shared + [context])
+    wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
+    return wrapper
 
 
 def _optional_checkpoint(param: inspect.Parameter) -> inspect.Parameter:
@@ -164,18 +236,28 @@ Checkpoint = Annotated[Optional[Path], typer.Argument(
          "and --pretrained or --random-init", show_default=False), READS]
 
 
-@probe_command("probe", help="Run several probes in one pass, e.g. --probes trace,gini.")
+@probe_command("probe", help="Run several probes in one pass, e.g. --probes trace,gini.", budget=True)
 def probe_cmd(
     checkpoint: Checkpoint,
     probes: Annotated[str, typer.Option("--probes", help="comma-separated probe names (see list-probes); gap is "
                                          "skipped when the data has no second split")] = "trace,gini,gap",
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="PROBE.KEY=VALUE, repeatable, "
                                                           "e.g. -o trace.estimator=hutchpp")] = None,
-    layers: Annotated[bool, typer.Option("--layers/--no-layers", help="show per-layer tables")] = False,
+    layers: Annotated[bool, typer.Option("--layers/--no-layers", help="per-layer parts: computed and shown "
+                                         "(off: a probe's per-layer option, e.g. trace.parts, is off too "
+                                         "unless -o sets it)")] = False,
 ):
-    from .config import parse_option_assignments
+    from .config import parse_option_assignments, probe_names
+    from .probes._kit import layers_field
+    from .probes.registry import get_probe_class
 
-    return probes, parse_option_assignments(option or []), layers
+    options = parse_option_assignments(option or [])
+    # the one difference from the single-probe commands: parts are computed only when shown
+    for name in probe_names(probes):
+        switch = layers_field(get_probe_class(name).Options)
+        if switch is not None:
+            options.setdefault(name, {}).setdefault(switch, layers)
+    return probes, options, layers
 
 
 @app.command("list-probes", help="List the probes flatcheck offers.")
@@ -214,7 +296,8 @@ def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple
             _check_json_target(json_out)
             report = _run(checkpoint, common, names, options, quiet, err, custom[0] if custom else None)
         _emit(report, json_out, layers)
-        return getattr(report, "exit_code", 0)  # a custom result may carry a verdict (gate: 1)
+        # a custom result may carry a verdict (gate: 1)
+        return report.exit_code if isinstance(report, CommandResult) else 0
 
     guarded(debug, body)
 
@@ -304,7 +387,7 @@ def _emit(report, json_out: str | None, layers: bool) -> None:
         except OSError as exc:  # permissions, full disk …: the user's path, not a flatcheck bug
             raise ConfigError(f"--json {json_out}: cannot write ({exc.strerror or exc})") from None
     if json_out != "-":
-        if hasattr(report, "render"):  # results of custom commands render themselves
+        if isinstance(report, CommandResult):  # results of custom commands render themselves
             report.render(Console())
         else:
             render(report, Console(), layers=layers)

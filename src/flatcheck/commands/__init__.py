@@ -1,1 +1,2 @@
-"""CLI commands, one module per family; each registers itself with flatcheck.cli.probe_command."""
+"""CLI commands: one module per family registers its commands on flatcheck.cli.app; the
+probes' own commands are generated from their Options (probes.py)."""

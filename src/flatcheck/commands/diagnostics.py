@@ -1,4 +1,4 @@
-"""`flatcheck gap` (train vs test) and `flatcheck invariance` (reparametrisation sensitivity)."""
+"""`flatcheck invariance` (reparametrisation sensitivity): two runs compared, not one probe."""
 
 from __future__ import annotations
 
@@ -7,11 +7,6 @@ from typing import Annotated, Optional
 import typer
 
 from ..cli import Checkpoint, probe_command
-
-
-@probe_command("gap", help="Loss and accuracy on the train and test splits, and their difference.")
-def gap_cmd(checkpoint: Checkpoint):
-    return ["gap"], {"gap": {"missing": "error"}}, False
 
 
 @probe_command("invariance", help="Rescale layers without changing the function; show which probes move.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from rich.console import Console
@@ -50,6 +50,8 @@ class InvarianceReport:
     @property
     def function_preserved(self) -> bool:
         return self.max_logit_change <= self.logit_tolerance
+
+    exit_code: ClassVar[int] = 0  # a report, not a verdict (cli.CommandResult)
 
     def to_dict(self) -> dict[str, Any]:
         out = self.original.to_dict()
