@@ -110,6 +110,49 @@ def test_float32_round_off_stops_as_stalled():
     assert r.values[0] == pytest.approx(10.0, rel=1e-5)
 
 
+
+# -- warm starts ---------------------------------------------------------------------------------
+
+def _crossed(top: float, n: int = 300):
+    """An operator whose old top eigenvector (eigenvalue 5 before) is still an exact eigenvector,
+    now of the second eigenvalue 5, while a new one, orthogonal to it, has risen to `top`."""
+    eigs = [top, 5.0] + [4.0 * (i + 1) / n for i in range(n - 2)]
+    Q, _ = torch.linalg.qr(torch.randn(n, n, generator=gen(5), dtype=torch.float64))
+    return Q @ torch.diag(torch.tensor(eigs, dtype=torch.float64)) @ Q.T, Q[:, 1:2].T.clone()
+
+
+@pytest.mark.parametrize("top", [10.0, 5.5])
+@pytest.mark.parametrize("tol", [1e-3, 1e-6])
+def test_a_warm_start_finds_a_top_eigenvalue_that_crossed_the_old_one(top, tol, monkeypatch):
+    """The guard (the random part of the warm start) catches a crossing down to a gap of 10 %
+    of λ; without it the Krylov space of the old eigenvector closes after one product and the
+    old, now second, eigenvalue would be reported with a zero residual."""
+    from flatcheck.linalg import lanczos
+
+    A, old = _crossed(top)
+    r = lanczos_top(DenseOperator(A), 1, generator=gen(), tol=tol, start=old)
+    assert r.converged == [True] and r.stop_reason == "converged"
+    assert abs(r.values[0] - top) <= r.residuals[0] + 1e-12 * top
+    monkeypatch.setattr(lanczos, "WARM_MIX", 0.0)
+    blind = lanczos_top(DenseOperator(A), 1, generator=gen(), tol=tol, start=old)
+    assert blind.values[0] == pytest.approx(5.0, rel=1e-12) and blind.matvecs == 1
+
+
+def test_warm_residuals_from_the_products_taken_equal_measured_ones():
+    """A warm start reports the residual of its Ritz vector from the products the recurrence
+    took (no extra product): the same number a fresh product of the vector gives."""
+    A = _spectrum_matrix([10.0, 9.0, 5.0] + [1.0 / (i + 1) for i in range(200)])
+    eigs = torch.linalg.eigh(A)
+    near = eigs.eigenvectors[:, -1] + 0.05 * eigs.eigenvectors[:, -2]
+    op = DenseOperator(A)
+    r = lanczos_top(op, 1, generator=gen(), tol=TOL, start=near.unsqueeze(0))
+    assert r.matvecs == r.iterations == op.matvecs  # one product a step, none for the check
+    y = r.vectors[0]
+    assert y @ A @ y == pytest.approx(r.values[0], rel=1e-13)
+    assert torch.linalg.vector_norm(A @ y - r.values[0] * y).item() == pytest.approx(r.residuals[0], rel=1e-6,
+                                                                                     abs=1e-13)
+    assert r.residuals[0] <= TOL * r.values[0] and abs(r.values[0] - 10.0) <= r.residuals[0] + 1e-12
+
 # -- the probe ---------------------------------------------------------------------------------
 
 def run_probe(case, **opts):

@@ -191,3 +191,50 @@ def test_the_training_example_runs_small(tmp_path):
         assert s["two_over_lr"] == 2 / run["lr"] and s["errors"] == 0
     records = load_results(sorted(tmp_path.glob("*.jsonl"))).records
     assert len(records) == 12  # 2 runs × 3 steps × (curvature file + Jacobian file)
+
+
+def _rescale_relu(model: nn.Module, c: float) -> None:
+    """Scale the ReLU's input layer by c and the layer after it by 1/c: the same function (ReLU
+    is positively homogeneous), but the Hessian's block of the last layer scales by c² and the
+    middle layer's by 1/c², so the top eigenvector moves from one block to the other."""
+    with torch.no_grad():
+        model[3].weight.mul_(c)
+        model[3].bias.mul_(c)
+        model[5].weight.div_(c)
+
+
+def test_a_top_eigenvector_that_changed_between_tracked_steps_is_found_warm():
+    """A crossing: the weights are edited between two tracked steps so that the top eigenvector
+    moves to another block; the warm λmax (random part of the start alone, no periodic cold
+    step) still equals the dense top eigenvalue within its residual."""
+    case = make_case("mlp", n=23, batch_size=23)
+    _rescale_relu(case.model, 5.0)
+    tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=1, out=None,
+                                options={"lmax": {"tol": 1e-8}}, cold_every=None)
+    tracker.step(0)
+    old = tracker.session.warm[("lmax", "hessian", 1)][0].clone()
+    _rescale_relu(case.model, 1 / 25)
+    tracker.step(1)
+    lm = tracker.last_record["results"]["lmax"]
+    H, _ = dense(case)
+    eigs = torch.linalg.eigh(H)
+    top = eigs.eigenvalues[-1].item()
+    # it is a crossing: the old top vector is nearly orthogonal to the new one and its Rayleigh
+    # quotient is far below the new top (a warm start that stayed with it would be caught here)
+    assert abs(old @ eigs.eigenvectors[:, -1]).item() < 0.1
+    assert (old @ H @ old).item() < 0.5 * top
+    assert lm["details"]["warm_start"] and lm["details"]["converged"] == [True]
+    assert abs(lm["value"] - top) <= lm["details"]["residuals"][0] + ROUNDOFF * top
+
+
+def test_every_cold_every_th_tracked_step_starts_cold():
+    case = make_case("mlp", n=23, batch_size=23)
+    tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=2, out=None,
+                                options={"lmax": {"tol": 1e-6}}, cold_every=2)
+    warm = []
+    for step in range(9):
+        if tracker.step(step) is not None:
+            warm.append(tracker.last_record["results"]["lmax"]["details"]["warm_start"])
+    assert warm == [False, True, False, True, False]
+    with pytest.raises(flatcheck.errors.ConfigError, match="cold_every"):
+        flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", out=None, cold_every=0)

@@ -158,5 +158,9 @@ class LmaxProbe:
                 "parameters": op.dim,
                 # started from the eigenvectors of an earlier run (a Tracker's), not only the seed
                 "warm_start": warm is not None,
+                # how the true residuals were taken: a warm start's from the products it took
+                # (Lanczos.residuals, no extra product), a cold one's by one more block product
+                "residuals_from": ("products taken" if warm is not None
+                                   else "block product" if options.method == "lanczos" else "each iteration's product"),
             },
         )

@@ -11,7 +11,11 @@ traces. What does change — the weights — invalidates the backend's per-weigh
 through the version counters the optimiser's in-place updates bump (backends/state.py), so
 no product ever reuses a graph of older weights. λmax (Lanczos) starts from the previous
 tracked step's eigenvectors (a warm start: between steps a few apart, as the edge-of-stability
-curves of Cohen et al. 2021 are measured, the top eigenvector moves little).
+curves of Cohen et al. 2021 are measured, the top eigenvector moves little). The warm start
+keeps a random part that brings a top eigenvalue which crossed the old one into view
+(linalg/lanczos.py); one that crossed by a small gap (a few % of λ) can hide behind the old
+for a while, so every `cold_every`-th tracked step starts cold (recorded as such) and bounds
+how long.
 
 Records use the scan's schema (results_io.new_record, kind "flatcheck.track"), so
 `flatcheck report` plots a tracker's file and a scan of checkpoints alike. A step that fails
@@ -37,6 +41,9 @@ from .live import is_finite, preserved
 from .results_io import HeldOutput, load_results, new_record, repair_tail, write_record
 
 RECORD_KIND = "flatcheck.track"
+# a cold λmax every this many tracked steps (the first is cold anyway): bounds how long a top
+# eigenvalue that crossed the old one by a small gap can go unseen behind a warm start
+COLD_EVERY = 10
 DEFAULT_PROBES = ("lmax", "trace", "jacobian")
 # λmax alone, as the edge-of-stability curves plot it; other options keep the probes' defaults
 DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"lmax": {"k": 1}}
@@ -47,15 +54,22 @@ class Tracker:
     `out` (None: keep no file). `data` is what flatcheck.measure takes, read once here: a
     fixed set of tracking samples. The other keywords are measure's; options are merged over
     DEFAULT_OPTIONS (λmax with k=1). strict=True raises a failed step's error instead of
-    recording it."""
+    recording it. warm_start=False starts every λmax cold; otherwise every `cold_every`-th
+    tracked step does (None: only the first)."""
 
     def __init__(self, model: nn.Module, data: Any, probes: Any = DEFAULT_PROBES, *, every: int = 10,
                  out: str | os.PathLike | None = "track.jsonl", options: dict[str, dict[str, Any]] | None = None,
-                 strict: bool = False, name: str | None = None, warm_start: bool = True, **measure_kwargs: Any):
+                 strict: bool = False, name: str | None = None, warm_start: bool = True,
+                 cold_every: int | None = COLD_EVERY, **measure_kwargs: Any):
         from ..api import open_live_session
 
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"every must be a positive integer (measure every K-th step), got {every!r}")
+        if cold_every is not None and (isinstance(cold_every, bool) or not isinstance(cold_every, int)
+                                       or cold_every < 1):
+            raise ConfigError(f"cold_every must be a positive integer (a cold λmax every N-th tracked step) "
+                              f"or None, got {cold_every!r}")
+        self.cold_every, self._tracked = cold_every, 0
         self.model, self.every, self.strict = model, every, strict
         self.name = name or type(model).__name__
         self.out = None if out is None else Path(out)
@@ -96,6 +110,10 @@ class Tracker:
                             extra={k: _plain(v) for k, v in extra.items()})
         values: dict[str, float | None] = {p: None for p in self.probes}
         probe_seconds = 0.0
+        cold = self.cold_every is not None and self._tracked % self.cold_every == 0
+        if cold and self.session.warm:
+            self.session.warm.clear()  # the guard's cold start: nothing carried from before
+        self._tracked += 1
         try:
             report = self._measure(step)
             record["results"] = {name: r.to_dict() for name, r in report.results.items()}
