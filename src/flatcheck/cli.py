@@ -50,25 +50,23 @@ class CommandResult(Protocol):
 
 
 class _Commands(TyperGroup):
-    """The CLI's command group: the probes' own commands (`flatcheck trace` …) are generated
-    from their Options when first asked for (flatcheck.commands.probes), so that importing
-    the CLI imports no probe and no torch."""
+    """The CLI's command group. Besides the commands registered on `app`, it serves commands
+    that providers build only when first asked for (the probes' own commands, `flatcheck
+    trace` …, generated from their Options by flatcheck.commands.probes), so that importing
+    the CLI imports no probe and no torch. A provider registers itself with `lazy_commands`."""
 
     def list_commands(self, ctx: Any) -> list[str]:
-        from .commands.probes import command_names
-
         names = super().list_commands(ctx)
-        return names + [n for n in command_names() if n not in names]
+        return names + [n for names_of, _ in _LAZY for n in names_of() if n not in names]
 
     def get_command(self, ctx: Any, name: str) -> Any:
         command = super().get_command(ctx, name)
         if command is None:
-            from .commands.probes import build, command_names
-
-            if name in command_names():
-                command = _BUILT.get(name) or _BUILT.setdefault(name, build(name))
+            for names_of, build in _LAZY:
+                if name in names_of():
+                    command = _BUILT.get(name) or _BUILT.setdefault(name, build(name))
+                    break
         return command
-
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         # click cuts each command's help to ~45 characters or at its first period, mid-sentence
@@ -84,6 +82,14 @@ class _Commands(TyperGroup):
 
 
 _BUILT: dict[str, Any] = {}
+_LAZY: list[tuple[Callable[[], list[str]], Callable[[str], Any]]] = []
+
+
+def lazy_commands(names: Callable[[], list[str]], build: Callable[[str], Any]) -> None:
+    """Register a provider of commands built on first use: `names()` lists them, `build(name)`
+    makes one click command."""
+    _LAZY.append((names, build))
+
 app = typer.Typer(
     cls=_Commands,
     add_completion=False,

@@ -20,6 +20,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from ..cli import lazy_commands
+
 # typer understands these; Literal[...] becomes str (the Options' own check names the choices)
 _SIMPLE = (bool, int, float, str)
 
@@ -89,3 +91,5 @@ def cli_type(hint: Any) -> Any:
         raise TypeError(f"an Options field of type {hint!r} has no command-line form")
     return Optional[hint] if optional else hint
 
+
+lazy_commands(command_names, build)
