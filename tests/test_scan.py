@@ -395,3 +395,25 @@ def test_scan_takes_models_by_name_with_the_shared_spec_flags(tmp_path):
     assert not (tmp_path / "b.jsonl").exists()
     bad = invoke("scan", "--checkpoints", str(tmp_path), "--num-classes", "3", "--out", str(tmp_path / "c.jsonl"))
     assert bad.exit_code == 2 and "checkpoint folder" in bad.output
+
+
+def test_a_budget_is_part_of_a_scans_settings():
+    """A budget stops iterative probes early, so a budgeted record is not comparable with an
+    unbudgeted one: its fingerprint differs (no --resume across them) and report's settings
+    differ; without a budget the fingerprint is the one earlier scans wrote."""
+    import dataclasses
+    from pathlib import Path
+
+    from flatcheck.config import RunConfig, probe_requests
+    from flatcheck.workflows.results_io import run_settings_of
+    from flatcheck.workflows.scan import fingerprint, run_settings
+    from flatcheck.workflows.scan_sources import timm_entry
+
+    base = RunConfig(checkpoint=None, spec=Path("<per model>"), probes=probe_requests("trace", {}))
+    budgeted = dataclasses.replace(base, budget=60.0)
+    entry = timm_entry("test_vit", pretrained=False, kwargs={}, input_size=None, weights_dir=None)
+    assert "budget" not in run_settings(base) and run_settings(budgeted)["budget"] == 60.0
+    assert fingerprint(entry, base) != fingerprint(entry, budgeted)
+    records = [{"settings": run_settings(c), "results": {"trace": {}}} for c in (base, budgeted)]
+    a, b = (run_settings_of(r, with_options=True) for r in records)
+    assert a != b and (a["budget"], b["budget"]) == (None, 60.0)

@@ -29,7 +29,7 @@ TRAJECTORY_FIELDS = ("step", "epoch")
 # The run settings that decide what a number means (the scan's fingerprint fields, less the
 # model): results whose settings differ are not points of one comparison.
 SETTINGS_FIELDS = ("data", "data_root", "split", "samples", "batch_size", "dtype", "bn_mode", "seed", "params",
-                   "backend", "probes")
+                   "backend", "probes", "budget")  # budget: only when given
 
 
 def new_record(model: str, *, kind: str, fingerprint: str, origin: str, settings: dict[str, Any],
@@ -253,6 +253,7 @@ def run_settings_of(rec: dict[str, Any], *, with_options: bool) -> dict[str, Any
     }
     if not out["params"]:
         out["params"] = None
+    out["budget"] = given.get("budget")  # a budgeted run stops early: not the same setting
     if with_options:
         out["probe_options"] = {p: o for p, o in given["probes"]}
     return out

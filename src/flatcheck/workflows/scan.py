@@ -84,6 +84,10 @@ def run_settings(base: RunConfig) -> dict[str, Any]:
         "samples": base.samples, "batch_size": base.batch_size, "dtype": base.dtype, "bn_mode": base.bn_mode,
         "seed": base.seed, "params": list(base.params), "backend": base.backend,
         "probes": [[r.name, dataclasses.asdict(r.options)] for r in base.probes],
+        # a budget stops iterative probes early (their values then depend on the machine's
+        # speed): records made with one are not those of a run without. Only when given, so
+        # that earlier scans' fingerprints (and --resume over them) stay as they were.
+        **({"budget": base.budget} if base.budget is not None else {}),
     }
 
 
