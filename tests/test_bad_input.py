@@ -581,7 +581,8 @@ def results(result) -> dict:
 
 
 # vᵀHv by forward tangents traces the model with make_fx; the HVP route (per-layer parts) runs it eagerly
-TANGENT = ("--probes", "trace", "-o", "trace.probes_max=4", "-o", "trace.parts=false", "--json", "-", "-q")
+TANGENT = ("--probes", "trace", "-o", "trace.probes_max=4", "-o", "trace.parts=false", "-o", "trace.route=tangent",
+           "--json", "-", "-q")
 EAGER = ("--layers", "--json", "-", "-q")
 # HF's ModelOutput is a dict whose keys are attributes too; a plain dataclass has .logits
 OUTPUT_TYPES = ("import dataclasses\nimport torch\n\nclass _ModelOutput(dict):\n    __getattr__ = dict.__getitem__\n\n"

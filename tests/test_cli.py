@@ -334,10 +334,15 @@ def test_probe_long_option_and_table():
 
 def test_no_layers_takes_forward_tangents_with_the_same_probes():
     """`--no-layers` asks for the total alone, which the autograd backend takes by forward
-    tangents: same seed, same probes, so the same trace to float32 round-off (the per-probe
-    values are sums over the 14k parameters in float32, each product accurate to ~1e-6)."""
+    tangents (`--route tangent`; by default from TANGENT_MIN_PRODUCTS products on): same seed,
+    same probes, so the same trace to float32 round-off (the per-probe values are sums over the
+    14k parameters in float32, each product accurate to ~1e-6). Fewer products by default take
+    HVPs, the --layers arithmetic: the same probe values, bit for bit."""
     full = as_json(trace("--probes-max", "6", "--json", "-"))["results"]["trace"]
-    fast = as_json(trace("--probes-max", "6", "--no-layers", "--json", "-"))["results"]["trace"]
+    fast = as_json(trace("--probes-max", "6", "--no-layers", "--route", "tangent", "--json", "-"))["results"]["trace"]
+    short = as_json(trace("--probes-max", "6", "--no-layers", "--json", "-"))["results"]["trace"]
+    assert short["details"]["route"] == "hvp_sums" and fast["details"]["route"] == "vhv_tangent"
+    assert short["details"]["probe_values"] == full["details"]["probe_values"]
     assert "forward tangents" in fast["notes"] and "forward tangents" not in full["notes"]
     assert fast["details"]["parts"] is False and fast["details"]["layers"] == {}
     assert full["details"]["layers"] and fast["matvecs"] == full["matvecs"] == 6

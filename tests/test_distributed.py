@@ -73,7 +73,7 @@ def test_distributed_without_launcher_is_bad_input(monkeypatch):
 
 def test_trace_total_by_forward_tangents_is_sharded_and_summed(tmp_path):
     """`--no-layers` takes vᵀHv by forward tangents on each rank; the sums are all-reduced."""
-    args = ["trace", *ARGS[:9], "--probes-max", "6", "--no-layers", "--quiet"]
+    args = ["trace", *ARGS[:9], "--probes-max", "6", "--no-layers", "--route", "tangent", "--quiet"]
     dist = _torchrun([*args, "--backend", "distributed"], tmp_path / "t.json")
     single = _single(args)
     got, want = dist["results"]["trace"], single["results"]["trace"]

@@ -197,9 +197,10 @@ def test_gate_cli_passes_and_writes_junit_summary_json(passing):
     assert "✅ passed" in summary.read_text()
     data = json.loads(out.read_text())
     assert data["gate"]["passed"] and set(data["results"]) == {"trace", "gini"}
-    # no rule reads the trace's per-layer parts: the total alone, by vᵀHv
+    # no rule reads the trace's per-layer parts: the total alone; 4 products are too few to
+    # repay tracing the loss for forward tangents (TANGENT_MIN_PRODUCTS), so by HVPs
     trace = data["results"]["trace"]
-    assert trace["details"]["parts"] is False and "forward tangents" in trace["notes"]
+    assert trace["details"]["parts"] is False and trace["details"]["route"] == "hvp_sums"
 
 
 def test_gate_cli_fails_with_exit_1_and_baseline(passing):

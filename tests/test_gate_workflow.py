@@ -153,3 +153,26 @@ def test_a_paired_rerun_doubles_both_sides(tmp_path):
     (check,) = json.loads(res.stdout)["gate"]["checks"]
     assert res.exit_code == 1 and check["verdict"] == "inconclusive" and check["reruns"] == 0
     assert check["paired"] == 4 and "the baseline's last probe value was paired" in check["message"]
+
+
+def test_gate_takes_the_route_of_a_short_baseline(tmp_path):
+    """A baseline of 4 probes took its total by HVPs (too few products to repay tracing for
+    forward tangents); a gate of 20 probes would take forward tangents on its own, but follows
+    the baseline's route, so the unchanged model reproduces the baseline's probe values
+    exactly, not only to the round-off between the two routes."""
+    from flatcheck.probes.trace import TANGENT_MIN_PRODUCTS
+    from flatcheck.workflows.gate import parse_gate_config
+
+    short = {"trace": {"probes_max": 4, "parts": False, "rtol": None}}
+    first = api.run(config(0, probes=["trace"], options=short)).to_dict()
+    assert first["results"]["trace"]["details"]["route"] == "hvp_sums"
+    baseline = Baseline(first["results"], {k: v for k, v in first.items() if k != "results"}, "short")
+    gate = parse_gate_config({"probes": {"trace": {"probes_max": 20}},
+                              "rules": [{"field": "trace.value", "max_increase": "20%"}]})
+    assert 20 >= TANGENT_MIN_PRODUCTS
+    own = api.run(config(0, probes=["trace"], options=gate.probes)).results["trace"]
+    assert own.details["route"] == "vhv_tangent"  # without the baseline: its own route
+    got = run_gate(config(0, probes=["trace"], options=gate.probes), gate, baseline=baseline).report.results["trace"]
+    base_values = first["results"]["trace"]["details"]["probe_values"]
+    assert got.details["route"] == "hvp_sums" and got.details["probe_values"][:4] == base_values
+    assert own.details["probe_values"][:4] != base_values  # what pinning the route is for

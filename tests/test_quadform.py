@@ -455,6 +455,31 @@ def test_vhv_through_activations_without_second_derivatives_matches_finite_diffe
         assert abs(got[i].item() - fd[1]) <= max(err, 1e-9 * abs(fd[1]))
 
 
+def test_short_trace_of_a_model_without_second_derivatives_takes_forward_tangents():
+    """A trace of few products takes HVPs (too few to repay tracing); on the hardsigmoid model
+    the first HVP cannot be made, and the trace takes the tangent route instead of failing —
+    the same probes, so the same values as asking for that route."""
+    from flatcheck.probes.registry import ProbeContext, get_probe_class
+    from flatcheck.probes.trace import TANGENT_MIN_PRODUCTS, TraceOptions
+
+    model = _mobile_net()
+    g = torch.Generator().manual_seed(6)
+    X, Y = 2 * torch.randn(8, 1, 7, 7, generator=g, dtype=torch.float64), torch.randint(0, 4, (8,), generator=g)
+
+    def run(route: str):
+        samples = SampleSet(TensorDataset(X, Y), samples=8, batch_size=8, dtype=torch.float64)
+        problem = Problem(model, LossSpec("cross_entropy"), samples, ParamLayout.from_model(model))
+        ctx = ProbeContext(backend=create_backend("autograd", problem), seed=3)
+        return get_probe_class("trace")().run(ctx, TraceOptions(probes_max=4, rtol=None, parts=False, route=route))
+
+    assert 4 < TANGENT_MIN_PRODUCTS
+    auto, tangent = run("auto"), run("tangent")
+    assert auto.details["route"] == tangent.details["route"] == "vhv_tangent"
+    assert auto.details["probe_values"] == tangent.details["probe_values"] and auto.matvecs == 4
+    with pytest.raises(ModelError, match="cannot differentiate twice"):
+        run("hvp")
+
+
 def test_fused_attention_is_decomposed_and_equals_the_unfused_hvp_route():
     """timm's fused attention (scaled_dot_product_attention) has no double backward on the CPU,
     so the HVP route needs it unfused; the tangent route traces it into its primitive parts."""

@@ -20,7 +20,8 @@ MATRICES = ("hessian", "ggn")
 class CurvatureOperator:
     """H or G of the whole-sample-set loss; counts every matrix-vector product it makes."""
 
-    def __init__(self, backend: Backend, matrix: str = "hessian"):
+    def __init__(self, backend: Backend, matrix: str = "hessian", vhv: bool = True):
+        """vhv=False: quadratic forms by the backend's HVPs even where it has a vhv route."""
         if matrix not in MATRICES:
             raise ConfigError(f"--matrix must be one of {', '.join(MATRICES)}, got {matrix!r}")
         self.backend = backend
@@ -30,6 +31,7 @@ class CurvatureOperator:
         self.dtype = backend.problem.dtype
         self.device = backend.problem.device
         self.matvecs = 0
+        self._vhv = vhv
         self._product = backend.hvp if matrix == "hessian" else backend.ggn_vp
 
     def matmat(self, V: Tensor) -> Tensor:
@@ -46,7 +48,7 @@ class CurvatureOperator:
     def takes_vhv(self) -> bool:
         """Whether `quadratic` without parts goes to the backend's vhv, which needs no HVP and
         also takes a diagonal `scale` of the rows."""
-        return self.matrix == "hessian" and isinstance(self.backend, Vhv)
+        return self._vhv and self.matrix == "hessian" and isinstance(self.backend, Vhv)
 
     @property
     def streams_total(self) -> bool:

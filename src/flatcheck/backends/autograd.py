@@ -48,6 +48,9 @@ class AutogradBackend:
         self._primal_cache = KeptPrefix(pool)
         self._quadforms: QuadraticForms | None = None
         self.vhv_error: str | None = None  # why vhv fell back to the HVP route, if it did
+        # the op torch cannot differentiate twice, once an HVP has met one: the trace then
+        # takes vᵀHv by forward tangents, which need no second derivative
+        self.hvp_error: str | None = None
 
     # -- helpers -------------------------------------------------------------------------
     def _refresh_params(self) -> None:
@@ -112,6 +115,7 @@ class AutogradBackend:
             missing = re.search(r"derivative for (\S+) is not implemented", str(exc))
             if missing is None:
                 raise
+            self.hvp_error = f"{missing.group(1).removesuffix('_backward')} has no second derivative"
             raise ModelError(f"the model uses {missing.group(1).removesuffix('_backward')}, which torch cannot "
                              "differentiate twice, so Hessian-vector products cannot be made; the Hessian "
                              "trace's total can (flatcheck trace --no-layers), and so can GGN products") from None

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelError
 from ..linalg import hutchinson, hutchpp
 from ..linalg.memory import available_bytes, gib
 from ..operators import CurvatureOperator, LayoutParts
@@ -18,6 +18,14 @@ from .registry import ProbeContext, register_probe
 
 # the default stopping rule: a standard error of 5 % of the trace (issue: defaults that finish)
 DEFAULT_RTOL = 0.05
+
+# vᵀHv by forward tangents saves up to half an HVP per product, but its first use in a process
+# imports torch's compiler stack (make_fx imports torch._dynamo: 1.6–2 s of CPU) and traces the
+# loss (about a second more on a ResNet-18); on a ResNet-18, where a product saves ~0.2 s, that
+# is repaid after ~15 products, and on a small model (the demo CNN) not within 60. Fewer planned
+# products than this take HVPs (route "auto"; issue 16 §5).
+TANGENT_MIN_PRODUCTS = 16
+ROUTES = ("auto", "tangent", "hvp")
 
 
 def _rtol(text: str) -> float | None:
@@ -48,6 +56,11 @@ class TraceOptions:
     # autograd backend takes vᵀHv by forward tangents, up to twice as fast as an HVP
     parts: bool = option(True, "per-layer parts; without them the Hessian trace takes a route up to "
                                "twice as fast (autograd backend)", flags=("--layers/--no-layers",), layers=True)
+    # which route the total takes without parts; gates pin the baseline's (workflows.gate)
+    route: Literal["auto", "tangent", "hvp"] = option(
+        "auto", f"without per-layer parts, how vᵀHv is taken (autograd backend): tangent (forward tangents, "
+                f"traced once), hvp (Hessian-vector products), or auto: tangent from {TANGENT_MIN_PRODUCTS} "
+                "planned products on")
 
     def __post_init__(self):
         if self.estimator == "exact" and self.matrix == "hessian":
@@ -68,6 +81,10 @@ class TraceOptions:
                               f"{self.estimator} takes a fixed --probes-max")
         if self.class_samples is not None and (self.estimator != "exact" or self.class_samples < 2):
             raise ConfigError("--class-samples needs --estimator exact and a value ≥ 2 (two draws give a standard error)")
+        if self.route not in ROUTES:
+            raise ConfigError(f"--route must be one of {', '.join(ROUTES)}, got {self.route!r}")
+        if self.route == "tangent" and self.parts:
+            raise ConfigError("--route tangent needs --no-layers: per-layer parts need Hessian-vector products")
         if self.min_probes < 2 or (self.block_size is not None and self.block_size < 1):
             raise ConfigError("trace.min_probes must be ≥ 2 and trace.block_size ≥ 1")
 
@@ -103,7 +120,7 @@ class TraceProbe:
 
     def run(self, ctx: ProbeContext, options: TraceOptions) -> ProbeResult:
         matrix = options.resolved_matrix
-        op = CurvatureOperator(ctx.backend, matrix)
+        op = CurvatureOperator(ctx.backend, matrix, vhv=_tangent_planned(options))
         layout = op.layout
         label = "Tr(H)" if matrix == "hessian" else "Tr(G)"
         start = time.perf_counter()
@@ -126,13 +143,25 @@ class TraceProbe:
                 parts[("module", g)] = (parts.get(("module", g), (0.0, None))[0] + v, None)
                 parts[("param", name)] = (v, None)
             seed = ctx.seed if sampled else None
-        elif options.estimator == "hutchpp":
-            est = hutchpp(op, generator=ctx.generator(), matvecs=options.probes_max, split=split, progress=progress)
-            value, stderr, probes, stop, parts = est.value, est.stderr, est.probes, est.stop_reason, est.groups
         else:
-            est = hutchinson(op, generator=ctx.generator(), max_probes=options.probes_max, rtol=options.rtol,
-                             min_probes=options.min_probes, block_size=options.block_size,
-                             split=split, progress=progress, should_stop=budget_stop(ctx))
+            def estimate(op: CurvatureOperator):
+                if options.estimator == "hutchpp":
+                    return hutchpp(op, generator=ctx.generator(), matvecs=options.probes_max, split=split,
+                                   progress=progress)
+                return hutchinson(op, generator=ctx.generator(), max_probes=options.probes_max, rtol=options.rtol,
+                                  min_probes=options.min_probes, block_size=options.block_size,
+                                  split=split, progress=progress, should_stop=budget_stop(ctx))
+
+            try:
+                est = estimate(op)
+            except ModelError:
+                # HVPs chosen for a short run, but the model has an op without a second
+                # derivative (the first product says so): forward tangents need none
+                if split is not None or options.route == "hvp" or op.takes_vhv \
+                        or getattr(ctx.backend, "hvp_error", None) is None:
+                    raise
+                op = CurvatureOperator(ctx.backend, matrix)
+                est = estimate(op)
             value, stderr, probes, stop, parts = est.value, est.stderr, est.probes, est.stop_reason, est.groups
 
         route = _route(op, options, ctx.backend)
@@ -184,6 +213,16 @@ class TraceProbe:
                 },
             },
         )
+
+
+def _tangent_planned(options: TraceOptions) -> bool:
+    """Whether the total may take vᵀHv by forward tangents: asked for, or (auto) enough
+    quadratic forms planned to repay the tracing (TANGENT_MIN_PRODUCTS): Hutchinson's
+    probes_max, Hutch++'s two thirds (its sketch takes products either way)."""
+    if options.route != "auto":
+        return options.route == "tangent"
+    planned = 2 * (options.probes_max // 3) if options.estimator == "hutchpp" else options.probes_max
+    return planned >= TANGENT_MIN_PRODUCTS
 
 
 def _route(op: CurvatureOperator, options: TraceOptions, backend) -> str:

@@ -223,6 +223,10 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
             b.field.startswith(PART_FIELDS) for b in bounds):
         probes["trace"]["parts"] = False
         defaulted.add("trace.parts")
+    # the total's route (forward tangents or HVPs) follows the baseline's too: a short
+    # baseline may have taken HVPs where this gate's count takes tangents (follow_baseline)
+    if "trace" in probes and "route" not in probes["trace"]:
+        defaulted.add("trace.route")
     # adaptive sharpness picks its headline's estimator from the data (method both); a gate
     # follows the baseline's pick (follow_baseline), so both sides are the same estimate
     if "adaptive-sharpness" in probes and "method" not in probes["adaptive-sharpness"]:
@@ -584,6 +588,8 @@ def _check_same_quantity(bound: Bound, result: Mapping[str, Any], gate: GateConf
 # or the second-order form), unlike a trace's routes, which are one estimator's arithmetic.
 ESTIMATOR_ROUTES = frozenset({"monte-carlo", "second-order"})
 _METHOD_OF_ROUTE = {"monte-carlo": "mc", "second-order": "second-order"}
+# a trace total's route in a report → the trace option that takes it again
+_TOTAL_ROUTES = {"vhv_tangent": "tangent", "hvp_sums": "hvp", "vhv_fallback": "hvp"}
 
 
 def _check_same_route(bound: Bound, results: Mapping[str, Any], baseline: Mapping[str, Any]) -> None:
@@ -823,6 +829,10 @@ def follow_baseline(config, gate: GateConfig, baseline: Baseline):
                 and isinstance(parts, bool) and hasattr(req.options, "parts")):
             req = ProbeRequest(req.name, dataclasses.replace(req.options, parts=parts))
         route = (base.get("details") or {}).get("route")
+        pinned = _TOTAL_ROUTES.get(route.partition(":")[0]) if isinstance(route, str) else None
+        if (f"{req.name}.route" in gate.defaulted and base.get("seed") == config.seed and pinned is not None
+                and getattr(req.options, "parts", None) is False and hasattr(req.options, "route")):
+            req = ProbeRequest(req.name, dataclasses.replace(req.options, route=pinned))
         if f"{req.name}.method" in gate.defaulted and route in ESTIMATOR_ROUTES and hasattr(req.options, "method"):
             req = ProbeRequest(req.name, dataclasses.replace(req.options, method=_METHOD_OF_ROUTE[route]))
         requests.append(req)
