@@ -45,7 +45,10 @@ ROWS: list[tuple[str, list[str], str]] = [
      "what make_fx's import of the compiler config (and torch._dynamo) adds"),
     ("flatcheck trace --help", PY + ["-m", "flatcheck", "trace", "--help"], "building the command (imports torch)"),
     ("trace --no-layers (headline)", PY + ["-m", "flatcheck", "trace", *DEMO, "--no-layers", "-q"],
-     "vᵀHv by forward tangents (traced with make_fx)"),
+     "the total alone; 2 products < TANGENT_MIN_PRODUCTS: HVPs (before 4b95a7e: forward tangents)"),
+    ("trace --no-layers --route tangent", PY + ["-m", "flatcheck", "trace", *DEMO, "--no-layers", "--route",
+                                                "tangent", "-q"],
+     "vᵀHv by forward tangents (traced with make_fx, which imports torch._dynamo)"),
     ("trace --layers", PY + ["-m", "flatcheck", "trace", *DEMO, "--layers", "-q"],
      "per-layer parts: double-backward HVPs, no tracing"),
 ]
@@ -94,7 +97,8 @@ def main() -> None:
     parser.add_argument("--before-label", default="before")
     args = parser.parse_args()
     if args.before_src:
-        traces = [(name, cmd, what) for name, cmd, what in ROWS if name.startswith("trace")]
+        # --route is newer than some sources: the rows every version takes
+        traces = [(name, cmd, what) for name, cmd, what in ROWS if name.startswith("trace") and "--route" not in cmd]
         ROWS.extend((f"{name} — {args.before_label}", cmd, f"{what}; source {args.before_src}")
                     for name, cmd, what in traces)
     sources = {name: args.before_src if name.endswith(f" — {args.before_label}") else None for name, _, _ in ROWS}
