@@ -417,3 +417,36 @@ def test_a_budget_is_part_of_a_scans_settings():
     records = [{"settings": run_settings(c), "results": {"trace": {}}} for c in (base, budgeted)]
     a, b = (run_settings_of(r, with_options=True) for r in records)
     assert a != b and (a["budget"], b["budget"]) == (None, 60.0)
+
+
+FORK = """
+import sys, torch
+from flatcheck.workflows import child_process
+if sys.argv[1] == "fresh":
+    child_process.mark_fresh_process()  # as the entry point of a flatcheck command does
+torch.set_num_threads(2)
+with child_process.parent_without_pool() as n:
+    a = torch.randn(1500, 1500)
+    (a @ a).sum()  # on one thread
+    out = child_process.run_in_child(lambda send: [float((a @ a).sum()), torch.get_num_threads()], threads=n)
+print(n, out.result[1], out.threads, out.exit_code, torch.get_num_threads())
+"""
+
+
+def test_a_forked_child_uses_threads_only_where_its_parent_cannot_have_used_the_pool():
+    """A forked child cannot use an OpenMP pool its parent used (it waits forever for pool
+    threads it does not have), and whether a process has used it cannot be asked: a child runs
+    torch on one thread unless its parent is a flatcheck command's fresh process, kept on one
+    thread while it forks (parent_without_pool); that child gets the command's thread count. In
+    fresh interpreters under a timeout, so that a hang fails the test instead of the suite."""
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    for mode, expected in (("fresh", ["2", "2", "2", "0", "2"]), ("library", ["1", "1", "1", "0", "2"])):
+        out = subprocess.run([sys.executable, "-c", FORK, mode], capture_output=True, text=True, timeout=120,
+                             env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == expected, mode
+    # a parent that used the pool on 2 threads: its child on one thread finishes
+    used = FORK.replace("with child_process.parent_without_pool() as n:", "(torch.randn(1500, 1500) @ "
+                        "torch.randn(1500, 1500)).sum()\nwith child_process.parent_without_pool() as n:")
+    out = subprocess.run([sys.executable, "-c", used, "library"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and out.stdout.split() == ["1", "1", "1", "0", "2"], out.stderr

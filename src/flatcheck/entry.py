@@ -18,6 +18,10 @@ from .errors import EXIT_INTERRUPTED, interrupted
 
 def main() -> None:
     signal.signal(signal.SIGINT, _on_interrupt)
+    # nothing has computed in this process yet: a scan's forked children may use threads
+    from .workflows.child_process import mark_fresh_process
+
+    mark_fresh_process()
     try:
         _say_what_loads()
         from .cli import main as cli_main

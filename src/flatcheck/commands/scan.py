@@ -102,25 +102,30 @@ def scan_cmd(
             params=tuple(p.strip() for p in (params or "").split(",") if p.strip()), backend=backend,
             trust_packages=trust_package, budget=budget,
         )
-        from ..models.resolve import ModelRequest
+        from ..workflows.child_process import parent_without_pool
 
-        # the spec fields the shared flags set, as every probe command reads them (models.resolve)
-        request = ModelRequest(pretrained=pretrained, random_init=not pretrained, num_classes=num_classes,
-                               mean=mean, std=std, sets=tuple(set_fields or ()))
-        entries = _entries(timm_pattern or [], models_file, checkpoints, pretrained, weights_dir,
-                           parse_kwargs(model_kwargs or []), _parse_size(input_size), model or [], request)
-        with warnings.catch_warnings():
-            if quiet:
-                warnings.simplefilter("ignore")
-            try:
-                summary = _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_errors,
-                                             placement, quiet)
-            except KeyboardInterrupt:
-                from ..workflows.scan import shard_path
+        # the parent builds specs (and some models) before the first fork: on one thread, so that
+        # it never starts the OpenMP pool a forked child could not use (child_process)
+        with parent_without_pool():
+            from ..models.resolve import ModelRequest
 
-                target = shard_path(out, placement.rank, placement.world_size)
-                _say(f"interrupted; every finished model is in {target}; continue with --resume", quiet=False)
-                raise
+            # the spec fields the shared flags set, as every probe command reads them (models.resolve)
+            request = ModelRequest(pretrained=pretrained, random_init=not pretrained, num_classes=num_classes,
+                                   mean=mean, std=std, sets=tuple(set_fields or ()))
+            entries = _entries(timm_pattern or [], models_file, checkpoints, pretrained, weights_dir,
+                               parse_kwargs(model_kwargs or []), _parse_size(input_size), model or [], request)
+            with warnings.catch_warnings():
+                if quiet:
+                    warnings.simplefilter("ignore")
+                try:
+                    summary = _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_errors,
+                                                 placement, quiet)
+                except KeyboardInterrupt:
+                    from ..workflows.scan import shard_path
+
+                    target = shard_path(out, placement.rank, placement.world_size)
+                    _say(f"interrupted; every finished model is in {target}; continue with --resume", quiet=False)
+                    raise
         _print_summary(summary)
         return 0
 

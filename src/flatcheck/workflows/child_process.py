@@ -7,8 +7,13 @@ and to go on with the next model. Memory a model leaks or fragments is returned 
 when its child exits.
 
 fork rather than a fresh interpreter: the child starts with torch, timm and flatcheck already
-imported (a fresh `python -m` pays ~5 s of imports per model). The parent never runs a model
-itself, so it has initialised neither CUDA nor OpenMP's thread pool, which fork cannot carry.
+imported (a fresh `python -m` pays ~5 s of imports per model). fork cannot carry threads: a
+forked child that enters a parallel region of an OpenMP pool its parent had used waits forever
+for pool threads that do not exist in it. Whether a process has used the pool cannot be asked,
+so a child runs torch on one thread (slow, but it cannot hang; as torch's DataLoader workers do)
+unless its parent is known never to have used it: a `flatcheck` command's own process
+(`mark_fresh_process`, called by the entry point before anything runs), while it keeps torch on
+one thread itself (`parent_without_pool`). Such a child gets the thread count the command had.
 
 The child talks to the parent over a pipe, one JSON line per message: {"progress": [...]} while
 it works, then {"result": ...} once. A child that dies mid-line leaves a partial line, which the
@@ -17,6 +22,7 @@ parent ignores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -35,6 +41,7 @@ class ChildOutcome:
     exit_code: int | None  # None when killed by a signal
     signal: int | None
     peak_rss_bytes: int
+    threads: int = 1  # torch's thread count in the child
 
     @property
     def died(self) -> str | None:
@@ -52,18 +59,51 @@ def available() -> bool:
     return hasattr(os, "fork") and hasattr(os, "wait4")
 
 
+_fresh = False  # this process is a flatcheck command's, and has computed nothing yet
+_outer_threads: int | None = None
+
+
+def mark_fresh_process() -> None:
+    """Called by the command's entry point, before anything has run: this process has not
+    used OpenMP's pool, so children forked while `parent_without_pool` holds may use it."""
+    global _fresh
+    _fresh = True
+
+
+@contextlib.contextmanager
+def parent_without_pool():
+    """Run torch on one thread in this (the parent) process while the block runs, so that it
+    does not use OpenMP's pool; yields the thread count its forked children may use: the one it
+    had, in a fresh command process, else 1 (a parent that may have used the pool already)."""
+    global _outer_threads
+    if _outer_threads is not None:  # nested: the outer block has set it
+        yield _outer_threads if _fresh else 1
+        return
+    import torch
+
+    _outer_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield _outer_threads if _fresh else 1
+    finally:
+        torch.set_num_threads(_outer_threads)
+        _outer_threads = None
+
+
 def run_in_child(work: Callable[[Callable[[Any], None]], Any], *, on_message: Callable[[Any], None] | None = None,
-                 close_in_child: tuple[int, ...] = ()) -> ChildOutcome:
+                 close_in_child: tuple[int, ...] = (), threads: int | None = None) -> ChildOutcome:
     """Call `work(send)` in a forked child and return its result with how the child ended.
 
     `send(obj)` (in the child) passes a JSON-able message to `on_message` (in the parent) while
     the work runs. `close_in_child`: descriptors the child must not keep open (a held output's
     flock would otherwise outlive a killed parent). On KeyboardInterrupt in the parent the
-    child is killed and reaped before the interrupt goes on."""
+    child is killed and reaped before the interrupt goes on. `threads`: torch's thread count
+    in the child, from `parent_without_pool` (default 1: see the module's docstring)."""
+    threads = threads or 1
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
-        _child(work, read_fd, write_fd, close_in_child)
+        _child(work, read_fd, write_fd, close_in_child, threads)
     os.close(write_fd)
     result = None
     try:
@@ -85,12 +125,15 @@ def run_in_child(work: Callable[[Callable[[Any], None]], Any], *, on_message: Ca
         exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         peak_rss_bytes=usage.ru_maxrss * _MAXRSS_UNIT,
+        threads=threads,
     )
 
 
-def _child(work, read_fd: int, write_fd: int, close_in_child: tuple[int, ...]) -> None:
+def _child(work, read_fd: int, write_fd: int, close_in_child: tuple[int, ...], threads: int) -> None:
     code = 1
     try:
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
         os.close(read_fd)
         for fd in close_in_child:
             os.close(fd)

@@ -15,6 +15,7 @@ with status "error" (and the child's peak memory in `process`) and the scan goes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -161,8 +162,9 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
         mine = placement.mine(entries)
         todo = [(e, fp) for e in mine if (e.name, fp := fingerprint(e, base), e.step, e.epoch) not in done]
         summary = ScanSummary(target, len(mine), len(mine) - len(todo), [], cut)
-        with offline():
-            if isolate and child_process.available():
+        isolated = isolate and child_process.available()
+        with offline(), (child_process.parent_without_pool() if isolated else contextlib.nullcontext()) as threads:
+            if isolated:
                 _preload()
             for i, (entry, fp) in enumerate(todo):
                 if hooks.start:
@@ -173,8 +175,8 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
                               rank=placement.rank, world_size=placement.world_size)
                 if entry.trajectory_from:
                     record["trajectory_from"] = dict(entry.trajectory_from)
-                if isolate and child_process.available():
-                    record = scan_isolated(entry, record, base, hooks.probe_progress, (held.fd,))
+                if isolated:
+                    record = scan_isolated(entry, record, base, hooks.probe_progress, (held.fd,), threads)
                 else:
                     record = scan_one(entry, record, base, hooks.probe_progress)
                 held.append(record)
@@ -190,7 +192,8 @@ def _preload() -> None:
 
 
 def scan_isolated(entry: Entry, record: dict[str, Any], base: RunConfig,
-                  progress: Callable[..., None] | None, close_in_child: tuple[int, ...]) -> dict[str, Any]:
+                  progress: Callable[..., None] | None, close_in_child: tuple[int, ...],
+                  threads: int | None = None) -> dict[str, Any]:
     """scan_one in a child process; the parent fills in what the child could not say."""
     t0 = time.perf_counter()
 
@@ -206,13 +209,13 @@ def scan_isolated(entry: Entry, record: dict[str, Any], base: RunConfig,
         progress(desc, done, total, value=value, stderr=stderr)
 
     outcome = child_process.run_in_child(work, on_message=on_message if progress is not None else None,
-                                         close_in_child=close_in_child)
+                                         close_in_child=close_in_child, threads=threads)
     result = outcome.result if outcome.result is not None else {
         **record, "status": "error", "error": f"{outcome.died}; peak resident memory "
                                               f"{_gib(outcome.peak_rss_bytes)}",
         "seconds": round(time.perf_counter() - t0, 3)}
     result["process"] = {"peak_rss_bytes": outcome.peak_rss_bytes, "exit_code": outcome.exit_code,
-                         "signal": outcome.signal}
+                         "signal": outcome.signal, "threads": outcome.threads}
     return result
 
 
