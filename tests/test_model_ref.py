@@ -355,3 +355,20 @@ def test_scan_folders_read_what_a_checkpoint_says(tmp_path):
     assert a.describe["spec"] == str(own.with_suffix(".yaml")) and a.make_spec().arch.endswith("DigitsCNN")
     assert b.describe["spec"] == f"embedded in {tmp_path / 'b.safetensors'}" and b.make_spec().embedded
     assert c.skip_reason.startswith("no spec:") and "embed-spec" in c.skip_reason
+
+
+def test_a_random_init_is_drawn_from_the_runs_seed():
+    """--random-init weights come from --seed, so a run (and a scan record) can be reproduced;
+    the caller's RNG state is left as it was."""
+    args = ("gini", "--model", "timm:test_vit", "--random-init", "--num-classes", "10", "--input-size", "3,32,32",
+            "--data", "synthetic", "--samples", "8", "-q", "--json", "-")
+    one, again, other = (run_json(*args, "--seed", s)["results"]["gini"]["value"] for s in ("3", "3", "4"))
+    assert one == again and one != other
+    state = torch.random.get_rng_state()
+    a, _ = flatcheck.load_model("timm:test_vit", num_classes=10, seed=5)
+    b, _ = flatcheck.load_model("timm:test_vit", num_classes=10, seed=5)
+    c, _ = flatcheck.load_model("timm:test_vit", num_classes=10, seed=6)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)

@@ -130,7 +130,9 @@ _COMMON: list[tuple[str, Any, Any]] = [
     ("dtype", Annotated[str, typer.Option("--dtype", help="float32 or float64")], "float32"),
     ("bn_mode", Annotated[str, typer.Option("--bn-mode", help="BatchNorm statistics: eval (running) or train "
                                             "(batch; running stats left untouched)")], "eval"),
-    ("seed", Annotated[int, typer.Option("--seed", help="seed of every random draw")], 0),
+    ("seed", Annotated[int, typer.Option("--seed", help="seed of every random draw: "
+                                                                    "probe vectors, samples, and a --random-init "
+                                                                    "model's weights")], 0),
     ("max_memory", Annotated[Optional[str], typer.Option("--max-memory", help="memory the probes' working sets "
                              "may take, e.g. 8G or 512M: samples, classes and vectors are chunked to fit, and a "
                              "probe that cannot fit exits 2 [default: half the free RAM, or free VRAM on CUDA]")],

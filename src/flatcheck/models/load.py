@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
 from torch import nn
 
 from flatcheck.models.checkpoint import LoadedCheckpoint, apply_state_dict, load_checkpoint
@@ -16,11 +17,17 @@ from flatcheck.models.sources import build_model, complete_spec
 from flatcheck.models.spec import ModelSpec
 
 
-def build_with_weights(spec: ModelSpec, checkpoint: Path | None, trust_packages: Sequence[str] = ()
-                       ) -> tuple[nn.Module, ModelSpec, LoadedCheckpoint | None]:
+def build_with_weights(spec: ModelSpec, checkpoint: Path | None, trust_packages: Sequence[str] = (),
+                       seed: int = 0) -> tuple[nn.Module, ModelSpec, LoadedCheckpoint | None]:
     """The model of `spec` with `checkpoint`'s weights (strictly; None: as built, random init),
-    and the spec completed from the library's metadata (sources.complete_spec)."""
-    with offline():  # a library asked to build a model must not fetch anything for it
+    and the spec completed from the library's metadata (sources.complete_spec).
+
+    The model is built from `seed` (the run's --seed), on a forked RNG: a random
+    initialisation is the same in every run with that seed, and the caller's RNG state is
+    left as it was."""
+    # offline: a library asked to build a model must not fetch anything for it
+    with offline(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         model = build_model(spec, trust_packages=trust_packages)
     loaded = None
     if checkpoint is not None:
@@ -30,15 +37,15 @@ def build_with_weights(spec: ModelSpec, checkpoint: Path | None, trust_packages:
 
 
 def load_model(model: str | None = None, checkpoint: str | os.PathLike | None = None, pretrained: bool = False,
-               *, spec: str | os.PathLike | None = None, trust_packages: Sequence[str] = (), **fields: Any
-               ) -> tuple[nn.Module, ModelSpec]:
+               *, spec: str | os.PathLike | None = None, trust_packages: Sequence[str] = (), seed: int = 0,
+               **fields: Any) -> tuple[nn.Module, ModelSpec]:
     """The module and its resolved spec, as the command line resolves them.
 
     model: "timm:NAME" (hf-hub:timm/… included), "torchvision:NAME" or "python:MODULE:FUNCTION";
     or spec=PATH (a YAML spec); or neither, when `checkpoint` says what it is (an embedded spec,
     STEM.yaml or spec.yaml beside it, a timm config.json). checkpoint: the weights; without it,
     pretrained=True takes the library's weights from the local cache (never downloaded), else
-    the model keeps its random initialisation. fields: spec fields that win over the rest
+    the model keeps its random initialisation, drawn from `seed`. fields: spec fields that win over the rest
     (num_classes=10, input_size=(3, 32, 32), mean=…, std=…, loss=…, head=…, kwargs={…}).
     Paths are taken relative to the caller's working directory; the spec reports them absolute.
     The module is float32, on the CPU, in eval mode; spec.origins says where each field came from.
@@ -48,7 +55,7 @@ def load_model(model: str | None = None, checkpoint: str | os.PathLike | None = 
         random_init=checkpoint is None and not pretrained, fields=dict(fields),
     )
     resolved = resolve(request)
-    module, full, _ = build_with_weights(resolved.spec, resolved.checkpoint, tuple(trust_packages))
+    module, full, _ = build_with_weights(resolved.spec, resolved.checkpoint, tuple(trust_packages), seed)
     return module, full
 
 
