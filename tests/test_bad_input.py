@@ -1254,3 +1254,16 @@ def test_largest_seed_runs():
     result = invoke("adaptive-sharpness", CKPT, "--spec", SPEC, *SMALL, "--seed", MAX_SEED, "--json", "-", "-q")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["seed"] == MAX_SEED
+
+
+@pytest.mark.parametrize("args", [["explain", "trace"],
+                                  ["trace", CKPT, "--spec", SPEC, "--samples", "16", "--probes-max", "2"]])
+def test_a_reader_that_closes_stdout_ends_the_command_quietly_with_141(args):
+    """`flatcheck … | head -1`: the reader going away is neither a failed gate (1) nor an
+    internal error (101): no message, the status a shell gives a process SIGPIPE ended (141)."""
+    proc = subprocess.Popen([*MODULE, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "FLATCHECK_PROGRESS_SECONDS": "600"})
+    proc.stdout.close()  # before the command writes anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert "error" not in err and "Traceback" not in err, err

@@ -23,7 +23,17 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__
-from .errors import FlatcheckError, interrupted
+from .errors import FlatcheckError, StdoutClosed, interrupted
+
+
+def _reader_gone(console: Console) -> None:
+    # rich ends the process with SystemExit(1) when stdout's reader has gone (`| head`), and 1
+    # means "gate failed" here: hand it to the entry point, which ends with a broken pipe's 141
+    console.quiet = True
+    raise StdoutClosed
+
+
+Console.on_broken_pipe = _reader_gone
 
 
 @dataclass(frozen=True)
@@ -323,6 +333,8 @@ def guarded(debug: bool, body: Callable[[], int | None]) -> None:
         _error_line(f"error: {exc}")
     except KeyboardInterrupt:
         code = interrupted()
+    except (BrokenPipeError, StdoutClosed):  # stdout's reader went away (`| head`): the entry point's
+        raise StdoutClosed from None
     except Exception as exc:  # a bug in flatcheck, not the user's fault
         code = 101
         if debug:

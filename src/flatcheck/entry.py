@@ -13,7 +13,9 @@ import os
 import signal
 import sys
 
-from .errors import EXIT_INTERRUPTED, interrupted
+from .errors import EXIT_INTERRUPTED, StdoutClosed, interrupted
+
+EXIT_BROKEN_PIPE = 141
 
 
 def main() -> None:
@@ -27,6 +29,9 @@ def main() -> None:
         from .cli import main as cli_main
 
         code: object = cli_main()
+        sys.stdout.flush()  # here, where a closed pipe can still be told apart from a failure
+    except (BrokenPipeError, StdoutClosed):
+        code = _reader_gone()
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     except SystemExit as exc:  # a sys.exit() anywhere in a command
@@ -37,6 +42,16 @@ def main() -> None:
     if code == EXIT_INTERRUPTED:
         interrupted()  # says it only if the command has not
     sys.exit(code)
+
+
+def _reader_gone() -> int:
+    """stdout's reader closed the pipe (`flatcheck explain trace | head -1`): not a failure of
+    the command, so no message; the exit status a shell gives a process SIGPIPE ended (128 +
+    13). stdout goes to /dev/null so that the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 def _say_what_loads() -> None:

@@ -30,6 +30,11 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+class StdoutClosed(Exception):
+    """stdout's reader went away (`flatcheck … | head`). Not an OSError, so that click, which
+    turns a broken pipe into exit 1 ("gate failed" here), lets it through to the entry point."""
+
+
 class FlatcheckError(Exception):
     """Base class. Message is a single line shown to the user as-is."""
 
