@@ -372,3 +372,9 @@ def test_a_random_init_is_drawn_from_the_runs_seed():
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_a_missing_checkpoint_is_reported_as_missing_not_as_saying_nothing(tmp_path):
+    assert refused("trace", tmp_path / "nonexist.safetensors") == \
+        f"error: checkpoint not found: {tmp_path / 'nonexist.safetensors'}"
+    assert "a folder" in refused("trace", tmp_path)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flatcheck.errors import ConfigError
+from flatcheck.errors import CheckpointError, ConfigError
 from flatcheck.models.discover import find_spec, nothing_found, spec_from_timm_config
 from flatcheck.models.pretrained import HF_HUB, find_local_weights, find_torchvision_weights, hf_cache_dir, hf_cached
 from flatcheck.models.spec import SPEC_FIELDS, ModelSpec, check_fields, read_spec_file, spec_from_dict
@@ -96,6 +96,9 @@ def _base(req: ModelRequest) -> _Base:
     if req.checkpoint is None:
         raise ConfigError("no model: give a CHECKPOINT that says what it holds, --spec SPEC or --model REF "
                           f"({REF_FORMS})")
+    if not req.checkpoint.is_file():  # before asking what it says: a missing file says nothing
+        what = "a folder, not a file" if req.checkpoint.is_dir() else "not found"
+        raise CheckpointError(f"checkpoint {what}: {req.checkpoint}")
     found = find_spec(req.checkpoint)
     if found is None:
         raise ConfigError(nothing_found(req.checkpoint))
