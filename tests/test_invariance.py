@@ -94,3 +94,27 @@ def test_invariance_command_on_the_demo():
     assert rows["trace"]["moved"] and not rows["gini"]["moved"]
     assert abs(rows["trace"]["rescaled"] - rows["trace"]["predicted"]) <= 1e3 * EPS64 * rows["trace"]["rescaled"]
     assert d["rescaling"] == {"kind": "relu-pair", "up": "features.3", "down": "features.6", "alpha": 10.0}
+
+
+def test_a_rescaling_that_moves_the_outputs_is_never_taken():
+    """The order of modules suggests rescalings the computation does not allow (a ViT's qkv and
+    proj have a softmax between them): each is tried on the outputs and undone bit for bit, and
+    a model with none that preserves them is exit 2 naming what was tried, not a table of n/a."""
+    from test_cli import invoke
+
+    res = invoke("invariance", "--model", "timm:test_vit", "--random-init", "--num-classes", "10", "--input-size",
+                 "3,32,32", "--data", "synthetic", "--samples", "8", "--probes", "gini")
+    assert res.exit_code == 2, res.output
+    assert "no rescaling the modules suggest preserves the model's outputs" in res.stderr
+    assert "blocks.0.attn.qkv" in res.stderr and "outputs moved by" in res.stderr
+
+
+def test_a_trial_rescaling_is_undone_bit_for_bit():
+    from flatcheck.workflows.rescale import candidate_rescalings, trial
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.BatchNorm1d(3))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    (first, *_) = candidate_rescalings(model, 3.7)
+    with trial(model, first):
+        assert not torch.equal(model[0].weight, before["0.weight"])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

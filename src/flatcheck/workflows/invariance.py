@@ -13,9 +13,10 @@ from rich.table import Table
 
 from ..api import ProgressFn, open_session, run
 from ..config import RunConfig
+from ..errors import ConfigError
 from ..report.render import fmt, fmt_estimate, header
 from ..report.result import ProbeResult, Report
-from .rescale import Rescaling, apply_rescaling, find_rescaling
+from .rescale import Rescaling, apply_rescaling, candidate_rescalings, trial
 
 Z = 4.0  # a stochastic value "moved" when the change exceeds Z combined standard errors
 EXACT_RTOL_ULPS = 1e3  # exact values: relative change beyond 1e3 ulps of the working dtype
@@ -117,20 +118,42 @@ def _moved(before: ProbeResult, after: ProbeResult, eps: float) -> bool:
     return diff > EXACT_RTOL_ULPS * eps * max(abs(before.value), abs(after.value))
 
 
+def _relative_change(before: torch.Tensor, after: torch.Tensor) -> float:
+    return ((after - before).abs().max() / before.abs().max().clamp_min(1e-300)).item()
+
+
+def _function_preserving(session, candidates: list[Rescaling], before: torch.Tensor, tolerance: float,
+                         layer: str | None) -> Rescaling:
+    """The first candidate that leaves the outputs as they were (to `tolerance`), tried on the
+    model and undone bit for bit; exit 2 when none does."""
+    tried = []
+    for r in candidates:
+        with trial(session.model, r):
+            change = _relative_change(before, _logits(session.backend))
+        if change <= tolerance:
+            return r
+        tried.append(f"{r.up} ×{r.alpha:g} / {r.down} (outputs moved by {change:.1e})")
+    where = f"--layer {layer}" if layer else "this model"
+    raise ConfigError(f"{where}: no rescaling the modules suggest preserves the model's outputs (tolerance "
+                      f"{tolerance:.1e}): tried {'; '.join(tried)}"
+                      + ("" if layer else "; name a Linear/Conv followed by ReLU and another Linear/Conv with --layer"))
+
+
 def check_invariance(config: RunConfig, alpha: float, layer: str | None = None,
                      progress: ProgressFn | None = None) -> InvarianceReport:
     session = open_session(config)
-    rescaling = find_rescaling(session.model, alpha, layer)
-    original = run(config, progress, session=session)
+    eps = torch.finfo(config.torch_dtype).eps
     before = _logits(session.backend)
+    rescaling = _function_preserving(session, candidate_rescalings(session.model, alpha, layer), before,
+                                     EXACT_RTOL_ULPS * eps, layer)
+    original = run(config, progress, session=session)
 
     # the same backend: its kept graphs see the rescaled weights' new versions and are rebuilt
     apply_rescaling(session.model, rescaling)
     after = _logits(session.backend)
     rescaled = run(config, progress, session=session)
 
-    eps = torch.finfo(config.torch_dtype).eps
-    change = ((after - before).abs().max() / before.abs().max().clamp_min(1e-300)).item()
+    change = _relative_change(before, after)
     comparisons = [
         Comparison(name, original.results[name].label, original.results[name], rescaled.results[name],
                    _predicted_trace(original.results[name], rescaling),

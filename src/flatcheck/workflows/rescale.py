@@ -13,6 +13,8 @@ every rescaling is checked on the data afterwards, so a wrong pairing cannot go 
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +49,14 @@ def _leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def find_rescaling(model: nn.Module, alpha: float, layer: str | None = None) -> Rescaling:
     """The first rescalable layer (or `layer`): a relu-pair if there is one, else before-bn."""
+    return candidate_rescalings(model, alpha, layer)[0]
+
+
+def candidate_rescalings(model: nn.Module, alpha: float, layer: str | None = None) -> list[Rescaling]:
+    """Every rescaling the modules' order suggests (or `layer`'s), relu-pairs first. The order
+    of modules is not the order of the computation (an attention block's qkv and proj sit side
+    by side with a softmax between them, which no module shows), so each must still be checked
+    on the model's outputs (workflows.invariance)."""
     if not alpha > 0 or alpha == 1:
         raise ConfigError(f"--alpha must be positive and not 1, got {alpha}")
     leaves = _leaves(model)
@@ -69,8 +79,24 @@ def find_rescaling(model: nn.Module, alpha: float, layer: str | None = None) -> 
             f"--layer: no function-preserving rescaling found for {where}: it needs a Linear/Conv followed "
             f"(through ReLU/pooling only) by another Linear/Conv, or by a BatchNorm"
         )
-    pairs = [r for r in found if r.kind == "relu-pair"]
-    return pairs[0] if pairs else found[0]
+    return [r for r in found if r.kind == "relu-pair"] + [r for r in found if r.kind != "relu-pair"]
+
+
+@contextlib.contextmanager
+def trial(model: nn.Module, r: Rescaling):
+    """`r` applied for the block, the touched tensors restored bit for bit after it."""
+    modules = dict(model.named_modules())
+    saved = [t for m in (modules[r.up], modules[r.down])
+             for t in (getattr(m, "weight", None), getattr(m, "bias", None),
+                       getattr(m, "running_mean", None), getattr(m, "running_var", None)) if t is not None]
+    copies = [t.detach().clone() for t in saved]
+    apply_rescaling(model, r)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, c in zip(saved, copies):
+                t.copy_(c)
 
 
 @torch.no_grad()
