@@ -248,3 +248,13 @@ def test_report_trajectory_options_are_checked(tmp_path, args, said):
     src = write_jsonl(tmp_path / "s.jsonl", [record("vit_a", 1.0, 2.0)])
     res = invoke("report", src, *args)
     assert res.exit_code == 2 and said in res.stderr
+
+
+def test_a_field_no_record_has_is_refused_naming_it(shards):
+    """`--y nonexist` was a column of blanks and "too few distinct points", exit 0 (stranger test)."""
+    out, *_ = shards
+    res = invoke("report", out, "--x", "sharp", "--y", "nonexist")
+    assert res.exit_code == 2 and "field 'nonexist' is in no record" in res.stderr and "mls, sharp" in res.stderr
+    res = invoke("report", out, "--fields", "sharp,mls.details.nope")
+    assert res.exit_code == 2 and "'mls.details.nope'" in res.stderr
+    assert invoke("report", out, "--x", "sharp", "--y", "mls.normalized", "-q").exit_code == 0

@@ -84,6 +84,7 @@ def report_cmd(
             raise ConfigError(f"{', '.join(map(str, files))}: no records")
         _check_settings(records, mixed_settings, say)
         columns = _columns(records, fields, xf, ys, correlate)
+        _check_fields_exist(records, columns)
         table = [_row(r, columns) for r in records]
         if along:
             table.sort(key=lambda r: (r.get("run", r["model"]), r[xf] if r.get(xf) is not None else math.inf))
@@ -191,6 +192,27 @@ def _columns(records, fields, x, ys, correlate) -> list[str]:
 
         raise ConfigError("no fields: the records hold no probe results; name some with --fields")
     return cols
+
+
+def _check_fields_exist(records, columns: list[str]) -> None:
+    """A field no record has is a typo, not a column of blanks (nor "too few points")."""
+    from ..errors import ConfigError
+    from ..workflows.results_io import FieldMissing, record_value
+
+    having = [r for r in records if r.get("results")]
+    for col in columns:
+        found = False
+        for r in having:
+            try:
+                record_value(r, col)
+            except FieldMissing:
+                continue
+            found = True
+            break
+        if having and not found:
+            probes = sorted({p for r in having for p in r["results"]})
+            raise ConfigError(f"field {col!r} is in no record; the records hold {', '.join(probes)} (a probe's "
+                              f"value, PROBE.stderr, or PROBE.details.KEY, e.g. {probes[0]}.details.…)")
 
 
 def _row(record: dict[str, Any], columns: list[str]) -> dict[str, Any]:
