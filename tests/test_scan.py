@@ -64,7 +64,7 @@ def test_tiny_scan_records_every_model_and_survives_a_failure(tiny):
     bad = by.pop("not_a_timm_model")
     assert bad["status"] == "error" and "unknown timm model" in bad["error"] and "\n" not in bad["error"]
     for r in by.values():
-        assert r["status"] == "ok" and r["error"] is None, r
+        assert r["status"] == "ok" and r["error"] is None, r["error"]
         assert set(r["results"]) == {"gini", "trace"} and r["results"]["trace"]["stderr"] is not None
         assert r["meta"]["model"]["arch"] == r["model"]
         assert r["meta"]["data"]["samples"] == 8
@@ -200,9 +200,13 @@ def test_a_model_whose_process_is_killed_is_recorded_and_the_scan_goes_on(tmp_pa
         shutil.copy(ROOT / "demo" / "digits_cnn.safetensors", folder / f"{name}.safetensors")
         (folder / f"{name}.yaml").write_text(python_spec(arch))
     out = tmp_path / "scan.jsonl"
-    res = invoke("scan", "--checkpoints", folder, "--trust-package", "doomed_models", "--probes", "gini",
-                 "--data", "digits", "--samples", "16", "-q", "--out", out)
-    assert res.exit_code == 0, res.stderr
+    # a command's own process, as a user runs it: a long-lived process (this test session) may
+    # be one that cannot fork for autograd, and the scan would then run the killer in it
+    res = subprocess.run([sys.executable, "-m", "flatcheck", "scan", "--checkpoints", str(folder), "--trust-package",
+                          "doomed_models", "--probes", "gini", "--data", "digits", "--samples", "16", "-q",
+                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(pkg), os.environ.get("PYTHONPATH", "")])})
+    assert res.returncode == 0, res.stderr
     killed, memory, demo = lines(out)
     assert [r["model"] for r in (killed, memory, demo)] == ["a_killed", "b_memory", "c_demo"]
     # the parent wrote the killed child's record: the signal, and its peak memory from wait4
@@ -450,3 +454,30 @@ def test_a_forked_child_uses_threads_only_where_its_parent_cannot_have_used_the_
                         "torch.randn(1500, 1500)).sum()\nwith child_process.parent_without_pool() as n:")
     out = subprocess.run([sys.executable, "-c", used, "library"], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and out.stdout.split() == ["1", "1", "1", "0", "2"], out.stderr
+
+
+def test_a_process_that_cannot_fork_for_autograd_scans_in_itself_and_says_so(tmp_path, monkeypatch):
+    """Where a forked child could not run autograd (child_process.fork_works), the models run in
+    the scan's own process, with a warning that a model killed for memory then ends the scan."""
+    from flatcheck.workflows import child_process
+
+    assert child_process.fork_works() in (True, False)
+    monkeypatch.setattr(child_process, "fork_works", lambda: False)
+    out = tmp_path / "s.jsonl"
+    with pytest.warns(UserWarning, match="cannot fork a child that runs autograd"):
+        res = invoke("scan", "--model", "timm:test_vit", "--num-classes", "3", "--input-size", "3,32,32", "--data",
+                     "synthetic", "--samples", "4", "--batch-size", "4", "--probes", "gini", "--out", out)
+    assert res.exit_code == 0, res.stderr
+    (rec,) = lines(out)
+    assert rec["status"] == "ok" and "process" not in rec
+
+
+FORK_WORKS = """
+from flatcheck.workflows import child_process
+print(child_process.fork_works())
+"""
+
+
+def test_a_fresh_process_can_fork_for_autograd():
+    out = subprocess.run([sys.executable, "-c", FORK_WORKS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr

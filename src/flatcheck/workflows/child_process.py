@@ -90,6 +90,23 @@ def parent_without_pool():
         _outer_threads = None
 
 
+def fork_works() -> bool:
+    """Whether a child forked now can run autograd. torch refuses it ("Unable to handle
+    autograd's threading in combination with fork-based multiprocessing") in a child of a
+    process whose autograd engine has started worker threads, which some earlier work in a
+    long-lived process (a notebook, a test session) does; a command's fresh process has not.
+    Asked of a child, at the cost of one fork."""
+
+    def work(send) -> bool:
+        import torch
+
+        x = torch.ones(2, requires_grad=True)
+        (x * x).sum().backward()
+        return True
+
+    return run_in_child(work).result is True
+
+
 def run_in_child(work: Callable[[Callable[[Any], None]], Any], *, on_message: Callable[[Any], None] | None = None,
                  close_in_child: tuple[int, ...] = (), threads: int | None = None) -> ChildOutcome:
     """Call `work(send)` in a forked child and return its result with how the child ended.

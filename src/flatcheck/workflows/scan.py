@@ -23,6 +23,7 @@ import math
 import os
 import re
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -162,7 +163,11 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
         mine = placement.mine(entries)
         todo = [(e, fp) for e in mine if (e.name, fp := fingerprint(e, base), e.step, e.epoch) not in done]
         summary = ScanSummary(target, len(mine), len(mine) - len(todo), [], cut)
-        isolated = isolate and child_process.available()
+        isolated = isolate and child_process.available() and child_process.fork_works()
+        if isolate and not isolated:
+            warnings.warn("scan: this process cannot fork a child that runs autograd (see child_process); the "
+                          "models run in this process, so one the system kills for memory ends the scan — run "
+                          "`flatcheck scan` as a command for isolation")
         with offline(), (child_process.parent_without_pool() if isolated else contextlib.nullcontext()) as threads:
             if isolated:
                 _preload()
