@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import signal
 import sys
 from dataclasses import dataclass
@@ -191,8 +190,3 @@ def _kill_and_reap(pid: int) -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
-
-
-def own_peak_rss_bytes() -> int:
-    """This process's peak resident memory (for work run without a child)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _MAXRSS_UNIT
