@@ -169,7 +169,10 @@ def test_cli_off_a_terminal_first_line_within_a_second_then_timer_and_end_lines(
     assert first_after < 1.0, f"first line after {first_after:.2f} s"
     lines = stderr.splitlines()
     assert all(line.startswith(PREFIX) for line in lines), lines
-    assert any(line.startswith("flatcheck: loading the model and data") for line in lines)  # the timer, while loading
+    # the timer, while loading and while the first block of probes runs (the probe's start report
+    # names it from its start on)
+    assert any(line.startswith(("flatcheck: loading the model and data", "flatcheck trace (hutchinson): starting"))
+               for line in lines), lines
     end = [m for m in map(LINE.match, lines) if m and m["done"]]
     assert len(end) == 1 and end[0]["desc"] == "trace (hutchinson)" and end[0]["n"] == end[0]["total"] == "24"
     assert end[0]["value"] and end[0]["stderr"]
@@ -234,3 +237,104 @@ def test_a_zero_done_report_starts_the_clock_and_is_not_a_unit():
         clock.now += 2
         progress("lmax", 4, 4)
     assert lines_of(out) == ["flatcheck lmax: done · 4/4 · elapsed 0:00:24"]
+
+
+# ---------------------------------------------------------------- a probe's start, a budget's stop
+
+def test_a_start_report_names_the_probe_before_its_first_unit():
+    # the start report ("0 done", total not yet known) comes before the first block of products:
+    # the ticker names the probe from then on instead of "loading the model and data"
+    out, period = io.StringIO(), 0.05
+    with ProgressRenderer(out, interactive=False, period=period) as progress:
+        time.sleep(3 * period)  # loading
+        progress("trace (hutchinson)", 0, 0)
+        time.sleep(4 * period)  # the first block, still running
+        progress("trace (hutchinson)", 10, 20, value=3.0, stderr=0.5)
+        assert progress.current.eta() is None  # the block is the first unit: no rate yet
+        progress("trace (hutchinson)", 20, 20, value=3.0, stderr=0.5)
+    lines = lines_of(out)
+    start = next(i for i, line in enumerate(lines) if "trace" in line)
+    assert lines[0].startswith(f"{PREFIX}: loading the model and data · elapsed")
+    assert len(lines) - start >= 3 and all(
+        line.startswith("flatcheck trace (hutchinson): starting · elapsed ") for line in lines[start:-1]), lines
+    assert re.match(r"flatcheck trace \(hutchinson\): done · 20/20 · elapsed 0:00:00 · 3 ± 0.5$", lines[-1])
+
+
+def test_a_probe_that_only_started_ends_with_a_plain_done_line():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("gap", 0, 0)
+        clock.now += 3
+    assert lines_of(out) == ["flatcheck gap: done · elapsed 0:00:03"]
+
+
+def test_a_start_report_pulses_at_a_terminal():
+    with ProgressRenderer(io.StringIO(), interactive=True, clock=FakeClock()) as progress:
+        progress("lmax (lanczos)", 0, 0)
+        bar = progress._bar.tasks
+        assert [t.description for t in bar] == ["lmax (lanczos)"] and bar[0].total is None  # phase bar gone
+        progress("lmax (lanczos)", 1, 8)
+        assert bar[0].total == 8 and bar[0].completed == 1
+
+
+def test_a_budget_stop_says_so_with_how_far_it_got():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        for i in range(1, 8):
+            clock.now += 1
+            progress("spectrum (SLQ)", i, 300)
+        progress.stopped("spectrum (SLQ)", "budget")
+        progress.stopped("never reported", "budget")  # nothing to say
+    assert lines_of(out) == ["flatcheck spectrum (SLQ): stopped by the budget · 7/300 · elapsed 0:00:07"]
+
+
+def recorded_calls(probe: str, **options) -> list[tuple]:
+    """The progress calls of one probe run on the demo model, in order."""
+    from flatcheck import api
+    from flatcheck.config import RunConfig, probe_requests
+
+    calls: list[tuple] = []
+
+    def listener(desc, done, total, *, value=None, stderr=None):
+        calls.append((desc, done, total))
+
+    config = RunConfig(checkpoint=CKPT, spec=SPEC, probes=probe_requests(probe, {probe: options}), data="digits",
+                       samples=32, batch_size=16, seed=0)
+    api.run(config, listener)
+    return calls
+
+
+@pytest.mark.parametrize("probe, options, desc", [
+    ("trace", {"probes_max": 4, "block_size": 4, "parts": False}, "trace (hutchinson)"),
+    ("lmax", {"k": 1, "max_iter": 3}, "lmax (lanczos)"),
+    ("spectrum", {"lanczos_steps": 3, "starts": 2}, "spectrum (SLQ)"),
+    ("gini", {}, "gini"),
+])
+def test_every_probe_reports_its_start_before_its_first_unit(probe, options, desc):
+    calls = recorded_calls(probe, **options)
+    assert calls[0] == (desc, 0, 0), calls[:3]
+    assert calls[-1][1] == calls[-1][2] > 0  # and its last unit, done of a known total
+
+
+def test_cli_gini_and_gap_write_their_end_line_off_a_terminal():
+    from flatcheck.cli import app
+    from test_cli import make_runner
+
+    for probe in ("gini", "gap"):
+        result = make_runner().invoke(app, [probe, str(CKPT), "--spec", str(SPEC), "--samples", "32"])
+        assert result.exit_code == 0, result.output
+        ends = [m for m in map(LINE.match, result.stderr.splitlines()) if m and m["done"]]
+        assert [(m["desc"], m["n"], m["total"]) for m in ends] == [(probe, "1" if probe == "gini" else "2",
+                                                                     "1" if probe == "gini" else "2")]
+        assert ends[0]["value"], ends[0].string
+
+
+def test_cli_spectrum_under_a_budget_ends_with_the_products_it_made():
+    proc = subprocess.run([sys.executable, "-m", "flatcheck", "spectrum", str(CKPT), "--spec", str(SPEC),
+                           "--samples", "64", "--budget", "0.3", "--json", "-"], cwd=ROOT,
+                          env=env(FLATCHECK_PROGRESS_SECONDS="3600"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = __import__("json").loads(proc.stdout)["results"]["spectrum"]
+    assert result["details"]["stop_reason"] == "budget"
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith(f"flatcheck spectrum (SLQ): stopped by the budget · {result['matvecs']}/300 · "), last

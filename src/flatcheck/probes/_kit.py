@@ -63,7 +63,8 @@ Progress = Callable[..., None]  # (done, total, *, value=None, stderr=None)
 def progress_reporter(ctx: "ProbeContext", desc: str) -> Progress | None:
     """The callback an estimator calls after each unit of work, forwarding to the context's
     renderer under this description; None when nothing listens (the estimators skip it then).
-    value/stderr are the running estimate where the estimator has one."""
+    value/stderr are the running estimate where the estimator has one. Reports "0 done" of a
+    total 0 (not yet known) at once: the probe has begun."""
     listener = ctx.progress
     if listener is None:
         return None
@@ -71,6 +72,9 @@ def progress_reporter(ctx: "ProbeContext", desc: str) -> Progress | None:
     def report(done: int, total: int, *, value: float | None = None, stderr: float | None = None) -> None:
         listener(desc, done, total, value=value, stderr=stderr)
 
+    # the start, total not yet known: the renderer names this probe from now on, not only after
+    # its first unit of work (a block of products can take minutes)
+    report(0, 0)
     return report
 
 

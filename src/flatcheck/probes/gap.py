@@ -11,7 +11,7 @@ from ..data.batches import SampleSet
 from ..data.registry import MissingSplitError
 from ..errors import ConfigError, DataError
 from ..report.result import ProbeResult
-from ._kit import loss_and_accuracy, option
+from ._kit import loss_and_accuracy, option, progress_reporter
 from .registry import ProbeContext, register_probe
 
 
@@ -52,6 +52,7 @@ class GapProbe:
 
     def run(self, ctx: ProbeContext, options: GapOptions) -> ProbeResult:
         start = time.perf_counter()
+        progress = progress_reporter(ctx, "gap")
         if ctx.split_samples is None:
             raise ConfigError("probe gap needs both data splits; run it through flatcheck.run or the CLI")
         problem = ctx.backend.problem
@@ -64,8 +65,12 @@ class GapProbe:
             return ProbeResult(probe=self.name, value=None, stderr=None, matvecs=0,
                                seconds=time.perf_counter() - start, label="test − train loss",
                                notes=f"skipped: {exc}", details={"skipped": str(exc)})
-        results = {split: evaluate(rebuild(ctx.backend, samples=samples))
-                   for split, samples in splits.items()}
+        results = {}
+        for i, (split, samples) in enumerate(splits.items(), start=1):  # a pass over each split
+            results[split] = evaluate(rebuild(ctx.backend, samples=samples))
+            if progress is not None:
+                gap = results["test"][0] - results["train"][0] if split == "test" else None
+                progress(i, len(splits), value=gap)
         (tr_loss, tr_acc, tr_n), (te_loss, te_acc, te_n) = results["train"], results["test"]
         return ProbeResult(
             probe=self.name,

@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from ..report.result import ProbeResult
-from ._kit import accuracy, loss_statistic, sample_means
+from ._kit import accuracy, loss_statistic, progress_reporter, sample_means
 from ..backends.base import Outputs
 from .registry import ProbeContext, register_probe
 
@@ -32,6 +32,7 @@ class GiniProbe:
 
     def run(self, ctx: ProbeContext, options: GiniOptions) -> ProbeResult:
         start = time.perf_counter()
+        progress = progress_reporter(ctx, "gini")
         loss_spec = ctx.backend.problem.loss
 
         def impurity(logits, y):
@@ -43,6 +44,8 @@ class GiniProbe:
 
         gini, entropy_, accuracy_, loss = sample_means(ctx.backend, impurity, entropy, accuracy,
                                                        loss_statistic(ctx.backend))
+        if progress is not None:  # one pass over the samples: its end line, as every probe has
+            progress(1, 1, value=gini)
         return ProbeResult(
             probe=self.name,
             value=gini,

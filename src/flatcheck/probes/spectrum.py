@@ -10,11 +10,14 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from ..errors import ConfigError
+from ..linalg.lanczos import plan_steps
 from ..linalg.slq import SLQ, density, slq
 from ..operators import CurvatureOperator
 from ..report.plots import check_plot_target, plot_density
+from ..report.progress import counted, report_stop
 from ..report.result import ProbeResult
 from ._kit import option, progress_reporter
+from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import GGNVp, Hvp
 from .registry import ProbeContext, register_probe
 
@@ -28,8 +31,22 @@ def check_slq_options(steps: int, starts: int) -> None:
 
 
 def run_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, starts: int, desc: str) -> SLQ:
-    return slq(op, steps=steps, starts=starts, generator=ctx.generator(), progress=progress_reporter(ctx, desc),
-               deadline=ctx.deadline)
+    # progress counts products: a start cut short by --budget would make slq's own count jump
+    result = slq(op, steps=steps, starts=starts, generator=ctx.generator(),
+                 progress=counted(progress_reporter(ctx, desc)), deadline=ctx.deadline)
+    if result.stopped:
+        report_stop(ctx.progress, desc, "budget")
+    return result
+
+
+def plan_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, desc: str) -> dict:
+    """--max-memory before SLQ runs: its Lanczos basis of `steps` vectors fits beside the
+    backend's graphs, or the run is refused up front (exit 2) with the steps that would fit.
+    The memory plan, for the details."""
+    limit = probe_limit(ctx)
+    _steps, stored = plan_steps(steps, op.dim, op.dtype, limit, flag="--lanczos-steps",
+                                what=f"probe {desc}: a Lanczos basis of {steps} steps over {op.dim:,} parameters")
+    return limit_products(ctx, limit, stored, desc)
 
 
 def stop_reason(result: SLQ) -> str:
@@ -101,6 +118,7 @@ class SpectrumProbe:
     def run(self, ctx: ProbeContext, options: SpectrumOptions) -> ProbeResult:
         op = CurvatureOperator(ctx.backend, options.matrix)
         start = time.perf_counter()
+        memory = plan_slq(ctx, op, options.lanczos_steps, "spectrum (SLQ)")
         result = run_slq(ctx, op, options.lanczos_steps, options.starts, "spectrum (SLQ)")
         try:
             dens = density(result, options.sigma)
@@ -134,6 +152,7 @@ class SpectrumProbe:
             notes += f"; {invariant} start(s) found an invariant subspace (exact, fewer steps)"
         if result.stopped:
             notes += f"; --budget cut the rules to {min(steps_taken)}–{max(steps_taken)} steps"
+        notes += memory_note(memory)
         if plot_path:
             notes += f"; plot {plot_path}"
         return ProbeResult(
@@ -167,5 +186,6 @@ class SpectrumProbe:
                 ],
                 "density": {"sigma": dens.sigma, "grid": dens.grid.tolist(), "values": dens.values.tolist()},
                 "plot": plot_path,
+                "memory": memory,
             },
         )

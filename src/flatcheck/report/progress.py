@@ -6,6 +6,11 @@ subprocess) a line is written at each probe's end and, from a background ticker,
 `period` seconds while work runs — a ticker because one unit (one HVP of a large model) can
 take minutes and then no callback comes to write the line.
 
+A probe reports "0 done" with no total when it begins (probes/_kit.progress_reporter), so the
+line names the running probe from its start, not only after its first unit (a block of trace
+products can take a minute). A probe that ends short of its total because --budget ran out
+says so (`stopped`), so that its last line does not look unfinished.
+
 The ETA comes from the completed units after the first one: the first includes the one-off
 costs (tracing, the first forward pass, allocator warm-up), which would inflate every later
 estimate if averaged in, and a windowed rate swings with the machine's load.
@@ -70,6 +75,7 @@ class Task:
     anchor: tuple[float, int] | None = None  # (time, done) at the first completed-work report
     last: float = 0.0
     finished: bool = False
+    stop: str | None = None  # what ended it short of its total ("budget"), when it said so
     bar_id: Any = field(default=None, repr=False)
 
     def update(self, now: float, done: int, total: int, value: float | None, stderr: float | None) -> None:
@@ -88,12 +94,20 @@ class Task:
             return None
         return (self.last - t0) / (self.done - d0) * (self.total - self.done)
 
+    @property
+    def known(self) -> bool:
+        """Whether the total is known: a start report ("0 done", total 0) does not know it."""
+        return self.total > 0
+
     def line(self, now: float, *, end: bool = False) -> str:
-        parts = [f"{self.done}/{self.total}", f"elapsed {clock_text(now - self.started)}"]
+        elapsed = f"elapsed {clock_text(now - self.started)}"
+        parts = [f"{self.done}/{self.total}", elapsed] if self.known else [elapsed]
         if end:
-            parts.insert(0, "done")
-        else:
+            parts.insert(0, f"stopped by the {self.stop}" if self.stop else "done")
+        elif self.known:
             parts.append(f"ETA {clock_text(self.eta())}")
+        else:
+            parts.insert(0, "starting")
         if self.value is not None:
             parts.append(value_text(self.value, self.stderr))
         return f"{PREFIX} {self.desc}: " + " · ".join(parts)
@@ -164,8 +178,19 @@ class ProgressRenderer:
             if self._bar is not None:
                 self._hide_phase()
                 self._draw(task)
-            elif done >= total and not task.finished:
+            elif task.known and done >= total and not task.finished:
                 self._finish(task, now)
+
+    def stopped(self, desc: str, reason: str) -> None:
+        """The probe of `desc` ended short of its total because of `reason` ("budget"): its end
+        line says so, with how far it got (report_stop)."""
+        with self._lock:
+            task = self.tasks.get(desc)
+            if task is None:
+                return
+            task.stop = reason
+            if self._bar is None and not task.finished:
+                self._finish(task, self.clock())
 
     # -- what several runs in one renderer need (scan) --------------------------------------------
     def stage(self, text: str) -> None:
@@ -224,9 +249,11 @@ class ProgressRenderer:
 
     def _draw(self, task: Task) -> None:
         if task.bar_id is None:
-            task.bar_id = self._bar.add_task(task.desc, total=task.total, eta="?", estimate="", t0=task.started)
+            task.bar_id = self._bar.add_task(task.desc, total=task.total or None, eta="?", estimate="",
+                                             t0=task.started)
         eta = task.eta()
-        self._bar.update(task.bar_id, completed=task.done, total=task.total, eta=clock_text(eta),
+        # an unknown total (the probe's start report) pulses until the first unit is done
+        self._bar.update(task.bar_id, completed=task.done, total=task.total or None, eta=clock_text(eta),
                          estimate=value_text(task.value, task.stderr))
 
 
@@ -245,6 +272,30 @@ def _rich_progress(stream: TextIO, clock: Callable[[], float]) -> Any:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Elapsed(),
                     TextColumn("ETA {task.fields[eta]}"), TextColumn("{task.fields[estimate]}"),
                     console=Console(file=stream), transient=True)
+
+
+def report_stop(listener: Any, desc: str, reason: str) -> None:
+    """Tell a progress listener that `desc` stopped short of its total because of `reason`,
+    where it can say so (ProgressRenderer.stopped); a plain callback (a user's, a scan's
+    forwarder) has no such method and is left alone, its signature unchanged."""
+    hook = getattr(listener, "stopped", None)
+    if hook is not None:
+        hook(desc, reason)
+
+
+def counted(progress: Callable[..., None] | None) -> Callable[..., None] | None:
+    """`progress` with `done` replaced by the number of reports so far, for an estimator that
+    reports once per product but numbers its reports by plan (SLQ: start × steps + step), so
+    that a start cut short by --budget does not make the count jump."""
+    if progress is None:
+        return None
+    calls = [0]
+
+    def report(done: int, total: int, **estimate: Any) -> None:
+        calls[0] += 1
+        progress(calls[0], total, **estimate)
+
+    return report
 
 
 def starting_line(argv: list[str]) -> str | None:
