@@ -209,7 +209,8 @@ def test_progress_reports_the_running_estimate():
     (req,) = probe_requests(["trace"], {"trace": {"rtol": None, "probes_max": 12, "block_size": 4}})
     ctx = ProbeContext(case.backend(), seed=0, progress=lambda *a, **k: seen.append((a, k)))
     r = create_probe("trace").run(ctx, req.options)
-    assert [a for a, _ in seen] == [("trace (hutchinson)", 4, 12), ("trace (hutchinson)", 8, 12),
+    assert [a for a, _ in seen] == [("trace (hutchinson)", 0, 0),  # the start, before the first block
+                                    ("trace (hutchinson)", 4, 12), ("trace (hutchinson)", 8, 12),
                                     ("trace (hutchinson)", 12, 12)]
     assert seen[-1][1]["value"] == pytest.approx(r.value, rel=1e-12)
     assert seen[-1][1]["stderr"] == pytest.approx(r.stderr, rel=1e-12)
