@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from ..engines.ggn_trace import ggn_trace
-from ..engines.kept import KeptPrefix, Pool
+from ..engines.kept import GRAPH_CACHE_BYTES, KeptPrefix, Pool
+from ..engines.microbatch import BatchPlan, micro_batches, plan_products
 from ..engines.pullback import or_zeros, pullback
 from ..engines.quadform import QuadraticForms
 from ..engines.state import ModelState
@@ -43,14 +44,35 @@ class AutogradBackend:
         # memory budget, and dropped together when a weight or buffer they saved moves
         self.state = ModelState(problem.model)
         self.state.register(self._refresh_params)
-        pool = Pool(self.state)
+        self._pool = pool = Pool(self.state)
         self._graph_cache = KeptPrefix(pool)
         self._primal_cache = KeptPrefix(pool)
+        # --max-memory: batches cut so that one micro-batch's graph fits (limit_memory)
+        self.batch_plan: BatchPlan | None = None
         self._quadforms: QuadraticForms | None = None
         self.vhv_error: str | None = None  # why vhv fell back to the HVP route, if it did
         # the op torch cannot differentiate twice, once an HVP has met one: the trace then
         # takes vᵀHv by forward tangents, which need no second derivative
         self.hvp_error: str | None = None
+
+    def limit_memory(self, allowance: int | None, what: str = "products") -> BatchPlan | None:
+        """Products from here on hold at most about `allowance` bytes of graph: batches whose
+        graph would not fit are cut into micro-batches (values unchanged to round-off, see
+        flatcheck.engines.microbatch); refuses (exit 2) when one sample cannot fit. None: no limit."""
+        self._graph_cache.clear()
+        self._primal_cache.clear()
+        self.batch_plan = None if allowance is None else plan_products(self.problem, allowance, what)
+        self._pool.budget = GRAPH_CACHE_BYTES
+        if self.batch_plan is not None:
+            size = self.batch_plan.size or self.batch_plan.largest_batch
+            # graphs kept across calls share the allowance with the micro-batch in flight
+            self._pool.budget = min(GRAPH_CACHE_BYTES, max(0, allowance - size * self.batch_plan.per_sample))
+        return self.batch_plan
+
+    @property
+    def _samples(self):
+        """The batches products run over: the sample set's, or its micro-batches (limit_memory)."""
+        return micro_batches(self.problem.samples, self.batch_plan)
 
     # -- helpers -------------------------------------------------------------------------
     def _refresh_params(self) -> None:
@@ -96,7 +118,7 @@ class AutogradBackend:
         later products only backpropagate through them. Batches where the loss is linear in
         every parameter (H = 0) yield nothing.
         """
-        for g in self._graph_cache.each(self.problem.samples, self._grad_with_graph):
+        for g in self._graph_cache.each(self._samples, self._grad_with_graph):
             if g:
                 yield tuple(zip(*g))  # type: ignore[misc]
 
@@ -190,7 +212,7 @@ class AutogradBackend:
 
         out = torch.zeros(S.shape[0], dtype=torch.float64, device=S.device)
         with self._mode():
-            for primal, weight in self._primal_cache.each(self.problem.samples, build):
+            for primal, weight in self._primal_cache.each(self._samples, build):
                 for i in range(S.shape[0]):
                     row = S[i].to(dtype)
                     v = layout.unflatten(row if scale is None else row * scale)
@@ -202,7 +224,7 @@ class AutogradBackend:
         k = V.shape[0]
         out = torch.zeros_like(V)
         with self._mode():
-            for batch in self.problem.samples:
+            for batch in self._samples:
                 logits = self.problem.model(batch.x)
                 # J v by the double-VJP trick: g(u) = Jᵀu is linear in u, so ∂(gᵀv)/∂u = J v.
                 u = torch.zeros_like(logits, requires_grad=True)

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
 
 from ..engines.ggn_trace import ggn_trace
-from ..errors import first_line
+from ..engines.microbatch import BatchPlan, micro_batches, plan_products
+from ..errors import ConfigError, first_line
 from ..losses import apply_output_hessian, per_sample_loss
 from .autograd import AutogradBackend
 from .base import BackendSpec, GGNTrace, Problem, model_mode
@@ -54,6 +55,26 @@ class FuncBackend:
         # torch.compile specialise (and recompile) on every distinct weight
         self._hv = torch.compile(self._hv_eager) if compile and not self.hvp_fallback else None
         self.compile_error: str | None = None
+        self.batch_plan: BatchPlan | None = None  # --max-memory's micro-batches (limit_memory)
+
+    def limit_memory(self, allowance: int | None, what: str = "products") -> BatchPlan | None:
+        """As AutogradBackend.limit_memory; a vmapped pass carries `chunk` vectors, each with
+        its own tangents of the graph, so the chunk is halved first (values are per vector,
+        whatever the chunk) until one sample fits."""
+        if self._reference is not None:
+            self.batch_plan = self._reference.limit_memory(allowance, what)
+            return self.batch_plan
+        if allowance is None:
+            self.batch_plan = None
+            return None
+        while True:
+            try:
+                self.batch_plan = plan_products(self.problem, allowance, what, vectors=self.chunk)
+                return self.batch_plan
+            except ConfigError:
+                if self.chunk == 1:
+                    raise
+                self.chunk = max(1, self.chunk // 2)
 
     def _hv_block(self, params, frozen, x, y, W: dict[str, Tensor]) -> dict[str, Tensor]:
         if self._hv is not None:
@@ -94,7 +115,7 @@ class FuncBackend:
 
         def block(W: Tensor) -> Tensor:
             out = torch.zeros_like(W)
-            for batch in self.problem.samples:
+            for batch in micro_batches(self.problem.samples, self.batch_plan):
                 hv = self._hv_block(params, frozen, batch.x, batch.y, self._as_dicts(W))
                 out.add_(layout.flatten([hv[n] for n in layout.names], W.shape[0]), alpha=batch.weight)
             return out
@@ -108,7 +129,7 @@ class FuncBackend:
 
         def block(W: Tensor) -> Tensor:
             out = torch.zeros_like(W)
-            for batch in self.problem.samples:
+            for batch in micro_batches(self.problem.samples, self.batch_plan):
                 def f(p):
                     return functional_call(model, (p, frozen), (batch.x,))
 

@@ -15,18 +15,21 @@ GRAPH_CACHE_BYTES = 1024 * 2**20
 
 
 class Pool:
-    """The kept per-batch state of one backend: the bytes it holds, against
-    GRAPH_CACHE_BYTES, and the model state it was built on."""
+    """The kept per-batch state of one backend: the bytes it holds, against its budget
+    (GRAPH_CACHE_BYTES at most), and the model state it was built on."""
 
     def __init__(self, state: ModelState):
         self.used = 0
         self.state = state
+        # lowered under --max-memory to what a micro-batch in flight leaves of the allowance
+        self.budget = GRAPH_CACHE_BYTES
 
 
 class KeptPrefix:
     """Per-batch state (a first-order graph, a vᵀHv primal) kept across calls for batches
     0, 1, … while it fits GRAPH_CACHE_BYTES with the rest of its pool; the rest is rebuilt on
-    every call. A single batch's is always kept, since every product needs it. Over several
+    every call. A single batch's is always kept, since every product needs it (under
+    --max-memory a single batch is one whose graph fits: see flatcheck.engines.microbatch). Over several
     batches keeping starts with the second call: a single pass (one Hutchinson block) would
     hold the memory for nothing.
     """
@@ -49,7 +52,7 @@ class KeptPrefix:
         start = len(self.items)
         for i, batch in enumerate(itertools.islice(samples, start, None), start):
             item, held = build(batch)
-            fits = self.passes > 1 and self.pool.used + held <= GRAPH_CACHE_BYTES
+            fits = self.passes > 1 and self.pool.used + held <= self.pool.budget
             # only right after the kept prefix, so that the kept items stay batches 0, 1, …
             if i == len(self.items) and (n == 1 or fits):
                 self.items.append(item)

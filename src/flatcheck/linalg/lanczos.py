@@ -22,7 +22,10 @@ from .reduce import rowsum64
 from .trace import Operator, Progress, StopTest
 # a re-measured true residual that shrank by less than this factor has stalled
 STALL_FACTOR = 0.5
-INITIAL_ROWS = 16  # basis rows allocated up front (the basis doubles when full)
+INITIAL_ROWS = 16  # basis rows per block (a full basis gets another block)
+# P-sized vectors a Lanczos step holds besides its basis: the current and next q, the
+# product w, the projection's two temporaries and the product's own
+WORK_VECTORS = 6
 
 
 def breakdown_threshold(dtype: torch.dtype) -> float:
@@ -46,9 +49,13 @@ class Lanczos:
     def __init__(self, op: Operator, start: Tensor, capacity: int):
         self.op = op
         self.capacity = max(1, min(capacity, op.dim))
-        # the basis grows by doubling, not allocated at capacity: lmax's default 300 steps of an
-        # 11M-parameter ResNet-18 would reserve 13 GB where convergence takes a few dozen rows
-        self.Q = torch.empty(min(self.capacity, INITIAL_ROWS), op.dim, dtype=op.dtype, device=op.device)
+        # the basis grows a block of rows at a time, not allocated at capacity: lmax's default
+        # 300 steps of an 11M-parameter ResNet-18 would reserve 13 GB where convergence takes a
+        # few dozen rows. Blocks, not one tensor that doubles: a doubling copies the old rows
+        # into the new tensor, so both are held at once (up to 2× the basis: a 100-step basis
+        # of ViT-B/16 would peak at 164 rows, 56 GB), which no memory plan could promise.
+        self.blocks: list[Tensor] = []
+        self.rows = 0  # rows allocated over all blocks
         self.alpha: list[float] = []
         self.beta: list[float] = []  # off-diagonals of T, len(alpha) − 1 of them
         self.size = 0
@@ -80,13 +87,32 @@ class Lanczos:
 
     def _project_out(self, w: Tensor) -> tuple[Tensor, Tensor]:
         """w less its part in the basis, and that part's coefficients."""
-        Q = self.Q[: self.size]
         total = torch.zeros(self.size, dtype=w.dtype, device=w.device)
         for _ in range(2):  # "twice is enough" (Kahan–Parlett) for an orthonormal basis
-            c = Q @ w
-            w = w - c @ Q
+            c = torch.cat([Q @ w for Q in self._basis()]) if self.size else total[:0]
+            # classical Gram–Schmidt: every coefficient from the same w, then all removed
+            w = w - self._combine(c.unsqueeze(0))[0] if self.size else w
             total = total + c
         return w, total
+
+    def _basis(self) -> list[Tensor]:
+        """The basis rows q_0 … q_{size−1}, block by block (views)."""
+        out, left = [], self.size
+        for block in self.blocks:
+            if left <= 0:
+                break
+            out.append(block[:left])
+            left -= block.shape[0]
+        return out
+
+    def _combine(self, coeff: Tensor) -> Tensor:
+        """coeff (k, size) → coeff @ Q, (k, P), accumulated block by block."""
+        out, start = None, 0
+        for Q in self._basis():
+            part = coeff[:, start:start + Q.shape[0]] @ Q
+            out = part if out is None else out.add_(part)
+            start += Q.shape[0]
+        return out
 
     def step(self) -> None:
         if not self.can_step:
@@ -94,12 +120,11 @@ class Lanczos:
         q = self._next
         if self.size > 0:
             self.beta.append(self.beta_next)
-        if self.size == self.Q.shape[0]:
-            grown = torch.empty(min(self.capacity, 2 * self.size), self.op.dim, dtype=self.Q.dtype,
-                                device=self.Q.device)
-            grown[: self.size] = self.Q
-            self.Q = grown
-        self.Q[self.size] = q
+        if self.size == self.rows:
+            rows = min(INITIAL_ROWS, self.capacity - self.rows)
+            self.blocks.append(torch.empty(rows, self.op.dim, dtype=self.op.dtype, device=self.op.device))
+            self.rows += rows
+        self.blocks[-1][self.size - (self.rows - self.blocks[-1].shape[0])] = q
         self.size += 1
         w = self.op.matmat(q.unsqueeze(0))[0]
         alpha = torch.dot(q, w).item()
@@ -173,7 +198,7 @@ class Lanczos:
     def vectors(self, S: np.ndarray) -> Tensor:
         """Ritz vectors Y = Sᵀ Q for the columns of S, shape (k, P)."""
         coeff = torch.as_tensor(np.ascontiguousarray(S.T), dtype=self.op.dtype, device=self.op.device)
-        return coeff @ self.Q[: self.size]
+        return self._combine(coeff)
 
 
 def tridiagonal_eigh(alpha, beta) -> tuple[np.ndarray, np.ndarray]:
@@ -326,6 +351,35 @@ def default_max_iter(k: int) -> int:
     return max(300, 20 * k)
 
 
+def lanczos_bytes(steps: int, dim: int, dtype: torch.dtype, k: int = 0) -> tuple[int, int]:
+    """(bytes per stored basis vector, bytes besides the basis) of a Lanczos run over `dim`
+    parameters: the basis holds min(steps, dim) vectors; besides it a step's working vectors
+    and, for k Ritz pairs (lanczos_top), the Ritz vectors, their normalised copy and their
+    products (the true residuals' block product)."""
+    per = dim * torch.empty((), dtype=dtype).element_size()
+    return per, (WORK_VECTORS + 3 * k) * per
+
+
+def plan_steps(steps: int, dim: int, dtype: torch.dtype, limit: int | None, *, what: str, flag: str,
+               k: int = 0, given: bool = True) -> tuple[int, int]:
+    """(Lanczos steps to run, bytes they hold) under `limit` bytes (None: no limit).
+
+    Steps the user asked for (`given`) are run or refused up front (exit 2, with the bytes
+    needed and the largest `flag` that fits): fewer steps give other nodes, another
+    quantity. A default step count that is only a cap on convergence (lmax's max_iter) is
+    lowered to what fits, not below k + 1."""
+    from .memory import most_that_fit, refuse_count
+
+    steps = min(steps, dim)
+    per, fixed = lanczos_bytes(steps, dim, dtype, k)
+    if not given:
+        most = most_that_fit(per, fixed, limit)
+        if most is not None and most < steps:
+            steps = max(most, min(k + 1, steps))
+    refuse_count(steps, per, fixed, limit, what, flag, least=k if k else 2)
+    return steps, steps * per + fixed
+
+
 def _worst(measured) -> float:
     values, res = measured[:2]
     return max(r / abs(v) if v != 0 else math.inf for v, r in zip(values, res))
@@ -344,5 +398,7 @@ def _true_residuals(op: Operator, lz: Lanczos, S_top: np.ndarray) -> tuple[list[
     # the Rayleigh quotient is at least as accurate as θ, and the residual is then the
     # true one for exactly the value reported
     values = rowsum64(Y * HY)
-    R = HY.to(torch.float64) - values.unsqueeze(1) * Y.to(torch.float64)
-    return values.cpu().tolist(), torch.linalg.vector_norm(R, dim=1).cpu().tolist(), Y
+    # row by row: a float64 (k, P) residual block would hold 2·k·P float64 numbers at once
+    res = [torch.linalg.vector_norm(HY[i].to(torch.float64) - values[i] * Y[i].to(torch.float64)).item()
+           for i in range(Y.shape[0])]
+    return values.cpu().tolist(), res, Y

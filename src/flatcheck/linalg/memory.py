@@ -78,3 +78,28 @@ def chunk_size(per_item: int, limit: int | None, what: str, total: int | None = 
                           f"raise --max-memory or free memory")
     n = max(1, limit // max(1, per_item))
     return n if total is None else min(n, total)
+
+
+def most_that_fit(per_item: int, fixed: int, limit: int | None) -> int | None:
+    """How many items of `per_item` bytes fit in `limit` beside `fixed` bytes (None: no limit)."""
+    if limit is None:
+        return None
+    return max(0, (limit - fixed) // max(1, per_item))
+
+
+def refuse_count(count: int, per_item: int, fixed: int, limit: int | None, what: str, flag: str,
+                 least: int = 1) -> None:
+    """Refuse (ConfigError, exit 2) up front a request for `count` stored vectors of `per_item`
+    bytes (plus `fixed`) that does not fit `limit`, naming the bytes it needs, the limit and
+    the largest `flag` that fits (or that none ≥ `least` does). Fewer vectors would change
+    the quantity, which is the user's decision, so it is never done silently."""
+    from ..errors import ConfigError
+
+    need = count * per_item + fixed
+    if limit is None or need <= limit:
+        return
+    most = most_that_fit(per_item, fixed, limit)
+    fix = (f"{flag} {most} fits" if most >= least else f"no {flag} ≥ {least} fits")
+    raise ConfigError(f"{what} would hold {count} vectors of {per_item:,} bytes, {need:,} bytes ({gib(need)}) in "
+                      f"all, more than the {limit:,} bytes ({gib(limit)}) allowed (--max-memory, default half the "
+                      f"free memory); {fix}, or raise --max-memory")

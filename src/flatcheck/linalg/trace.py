@@ -128,8 +128,12 @@ def hutchinson(
     split: Split | None = None,
     progress: Progress | None = None,
     should_stop: StopTest | None = None,
+    rows: int | None = None,
 ) -> TraceEstimate:
     """Tr(A) ≈ (1/m) Σ v_kᵀ A v_k with Rademacher v_k.
+
+    `rows` (plan_block): products are taken that many vectors at a time within a block, a
+    memory bound that changes no value (the draws and the stopping rule stay per block).
 
     Stops after `max_probes`, or earlier once at least `min_probes` values give
     stderr/|mean| < rtol; the standard error is the sample standard deviation of the
@@ -148,9 +152,10 @@ def hutchinson(
             S = rademacher_signs(k, op.dim, generator, device=op.device)
             vals, pieces = op.quadratic(S, split)
         else:
-            V = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
-            prod = op.matmat(V).mul_(V)
-            vals, pieces = rowsum64(prod), (split(prod) if split is not None else {})
+            # the block's draws at once (int8, as rademacher draws them), its products `rows`
+            # vectors at a time: the values are those of the whole block
+            S = rademacher_signs(k, op.dim, generator, device="cpu")
+            vals, pieces = _products(op, S, rows or k, split)
         values.append(vals.cpu())
         for name, v in pieces.items():
             parts.setdefault(name, []).append(v.to(torch.float64).cpu())
@@ -169,6 +174,50 @@ def hutchinson(
     value, stderr = _mean_stderr(samples)
     groups = {name: _mean_stderr(torch.cat(v)) for name, v in parts.items()}
     return TraceEstimate(value, stderr, done, done, reason, groups, tuple(samples.tolist()))
+
+
+def _products(op: Operator, S: Tensor, rows: int, split: Split | None) -> tuple[Tensor, dict]:
+    """vᵀAv and the parts of v ⊙ Av for the rows v of the ±1 block S, `rows` at a time."""
+    vals, pieces = [], {}
+    for i in range(0, S.shape[0], rows):
+        V = S[i:i + rows].to(dtype=op.dtype, device=op.device)
+        prod = op.matmat(V).mul_(V)
+        vals.append(rowsum64(prod))
+        for name, part in (split(prod) if split is not None else {}).items():
+            pieces.setdefault(name, []).append(part)
+        del V, prod
+    return torch.cat(vals), {name: torch.cat(parts) for name, parts in pieces.items()}
+
+
+# P-sized vectors beside a block: a streamed block's one float vector, its product and the
+# product's pieces; a product's own per vector: the vector, its product and the backend's
+# (k, P) temporaries (the GGN's pullback stacks its rows before flattening them)
+STREAM_WORK = 4
+ROW_WORK = 4
+
+
+def plan_block(block: int | None, op: Operator, parts: bool, limit: int | None, what: str) -> tuple[int, int]:
+    """(vectors per product, bytes held) for hutchinson's blocks of `block` probes (None: its
+    default) with or without per-group `parts`, under `limit` bytes (None: no limit). A
+    block's int8 signs are held whole; unstreamed products are taken as many vectors at a
+    time as fit (values unchanged). Refuses (exit 2) up front when the block's signs and one
+    vector's product cannot fit, naming the --block-size that would."""
+    from .memory import most_that_fit, refuse_count
+
+    streams = _streams(op, parts)
+    block = block or default_block(op, parts)
+    item = op.dtype.itemsize
+    if streams:
+        refuse_count(block, op.dim, STREAM_WORK * op.dim * item, limit, what, "--block-size")
+        return block, block * op.dim + STREAM_WORK * op.dim * item
+    per = ROW_WORK * op.dim * item
+    rows = most_that_fit(per, block * op.dim, limit)
+    if rows is None:
+        return block, block * (op.dim + per)
+    if rows < 1:
+        refuse_count(block, op.dim, per, limit, what, "--block-size")
+    rows = min(rows, block)
+    return rows, block * op.dim + rows * per
 
 
 def hutchpp(

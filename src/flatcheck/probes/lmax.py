@@ -10,11 +10,12 @@ from typing import ClassVar, Literal
 import torch
 
 from ..errors import ConfigError
-from ..linalg.lanczos import default_max_iter, lanczos_top
+from ..linalg.lanczos import default_max_iter, lanczos_bytes, lanczos_top, plan_steps
 from ..linalg.power import power_top
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
 from ._kit import budget_stop, option, progress_reporter
+from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import GGNVp, Hvp
 from .registry import ProbeContext, register_probe
 
@@ -88,6 +89,18 @@ class LmaxProbe:
         op = CurvatureOperator(ctx.backend, options.matrix)
         start = time.perf_counter()
         max_iter = options.resolved_max_iter
+        limit = probe_limit(ctx)
+        what = f"probe lmax: {options.method} for k={options.k} over {op.dim:,} parameters"
+        if options.method == "lanczos":
+            # a default --max-iter only caps convergence: lowered to the basis that fits; one
+            # the user gave is run or refused
+            planned, stored = plan_steps(max_iter, op.dim, op.dtype, limit, what=f"{what}, a basis of {max_iter} steps",
+                                         flag="--max-iter", k=options.k, given=options.max_iter is not None)
+        else:  # power iteration holds the k vectors it deflates against, no basis
+            planned, stored = max_iter, sum(lanczos_bytes(0, op.dim, op.dtype, options.k))
+        memory = limit_products(ctx, limit, stored, "lmax")
+        capped = planned < min(max_iter, op.dim)
+        max_iter = planned
         tol = options.resolved_tol(op.dtype)
         progress = progress_reporter(ctx, f"lmax ({options.method})")
         solve = lanczos_top if options.method == "lanczos" else power_top
@@ -128,6 +141,9 @@ class LmaxProbe:
                       f"or --tol {worst * 2:.0e}")
         elif not all(res.converged):
             notes += f"; raise --max-iter (now {max_iter}) or --tol, or use --dtype float64"
+        if capped:
+            notes += f"; the default --max-iter lowered to {max_iter}, the Lanczos basis that fits --max-memory"
+        notes += memory_note(memory)
         return ProbeResult(
             probe=self.name,
             value=res.values[0],
@@ -144,6 +160,7 @@ class LmaxProbe:
                 "k": options.k,
                 "tol": tol,
                 "max_iter": max_iter,
+                "max_iter_lowered_to_fit": capped,
                 "order": "largest algebraic first" if options.method == "lanczos"
                          else "power: each the largest |λ| left after deflating the ones before",
                 "eigenvalues": res.values,
@@ -162,5 +179,6 @@ class LmaxProbe:
                 # (Lanczos.residuals, no extra product), a cold one's by one more block product
                 "residuals_from": ("products taken" if warm is not None
                                    else "block product" if options.method == "lanczos" else "each iteration's product"),
+                "memory": memory,
             },
         )

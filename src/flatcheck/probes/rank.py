@@ -39,7 +39,9 @@ from ..report.result import ProbeResult
 from ..backends.base import GGNVp, Hvp, Outputs
 from .registry import ProbeContext, register_probe
 from ._kit import option
-from .spectrum import check_slq_options, lanczos_steps_option, mean_stderr, run_slq, starts_option, stop_reason
+from ._memory import memory_note
+from .spectrum import (check_slq_options, lanczos_steps_option, mean_stderr, plan_slq, run_slq, starts_option,
+                       stop_reason)
 
 NEURON_RULE = (
     "Σ N_l = Σ out_features of every Linear + Σ out_channels of every Conv (one neuron per channel, "
@@ -163,6 +165,7 @@ class RankProbe:
     def run(self, ctx: ProbeContext, options: RankOptions) -> ProbeResult:
         op = CurvatureOperator(ctx.backend, options.matrix)
         start = time.perf_counter()
+        memory = plan_slq(ctx, op, options.lanczos_steps, "rank (SLQ)")
         result = run_slq(ctx, op, options.lanczos_steps, options.starts, "rank (SLQ)")
         problem = ctx.backend.problem
         P, N = op.dim, problem.samples.n
@@ -199,6 +202,7 @@ class RankProbe:
                  f"at λ ≈ {location:.3g} (resolution {resolution:.3g}); paper bound "
                  f"{_fmt_bound(paper_bound)}, batch bound {batch_bound:.4g}{'' if ggn else ' (for G)'}; "
                  f"{options.starts} starts × {max(r.steps for r in result.rules)} steps; bn {bn_mode}")
+        notes += memory_note(memory)
         if warnings:
             notes += "; WARNING: " + " | ".join(warnings)
         return ProbeResult(
@@ -255,6 +259,7 @@ class RankProbe:
                 },
                 "spectral_norm": spectral,
                 "warnings": warnings,
+                "memory": memory,
             },
         )
 

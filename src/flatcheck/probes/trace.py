@@ -8,10 +8,12 @@ from typing import ClassVar, Literal
 
 from ..errors import ConfigError, ModelError
 from ..linalg import hutchinson, hutchpp
-from ..linalg.memory import available_bytes, gib
+from ..linalg.memory import gib
+from ..linalg.trace import plan_block
 from ..operators import CurvatureOperator, LayoutParts
 from ..report.result import ProbeResult
 from ._kit import budget_stop, option, progress_reporter
+from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import ExactGGN, GGNVp, Hvp, Vhv
 from .registry import ProbeContext, register_probe
 
@@ -130,8 +132,14 @@ class TraceProbe:
         split = LayoutParts(layout) if options.parts else None
 
         seed = ctx.seed
+        limit = probe_limit(ctx)
+        rows, memory = None, {}
         if options.estimator == "hutchpp":
-            _check_hutchpp_memory(op, options.probes_max)
+            memory = limit_products(ctx, limit, _check_hutchpp_memory(op, options.probes_max, limit), "trace")
+        elif options.estimator == "hutchinson":
+            rows, stored = plan_block(options.block_size, op, split is not None, limit,
+                                      f"probe trace (hutchinson) over {op.dim:,} parameters")
+            memory = limit_products(ctx, limit, stored, "trace")
         est = None
         if options.estimator == "exact":
             sampled = options.class_samples is not None
@@ -150,7 +158,7 @@ class TraceProbe:
                                    progress=progress)
                 return hutchinson(op, generator=ctx.generator(), max_probes=options.probes_max, rtol=options.rtol,
                                   min_probes=options.min_probes, block_size=options.block_size,
-                                  split=split, progress=progress, should_stop=budget_stop(ctx))
+                                  split=split, progress=progress, should_stop=budget_stop(ctx), rows=rows)
 
             try:
                 est = estimate(op)
@@ -186,7 +194,7 @@ class TraceProbe:
             seconds=time.perf_counter() - start,
             seed=seed,
             label=label,
-            notes=f"{notes}; Tr/P = {value / layout.dim:.4g}",
+            notes=f"{notes}; Tr/P = {value / layout.dim:.4g}{memory_note(memory)}",
             dof=None if est is None else est.dof,
             details={
                 "matrix": matrix,
@@ -208,6 +216,8 @@ class TraceProbe:
                     (key or "<root>"): {"value": v, "stderr": se, "parameters": sizes[key]}
                     for (kind, key), (v, se) in parts.items() if kind == "module"
                 },
+                # --max-memory: stored vectors, products' vectors per pass, micro-batches
+                "memory": {**memory, "vectors_per_product": rows} if memory else None,
                 "per_parameter": {
                     key: {"value": v, "stderr": se} for (kind, key), (v, se) in parts.items() if kind == "param"
                 },
@@ -240,14 +250,17 @@ def _route(op: CurvatureOperator, options: TraceOptions, backend) -> str:
     return "hvp_sums" if op.streams_total else "matmat"
 
 
-def _check_hutchpp_memory(op: CurvatureOperator, matvecs: int) -> None:
+def _check_hutchpp_memory(op: CurvatureOperator, matvecs: int, limit: int | None) -> int:
     """Hutch++ holds its sketch S, A·S, the basis Q and the residual probes as (k, P) blocks
-    (k = matvecs/3) at once: refuse a count whose blocks cannot fit before allocating them."""
+    (k = matvecs/3) at once: refuse a count whose blocks cannot fit --max-memory before
+    allocating them; the bytes they hold."""
     k = matvecs // 3
-    need = 4 * k * op.dim * op.dtype.itemsize
-    have = available_bytes(op.device)
-    if have is not None and need > have:
-        most = 3 * max(2, have // (4 * op.dim * op.dtype.itemsize))
-        raise ConfigError(f"--probes-max {matvecs}: Hutch++ would hold {gib(need)} of (k, P) blocks for "
-                          f"{op.dim} parameters, more than the {gib(have)} free on {op.device}; "
-                          f"at most about {most} fits")
+    per = 4 * op.dim * op.dtype.itemsize
+    need = k * per
+    if limit is not None and need > limit:
+        most = 3 * (limit // per)
+        fix = f"--probes-max {most} fits" if most >= 6 else "no --probes-max ≥ 6 fits"
+        raise ConfigError(f"probe trace: --probes-max {matvecs}: Hutch++ would hold {need:,} bytes ({gib(need)}) of "
+                          f"(k, P) blocks for {op.dim:,} parameters, more than the {limit:,} bytes ({gib(limit)}) "
+                          f"allowed (--max-memory, default half the free memory); {fix}, or raise --max-memory")
+    return need

@@ -1,0 +1,32 @@
+"""--max-memory for the curvature probes (issue 19 §2): the limit split between the vectors an
+estimator stores (planned in flatcheck.linalg) and the graphs of the batches the backend's
+products run over (cut into micro-batches by the backend, flatcheck.engines.microbatch)."""
+
+from __future__ import annotations
+
+from ..linalg.memory import memory_limit
+from .registry import ProbeContext
+
+
+def probe_limit(ctx: ProbeContext) -> int | None:
+    """The bytes this probe's working set may take: --max-memory, or half of what is free."""
+    return memory_limit(ctx.backend.problem.device, ctx.max_memory)
+
+
+def limit_products(ctx: ProbeContext, limit: int | None, stored: int, what: str) -> dict:
+    """Leave the backend what the stored vectors leave of `limit` for its graphs (a backend
+    without micro-batches runs its batches whole); the plan, for the result's details."""
+    plan = None
+    limit_memory = getattr(ctx.backend, "limit_memory", None)
+    if limit_memory is not None:
+        plan = limit_memory(None if limit is None else limit - stored, f"probe {what}")
+    return {"limit_bytes": limit, "stored_vector_bytes": stored, **(plan.details() if plan is not None else {})}
+
+
+def memory_note(memory: dict) -> str:
+    """A note's clause when batches were cut to fit (empty otherwise)."""
+    size = memory.get("microbatch_samples")
+    if size is None:
+        return ""
+    return (f"; batches cut into micro-batches of {size} samples ({memory['chunks_per_batch']} per batch) "
+            "to fit --max-memory")
