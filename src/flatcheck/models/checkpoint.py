@@ -25,7 +25,8 @@ from flatcheck.errors import CheckpointError
 from flatcheck.models.spec import CheckpointSpec
 
 SAFETENSORS_EXTS = (".safetensors",)
-TORCH_EXTS = (".pt", ".pth", ".bin")
+# .ckpt: PyTorch Lightning's torch.save archive (its weights under state_dict, keys "model.…")
+TORCH_EXTS = (".pt", ".pth", ".bin", ".ckpt")
 # Precedence when a checkpoint wraps its weights: the weights being trained come
 # first; an EMA copy is a different model, so it is only taken when it is the
 # sole candidate (pick it explicitly with checkpoint.key otherwise).
@@ -217,15 +218,58 @@ def _rename(state: dict[str, Tensor], fn, path: Path) -> dict[str, Tensor]:
     return out
 
 
-def apply_state_dict(model: nn.Module, state_dict: dict[str, Tensor], *, source: str = "checkpoint") -> None:
+def fitting_prefix(state_dict: Mapping[str, Tensor], model: nn.Module) -> str | None:
+    """The leading dotted components that every key carries and whose removal makes the keys
+    exactly the model's (a LightningModule's `model.` on every key), or None. Only an exact
+    fit counts: a prefix that leaves one key over or one missing is a hint, not a strip."""
+    expected = model.state_dict()
+    keys = list(state_dict)
+    if not keys or _misfit(dict(state_dict), expected) == ([], []):
+        return None
+    parts = keys[0].split(".")
+    for n in range(1, len(parts)):
+        prefix = ".".join(parts[:n]) + "."
+        if not all(k.startswith(prefix) for k in keys):
+            return None
+        if _misfit({k[len(prefix):]: v for k, v in state_dict.items()}, expected) == ([], []):
+            return prefix
+    return None
+
+
+def strip_prefix(state_dict: dict[str, Tensor], prefix: str, path: Path) -> dict[str, Tensor]:
+    return _rename(state_dict, lambda k: k[len(prefix):], path)
+
+
+def _misfit(state: dict[str, Tensor], expected: dict[str, Tensor]) -> tuple[list[str], list[str]]:
+    """(missing, unexpected) keys of `state` for a model whose state dict is `expected`, after
+    filling the absences that lose nothing (fills `state` in place)."""
+    _fill_tolerated(state, expected)
+    return [k for k in expected if k not in state], [k for k in state if k not in expected]
+
+
+def _prefix_hint(missing: list[str], unexpected: list[str]) -> str | None:
+    """A prefix that the unexpected keys carry and that, removed, gives missing keys: the
+    checkpoint.strip_prefix to set (the keys it leaves unexpected stay named above)."""
+    wanted = set(missing)
+    best, matched = None, 0
+    for prefix in {k[:k.index(".") + 1] for k in unexpected if "." in k}:
+        n = sum(k.startswith(prefix) and k[len(prefix):] in wanted for k in unexpected)
+        if n > matched:
+            best, matched = prefix, n
+    if best is None:
+        return None
+    return (f"{matched} of the {len(missing)} missing keys are there with the prefix {best!r}: "
+            f"--set checkpoint.strip_prefix={best} removes it")
+
+
+def apply_state_dict(model: nn.Module, state_dict: dict[str, Tensor], *, source: str = "checkpoint",
+                     model_from: str | None = None) -> None:
     """Load `state_dict` into `model` exactly, or raise one CheckpointError saying
-    everything that does not fit. Values are cast to the model's dtypes."""
+    everything that does not fit (and, `model_from`, which spec built the model). Values are
+    cast to the model's dtypes."""
     expected = model.state_dict()
     state = dict(state_dict)
-    _fill_tolerated(state, expected)
-
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
+    missing, unexpected = _misfit(state, expected)
     mismatched = [
         f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
         for k in expected
@@ -237,7 +281,9 @@ def apply_state_dict(model: nn.Module, state_dict: dict[str, Tensor], *, source:
         if items
     ]
     if problems:
-        raise CheckpointError(f"{source} does not fit the model: " + "; ".join(problems))
+        hint = _prefix_hint(missing, unexpected) if missing and unexpected else None
+        told = [*problems, *([hint] if hint else []), *([f"the model is {model_from}"] if model_from else [])]
+        raise CheckpointError(f"{source} does not fit the model: " + "; ".join(told))
     _refuse_integer_weights(state, expected, source)
 
     # Cast before checking: a float64 value beyond float32's range becomes inf.

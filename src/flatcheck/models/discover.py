@@ -36,6 +36,18 @@ class Found:
             self.kind, f"spec file {self.path}")
 
     @property
+    def how(self) -> str:
+        """Which spec this is and how it was found, for a message about the model it builds."""
+        ckpt = "the checkpoint"
+        if self.kind == "embedded":
+            return f"the spec embedded in {self.path} (by flatcheck embed-spec)"
+        if self.kind == "config.json":
+            return f"{self.path}, the timm config found beside {ckpt}"
+        if self.path.stem in ("spec",):
+            return f"{self.path}, the spec found in {ckpt}'s folder"
+        return f"{self.path}, the spec found beside {ckpt}"
+
+    @property
     def label(self) -> str | None:
         kinds = {"embedded": "embedded spec", "config.json": "config.json"}
         return f"{self.path} ({kinds[self.kind]})" if self.kind in kinds else None
@@ -53,7 +65,7 @@ class Found:
     def load(self) -> ModelSpec:
         data, sha256 = self.read()
         return spec_from_dict(data, path=self.path, origin=self.origin, embedded=self.kind == "embedded",
-                              sha256=sha256, label=self.label)
+                              sha256=sha256, label=self.label, found=self.how)
 
 
 def find_spec(checkpoint: Path) -> Found | None:

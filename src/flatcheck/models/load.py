@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import os
+import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from flatcheck.models.checkpoint import LoadedCheckpoint, apply_state_dict, load_checkpoint
+from flatcheck.models.checkpoint import (LoadedCheckpoint, apply_state_dict, fitting_prefix, load_checkpoint,
+                                        strip_prefix)
 from flatcheck.models.pretrained import offline
 from flatcheck.models.resolve import ModelRequest, resolve
 from flatcheck.models.sources import build_model, complete_spec
-from flatcheck.models.spec import ModelSpec
+from flatcheck.models.spec import CheckpointSpec, ModelSpec
 
 
 def build_with_weights(spec: ModelSpec, checkpoint: Path | None, trust_packages: Sequence[str] = (),
@@ -32,8 +35,31 @@ def build_with_weights(spec: ModelSpec, checkpoint: Path | None, trust_packages:
     loaded = None
     if checkpoint is not None:
         loaded = load_checkpoint(checkpoint, spec.checkpoint)
-        apply_state_dict(model, loaded.state_dict, source=str(checkpoint))
+        if spec.checkpoint.strip_prefix is None:
+            loaded, spec = _strip_fitting_prefix(loaded, spec, model)
+        apply_state_dict(model, loaded.state_dict, source=str(checkpoint), model_from=model_origin(spec))
     return model, complete_spec(spec, model), loaded
+
+
+def _strip_fitting_prefix(loaded: LoadedCheckpoint, spec: ModelSpec, model: nn.Module
+                          ) -> tuple[LoadedCheckpoint, ModelSpec]:
+    """A prefix on every key whose removal makes the keys the model's exactly (a Lightning
+    .ckpt's `model.`) is removed, said once on stderr and recorded as the resolved spec's
+    checkpoint.strip_prefix, so that the report says how the weights were read."""
+    prefix = fitting_prefix(loaded.state_dict, model)
+    if prefix is None:
+        return loaded, spec
+    warnings.warn(f"{loaded.path}: every key carries the prefix {prefix!r} and fits the model without it; "
+                  f"removed it (checkpoint.strip_prefix in the report's resolved spec)", stacklevel=3)
+    origins = {**spec.origins, "checkpoint": "detected: every key of the checkpoint carries the prefix"}
+    spec = replace(spec, checkpoint=CheckpointSpec(key=spec.checkpoint.key, strip_prefix=prefix), origins=origins)
+    return replace(loaded, state_dict=strip_prefix(loaded.state_dict, prefix, loaded.path)), spec
+
+
+def model_origin(spec: ModelSpec) -> str:
+    """Which model a spec builds and where the spec came from, for an error about its weights."""
+    where = spec.found or spec.origins.get("arch") or spec.where
+    return f"{spec.source} {spec.arch!r} from {where}" + (" (--spec or --model chooses another)" if spec.found else "")
 
 
 def load_model(model: str | None = None, checkpoint: str | os.PathLike | None = None, pretrained: bool = False,

@@ -83,6 +83,8 @@ class _Base:
     embedded: bool = False
     label: str | None = None
     weights_name: str | None = None  # the library's name for --pretrained, when not the arch (hf-hub:…)
+    found: str | None = None  # how the checkpoint's own spec was found (discover.Found.how)
+    folder: Path | None = None  # a --model python: reference's own modules: the working directory
 
 
 def _base(req: ModelRequest) -> _Base:
@@ -103,7 +105,7 @@ def _base(req: ModelRequest) -> _Base:
     if found is None:
         raise ConfigError(nothing_found(req.checkpoint))
     data, sha256 = found.read()
-    return _Base(data, found.origin, found.path, sha256, found.kind == "embedded", found.label)
+    return _Base(data, found.origin, found.path, sha256, found.kind == "embedded", found.label, found=found.how)
 
 
 def model_reference(ref: str) -> _Base:
@@ -118,7 +120,10 @@ def model_reference(ref: str) -> _Base:
         raise ConfigError(f"--model python: expects python:MODULE:FUNCTION, got {ref!r}")
     if source == "timm" and name.startswith(HF_HUB):
         return _hf_hub(name, label)
-    return _Base({"source": source, "arch": name}, f"flag --model {ref}", label=label)
+    # a python reference imports a module in the working directory as a spec file imports one
+    # in its own folder (models.sources._ImportPolicy): taken now, where the user typed it
+    folder = Path.cwd() if source == "python" else None
+    return _Base({"source": source, "arch": name}, f"flag --model {ref}", label=label, folder=folder)
 
 
 def _hf_hub(name: str, label: str) -> _Base:
@@ -201,7 +206,7 @@ def _with_overrides(base: _Base, overrides: dict[str, Any], told: dict[str, str]
         if given in overrides and data.get(other) is None:
             raise ConfigError(f"--{given} is given but not --{other}, and the spec sets no {other}; give both")
     return spec_from_dict(data, path=base.path, sha256=base.sha256, embedded=base.embedded, label=base.label,
-                          origin=base.origin, origins=told)
+                          origin=base.origin, origins=told, found=base.found, folder=base.folder)
 
 
 def _as_mapping(name: str, value: Any) -> dict[str, Any]:

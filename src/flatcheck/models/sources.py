@@ -279,7 +279,8 @@ class _ImportPolicy:
     """What `arch: MODULE:CALLABLE` may import, decided from names alone.
 
     MODULE is looked up first as MODULE.py (or a package folder) in the spec's
-    own folder; otherwise it must lie in a trusted package. A spec embedded in a
+    own folder — for `--model python:…`, which has no spec file, the working directory
+    the user typed it in; otherwise it must lie in a trusted package. A spec embedded in a
     checkpoint has no folder of its own and trusts only --trust-package names.
     """
 
@@ -287,13 +288,17 @@ class _ImportPolicy:
     folder: Path | None
     packages: tuple[str, ...]
     embedded: bool
+    place: str = "the spec's folder"  # how messages name `folder`
 
     @classmethod
     def of(cls, spec: ModelSpec, trust_packages: tuple[str, ...]) -> "_ImportPolicy":
         if spec.embedded:
             return cls(spec.where, None, trust_packages, True)
+        packages = (*TRUSTED_PACKAGES, *trust_packages)
+        if spec.path is None and spec.folder is not None:
+            return cls(spec.where, spec.folder.resolve(), packages, False, f"the working directory {spec.folder}")
         folder = spec.path.resolve().parent if spec.path is not None else None
-        return cls(spec.where, folder, (*TRUSTED_PACKAGES, *trust_packages), False)
+        return cls(spec.where, folder, packages, False)
 
     def trusted_name(self, name: str) -> bool:
         return any(name == p or name.startswith(p + ".") for p in self.packages)
@@ -314,7 +319,7 @@ class _ImportPolicy:
             loaded = sys.modules.get(name.partition(".")[0])
             if loaded is not None and not self.loaded_from_folder(loaded):
                 raise SpecError(
-                    f"{self.where}: field 'arch': module {name!r} in the spec's folder has the name of one "
+                    f"{self.where}: field 'arch': module {name!r} in {self.place} has the name of one "
                     f"already loaded from elsewhere ({getattr(loaded, '__file__', None) or 'built in'}); rename the file"
                 )
             return
@@ -328,7 +333,7 @@ class _ImportPolicy:
             )
         raise SpecError(
             f"{self.where}: field 'arch': refusing to import {name!r} (a python spec runs code): only a .py file "
-            f"in the spec's folder, {', '.join(TRUSTED_PACKAGES)} or a --trust-package are imported; "
+            f"in {self.place}, {', '.join(TRUSTED_PACKAGES)} or a --trust-package are imported; "
             f"pass --trust-package {top} if you trust it"
         )
 

@@ -98,6 +98,11 @@ class ModelSpec:
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
     # how messages name a spec that is no file ("--model timm:resnet18", "CKPT (embedded spec)")
     label: str | None = field(default=None, compare=False)
+    # how a spec nobody named was found beside its checkpoint (models.discover), for messages
+    found: str | None = field(default=None, compare=False)
+    # where a python spec that is no file (--model python:…) imports its own modules from:
+    # the working directory, as a spec file's own folder
+    folder: Path | None = field(default=None, compare=False)
 
     @property
     def where(self) -> str:
@@ -130,6 +135,7 @@ def read_spec_file(path: Path) -> tuple[Any, str]:
 def spec_from_dict(
     data: Any, *, path: Path | None = None, sha256: str | None = None, embedded: bool = False,
     origins: Mapping[str, str] | None = None, origin: str | None = None, label: str | None = None,
+    found: str | None = None, folder: Path | None = None,
 ) -> ModelSpec:
     """Validate a parsed spec. `path` only labels error messages and the result.
 
@@ -150,7 +156,7 @@ def spec_from_dict(
     given = origin or (f"spec file {path}" if path is not None else "spec")
     told = dict(origins or {})
     return ModelSpec(
-        **values, path=path, sha256=sha256, embedded=embedded, label=label,
+        **values, path=path, sha256=sha256, embedded=embedded, label=label, found=found, folder=folder,
         origins={f: told.get(f, given) if data.get(f) is not None else "default" for f in SPEC_FIELDS},
     )
 
