@@ -128,6 +128,8 @@ class SampleSet:
             "fingerprint": self.fingerprint,
             # grey ↔ RGB for the model's channels, when the data set had to be converted
             **({"channels": conv} if (conv := getattr(self.dataset, "channel_conversion", None)) else {}),
+            # images resized to the spec's input size ("32×32 → 224×224, bilinear")
+            **({"resized": size} if (size := getattr(self.dataset, "resize", None)) else {}),
         }
 
     def __repr__(self) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +24,7 @@ from flatcheck.data.catalogue import (
     _REGISTRY, ROOT_ENV, SPLITS, DataSource, MissingSplitError, _canonical, register_dataset,
 )
 from flatcheck.data.preprocess import Preprocess
-from flatcheck.data.transform import apply_preprocess, channel_conversion
+from flatcheck.data.transform import apply_preprocess, channel_conversion, image_resize
 from flatcheck.errors import DataError, InternalError
 
 _AS_IS = Preprocess()  # frozen, so one shared default is safe
@@ -124,6 +125,11 @@ class PreparedDataset(Dataset):
                                    if size is not None and len(size) == 3 and raw.dim() == 3 else None)
         # a source that decodes to the model's channels itself (imagefolder through PIL) says so
         self.channel_conversion = self.channel_conversion or getattr(source.dataset, "channel_conversion", None)
+        # a resize to the spec's input size changes what the model sees (a 32-px CIFAR image
+        # upscaled to a torchvision model's 224): the report records it, and stderr says it once
+        self.resize = image_resize(raw, size, preprocess.interpolation)
+        if self.resize is not None:
+            _say_resize(name, self.resize)
 
     def __len__(self) -> int:
         return self._len
@@ -135,6 +141,12 @@ class PreparedDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"PreparedDataset({self.name!r}, split={self.split!r}, n={self._len}, shape={self.sample_shape})"
+
+
+def _say_resize(name: str, resize: str) -> None:
+    # a warning, shown once per message (the test split of `gap` resizes alike): where others go
+    warnings.warn(f"data '{name}': images resized {resize}, to the model's input size (the spec's input_size; "
+                  f"--input-size C,H,W measures them at another size, if the model takes it)", stacklevel=3)
 
 
 def _as_tensor(x: Any, name: str) -> Tensor:

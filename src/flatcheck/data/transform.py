@@ -35,6 +35,14 @@ def channel_conversion(have: int, want: int) -> str | None:
     return None
 
 
+def image_resize(have: Tensor, size: tuple[int, ...] | None, mode: str) -> str | None:
+    """How apply_preprocess resizes the image `have` (C,H,W) to `size`, for the report
+    ("32×32 → 224×224, bilinear"), or None when it keeps its height and width."""
+    if size is None or len(size) != 3 or have.dim() != 3 or tuple(have.shape[1:]) == tuple(size[1:]):
+        return None
+    return f"{have.shape[1]}×{have.shape[2]} → {size[1]}×{size[2]}, {mode}"
+
+
 def _shape(t: Tensor | tuple[int, ...]) -> str:
     dims = tuple(t.shape) if isinstance(t, Tensor) else tuple(t)
     return "(" + ",".join(str(d) for d in dims) + ")"

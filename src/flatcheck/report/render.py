@@ -50,6 +50,7 @@ def header(report: Report) -> str:
         f"[bold]{m['model']['arch']}[/] ({m['model']['probed_parameters']:,} params probed) · "
         f"{d['name']}/{d['split']} n={d['samples']}"
         + (f" ({d['channels']})" if d.get("channels") else "")  # a grey ↔ RGB conversion for the model
+        + (f" (resized {d['resized']})" if d.get("resized") else "")  # to the spec's input size
         + f" · loss {m['model']['loss']} · bn {m['bn_mode']} · "
         f"{m['device']} {m['dtype']} · seed {m['seed']}"
     )
