@@ -1187,6 +1187,14 @@ def test_gate_outputs_that_clash(tmp_path, never_runs, args, names):
     assert not (tmp_path / "g.out").exists() and base.read_text() == "{}" and cfg.read_text().startswith("probes:")
 
 
+@pytest.mark.parametrize("flag", ["--summary", "--junit", "--json"])
+def test_an_empty_output_path_says_it_is_empty(tmp_path, never_runs, flag):
+    # `--summary "$GITHUB_STEP_SUMMARY"` outside GitHub Actions: the variable is unset
+    result, _, _ = gate_outputs(tmp_path, "--no-baseline", flag, "")
+    err = bad(result, flag, "the path is empty")
+    assert ("GITHUB_STEP_SUMMARY is set only inside GitHub Actions" in err) == (flag == "--summary")
+
+
 def run_cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.run(MODULE + [str(a) for a in args], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -304,6 +304,7 @@ def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple
     def body() -> int:
         from .report.io import check_distinct_files
 
+        _refuse_empty_outputs(files)
         check_distinct_files(files + _data_file(common["data"]))
         with warnings.catch_warnings():
             if quiet:
@@ -318,6 +319,18 @@ def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple
         return report.exit_code if isinstance(report, CommandResult) else 0
 
     guarded(debug, body)
+
+
+def _refuse_empty_outputs(files: list[tuple[str, str, bool]]) -> None:
+    """An output flag given an empty path — `--summary "$GITHUB_STEP_SUMMARY"` outside GitHub
+    Actions, where the variable is unset — arrives as "." (click makes a Path of ""), which
+    would be refused as "a folder": say what happened instead."""
+    from .errors import ConfigError
+
+    for flag, path, writes in files:
+        if writes and path in ("", "."):
+            hint = " ($GITHUB_STEP_SUMMARY is set only inside GitHub Actions)" if flag == "--summary" else ""
+            raise ConfigError(f"{flag}: the path is empty (or '.'); give a file path{hint}")
 
 
 def guarded(debug: bool, body: Callable[[], int | None]) -> None:
