@@ -152,6 +152,20 @@ def test_report_refuses_results_of_other_settings(tmp_path, change, named):
     assert len(json.loads(res.stdout)["models"]) == 4
 
 
+def test_report_refusal_shows_where_long_settings_differ(tmp_path):
+    # the probe options differ far into their JSON text: cut alike from the start, both sides
+    # read the same ('[["mls", …') and the line says nothing
+    long = {f"option_{i:02d}": i for i in range(12)}
+    recs = [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i) for i in range(2)] + [scan_record("deit_x", 4.0, 5.0)]
+    for rec, value in zip(recs, (0.0005, 0.0005, 0.05)):
+        rec["settings"]["probes"] = [["mls", {"output": "logits", **long}], ["sharp", {"rho": value}]]
+    res = invoke("report", write_jsonl(tmp_path / "s.jsonl", recs), "--x", "sharp", "--y", "mls.normalized")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    left, right = res.stderr.split("probe_options ", 1)[1].split(" (")[0].split(" vs ")
+    assert left != right and '"rho": 0.0005' in left and '"rho": 0.05' in right, res.stderr
+    assert left.startswith("…") and len(left) <= 62 and len(right) <= 62
+
+
 def test_report_merges_a_family_of_input_sizes(tmp_path):
     recs = [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i, input_size=(3, s, s)) for i, s in enumerate((224, 384, 518))]
     res = invoke("report", write_jsonl(tmp_path / "s.jsonl", recs), "--x", "sharp", "--y", "mls.normalized",

@@ -271,13 +271,24 @@ def settings_groups(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any],
 
 
 def describe_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
-    keys = [k for k in a if a.get(k) != b.get(k)]
-    return "; ".join(f"{k} {_short(a.get(k))} vs {_short(b.get(k))}" for k in keys)
+    keys = [k for k in {**a, **b} if a.get(k) != b.get(k)]
+    return "; ".join("{} {} vs {}".format(k, *_apart(a.get(k), b.get(k))) for k in keys)
 
 
-def _short(v: Any) -> str:
-    text = json.dumps(v, sort_keys=True, default=str)
-    return text if len(text) <= 60 else text[:57] + "…"
+def _apart(u: Any, v: Any, width: int = 60) -> tuple[str, str]:
+    """Two differing values as JSON, each cut to about `width` characters around where they
+    first differ: cut at the same place from the start, two long option lists would read alike."""
+    texts = [json.dumps(x, sort_keys=True, default=str) for x in (u, v)]
+    if max(map(len, texts)) <= width:
+        return texts[0], texts[1]
+    same = len(os.path.commonprefix(texts))
+    start = max(0, same - width // 3)  # a little of what they share, for context
+
+    def cut(text: str) -> str:
+        piece = text[start:start + width]
+        return ("…" if start else "") + piece + ("…" if start + width < len(text) else "")
+
+    return cut(texts[0]), cut(texts[1])
 
 
 # ---------------------------------------------------------------- fields
