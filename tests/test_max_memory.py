@@ -104,3 +104,143 @@ def test_cli_exit_2_with_the_size_needed():
 
 def test_cli_bad_value_is_one_line_exit_2():
     bad(invoke("gini", CKPT, "--spec", SPEC, "--samples", "4", "--max-memory", "lots"), "--max-memory")
+
+
+# ---------------------------------------------------------------- curvature probes (trace, lmax, spectrum, rank)
+
+import torch  # noqa: E402
+
+from conftest import DenseOperator, dense  # noqa: E402
+from flatcheck.engines.microbatch import GRAPH_FACTOR, forward_bytes_per_sample  # noqa: E402
+from flatcheck.linalg.lanczos import Lanczos, lanczos_bytes, plan_steps  # noqa: E402
+from flatcheck.linalg.trace import hutchinson, plan_block  # noqa: E402
+
+
+def per_sample_graph(case) -> int:
+    return GRAPH_FACTOR * forward_bytes_per_sample(case.problem)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-12) -> bool:
+    return bool((a - b).abs().max() <= rel * b.abs().max())
+
+
+@pytest.mark.parametrize("backend", ["autograd", "func"])
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_micro_batched_products_equal_whole_batches_and_dense_truth(kind, backend):
+    case = make_case(kind)  # float64, batches of 10, 10, 3; cnn: BatchNorm on running statistics
+    H, G = dense(case)
+    V = torch.randn(3, case.problem.layout.dim, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    whole, cut = case.backend(backend), case.backend(backend)
+    assert whole.limit_memory(2**40).size is None
+    # room for three samples' graphs: every batch of 10 is cut into 3 + 3 + 3 + 1
+    plan = cut.limit_memory(3 * per_sample_graph(case) * getattr(cut, "chunk", 1) + 1)
+    assert plan.size == 3 and plan.chunks == 4
+    for product, truth in ((lambda b: b.hvp(V), V @ H), (lambda b: b.ggn_vp(V), V @ G)):
+        a, b = product(whole), product(cut)
+        assert close(b, a) and close(b, truth, 1e-10)
+    if backend == "autograd":
+        signs = torch.randint(0, 2, (4, V.shape[1]), generator=torch.Generator().manual_seed(6)).to(torch.int8) * 2 - 1
+        assert close(cut.hvp_sums(signs), whole.hvp_sums(signs))
+        assert close(cut.vhv(signs), whole.vhv(signs))
+        assert close(cut.vhv(signs), ((signs.double() @ H) * signs.double()).sum(1), 1e-10)
+
+
+def test_one_sample_that_cannot_fit_is_refused_with_its_size():
+    case = make_case("mlp")
+    need = per_sample_graph(case)
+    with pytest.raises(ConfigError, match=f"one sample's graph needs about {need:,} bytes"):
+        case.backend().limit_memory(need - 1, "probe x")
+
+
+def test_batch_statistics_are_not_cut():
+    case = make_case("cnn", bn_mode="train")
+    per = per_sample_graph(case)
+    with pytest.raises(ConfigError, match="--bn-mode train.*cannot cut a batch; use --batch-size 3 or less"):
+        case.backend().limit_memory(3 * per + 1, "probe x")
+
+
+def limits(result) -> tuple[int, int]:
+    """(bytes the stored vectors took, bytes a sample's graph takes) from a run's details."""
+    memory = result.details["memory"]
+    return memory["stored_vector_bytes"], memory["graph_bytes_per_sample"]
+
+
+CURVATURE = [("trace", {"rtol": "none", "probes_max": 12, "block_size": 4}),
+             ("trace", {"probes_max": 12, "parts": False, "route": "hvp"}),
+             ("trace", {"estimator": "hutchpp", "probes_max": 12}),
+             ("trace", {"matrix": "ggn", "rtol": "none", "probes_max": 8}),
+             ("lmax", {"k": 2, "max_iter": 60}), ("lmax", {"k": 1, "matrix": "ggn", "max_iter": 60}),
+             ("spectrum", {"lanczos_steps": 12}), ("rank", {"lanczos_steps": 12})]
+
+
+@pytest.mark.parametrize("probe,opts", CURVATURE)
+def test_curvature_probes_chunk_batches_with_the_same_values(probe, opts):
+    case = make_case("mlp")
+    whole = run(case, probe, max_memory=2**40, **opts)
+    assert whole.details["memory"]["microbatch_samples"] is None
+    stored, per_sample = limits(whole)
+    cut = run(case, probe, max_memory=stored + 2 * per_sample + 1, **opts)
+    assert cut.details["memory"]["microbatch_samples"] == 2
+    assert "micro-batches of 2 samples (5 per batch)" in cut.notes
+    assert math.isclose(cut.value, whole.value, rel_tol=1e-12, abs_tol=1e-300)
+    if whole.stderr is not None:
+        assert math.isclose(cut.stderr, whole.stderr, rel_tol=1e-10)
+
+
+@pytest.mark.parametrize("probe,opts,flag", [("spectrum", {"lanczos_steps": 20}, "--lanczos-steps"),
+                                             ("rank", {"lanczos_steps": 20}, "--lanczos-steps"),
+                                             ("lmax", {"k": 2, "max_iter": 20}, "--max-iter"),
+                                             ("trace", {"block_size": 8}, "--block-size"),
+                                             ("trace", {"estimator": "hutchpp", "probes_max": 30}, "--probes-max")])
+def test_stored_vectors_that_cannot_fit_are_refused_up_front(probe, opts, flag):
+    case = make_case("mlp")
+    stored, _ = limits(run(case, probe, max_memory=2**40, **opts))
+    with pytest.raises(ConfigError, match=f"probe {probe}.* {stored:,} bytes .*more than the {stored - 1:,} bytes .*"
+                                          f"allowed \\(--max-memory.*; (no )?{flag} "):
+        run(case, probe, max_memory=stored - 1, **opts)
+
+
+def test_lmax_default_max_iter_is_lowered_to_the_basis_that_fits():
+    case = make_case("mlp")
+    P = case.problem.layout.dim
+    per, fixed = lanczos_bytes(0, P, torch.float64, k=1)
+    # a default is lowered to the basis that fits half the limit: the graphs get the other half
+    result = run(case, "lmax", max_memory=2 * (fixed + 40 * per) + 1, k=1)
+    assert result.details["max_iter"] == 40 and result.details["max_iter_lowered_to_fit"]
+    assert "lowered to 40" in result.notes
+    H, _ = dense(case)
+    assert math.isclose(result.value, torch.linalg.eigvalsh(H)[-1].item(), rel_tol=1e-6)
+
+
+def test_plan_steps_names_the_largest_that_fits():
+    per, fixed = lanczos_bytes(0, 1000, torch.float32)
+    assert plan_steps(50, 1000, torch.float32, fixed + 50 * per, what="x", flag="--lanczos-steps") == (50, fixed + 50 * per)
+    with pytest.raises(ConfigError, match=f"{fixed + 50 * per:,} bytes.*; --lanczos-steps 49 fits"):
+        plan_steps(50, 1000, torch.float32, fixed + 50 * per - 1, what="x", flag="--lanczos-steps")
+
+
+def test_lanczos_basis_holds_its_steps_and_no_more():
+    A = torch.randn(300, 300, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    op = DenseOperator(A + A.T)
+    lz = Lanczos(op, torch.ones(300, dtype=torch.float64), capacity=37)
+    while lz.can_step:
+        lz.step()
+    assert lz.size == 37 and lz.rows == 37  # blocks of 16, 16, 5: no doubled copy
+    Q = torch.cat(lz._basis())
+    assert torch.allclose(Q @ Q.T, torch.eye(37, dtype=torch.float64), atol=1e-12)
+
+
+def test_hutchinson_rows_per_product_change_no_value():
+    A = torch.randn(50, 50, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    op = DenseOperator(A + A.T)
+    whole = hutchinson(op, generator=torch.Generator().manual_seed(3), max_probes=24, rtol=0.01, block_size=8)
+    op2 = DenseOperator(A + A.T)
+    rows = hutchinson(op2, generator=torch.Generator().manual_seed(3), max_probes=24, rtol=0.01, block_size=8, rows=3)
+    assert rows.samples == whole.samples and rows.stop_reason == whole.stop_reason
+    assert plan_block(8, op, False, 8 * 50 + 3 * 4 * 50 * 8, "x") == (3, 8 * 50 + 3 * 4 * 50 * 8)
+
+
+def test_cli_spectrum_refused_up_front_with_the_steps_that_fit():
+    result = invoke("spectrum", CKPT, "--spec", SPEC, "--samples", "4", "--max-memory", "64K")
+    err = bad(result, "--max-memory", "--lanczos-steps")
+    assert "probe spectrum (SLQ): a Lanczos basis of 100 steps" in err and "bytes" in err

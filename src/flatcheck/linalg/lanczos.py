@@ -367,13 +367,14 @@ def plan_steps(steps: int, dim: int, dtype: torch.dtype, limit: int | None, *, w
     Steps the user asked for (`given`) are run or refused up front (exit 2, with the bytes
     needed and the largest `flag` that fits): fewer steps give other nodes, another
     quantity. A default step count that is only a cap on convergence (lmax's max_iter) is
-    lowered to what fits, not below k + 1."""
+    lowered to what fits in half the limit (the other half is the products' graphs'), not
+    below k + 1."""
     from .memory import most_that_fit, refuse_count
 
     steps = min(steps, dim)
     per, fixed = lanczos_bytes(steps, dim, dtype, k)
     if not given:
-        most = most_that_fit(per, fixed, limit)
+        most = most_that_fit(per, fixed, None if limit is None else limit // 2)
         if most is not None and most < steps:
             steps = max(most, min(k + 1, steps))
     refuse_count(steps, per, fixed, limit, what, flag, least=k if k else 2)

@@ -27,6 +27,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor, nn
 
+from ..engines.microbatch import saved_bytes
 from ..errors import ConfigError
 from ..linalg.memory import chunk_size, memory_limit
 from ._hooks import Call, record
@@ -237,20 +238,9 @@ def local_dimension(t1: Tensor, t2: Tensor) -> tuple[Tensor, Tensor]:
 def graph_bytes(model: nn.Module, x: Tensor, output: Output) -> int:
     """Bytes of the tensors one forward of `x` saves for backward (each storage once): what a
     reverse pass over this input holds, measured instead of guessed."""
-    seen: dict[tuple, int] = {}
-
-    def pack(t: Tensor):
-        try:
-            key = (t.untyped_storage().data_ptr(), t.device)
-            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
-        except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. functional wrappers)
-            seen[(id(t),)] = t.numel() * t.element_size()
-        return t
-
     xg = x.detach().requires_grad_(True)
-    with torch.enable_grad(), twice_differentiable(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        apply_output(model(xg), output)
-    return sum(seen.values())
+    with twice_differentiable():
+        return saved_bytes(lambda: apply_output(model(xg), output))
 
 
 @dataclass(frozen=True)
