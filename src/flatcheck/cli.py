@@ -250,7 +250,7 @@ def _named_files(roles: dict[str, FileRole], values: dict[str, Any], ctx: typer.
 
 
 Checkpoint = Annotated[Optional[Path], typer.Argument(
-    help="checkpoint: .safetensors, or .pt/.pth/.bin (read with weights_only); optional with --model or --spec "
+    help="checkpoint: .safetensors, or .pt/.pth/.bin/.ckpt (read with weights_only); optional with --model or --spec "
          "and --pretrained or --random-init", show_default=False), READS]
 
 
