@@ -22,6 +22,8 @@ from .reduce import rowsum64
 from .trace import Operator, Progress, StopTest
 # a re-measured true residual that shrank by less than this factor has stalled
 STALL_FACTOR = 0.5
+# a Gram–Schmidt pass that keeps more than this share of w's norm needs no second pass (DGKS)
+DGKS_ETA = 1 / math.sqrt(2)
 INITIAL_ROWS = 16  # basis rows per block (a full basis gets another block)
 # P-sized vectors a Lanczos step holds besides its basis: the current and next q, the
 # product w, the projection's two temporaries and the product's own
@@ -85,14 +87,30 @@ class Lanczos:
     def _orthogonalise(self, w: Tensor) -> Tensor:
         return self._project_out(w)[0]
 
-    def _project_out(self, w: Tensor) -> tuple[Tensor, Tensor]:
-        """w less its part in the basis, and that part's coefficients."""
+    def _project_out(self, w: Tensor, known: dict[int, float] | None = None) -> tuple[Tensor, Tensor]:
+        """w less its part in the basis, and that part's coefficients. `known`: coefficients
+        already removed from w by the caller (row → coefficient), added to the returned ones.
+
+        A Gram–Schmidt pass reads the whole basis twice, which at a hundred rows of an
+        11M-parameter model costs as much as the product itself, so the second pass ("twice is
+        enough", Kahan–Parlett) is taken only when the first removed more than 1 − DGKS_ETA of
+        w's norm (Daniel, Gragg, Kaufman & Stewart 1976): only then can cancellation have left
+        w's round-off component in the basis above round-off."""
         total = torch.zeros(self.size, dtype=w.dtype, device=w.device)
-        for _ in range(2):  # "twice is enough" (Kahan–Parlett) for an orthonormal basis
-            c = torch.cat([Q @ w for Q in self._basis()]) if self.size else total[:0]
+        for row, coef in (known or {}).items():
+            total[row] += coef
+        if not self.size:
+            return w, total
+        norm = torch.linalg.vector_norm(w).item()
+        for _ in range(2):
+            c = torch.cat([Q @ w for Q in self._basis()])
             # classical Gram–Schmidt: every coefficient from the same w, then all removed
-            w = w - self._combine(c.unsqueeze(0))[0] if self.size else w
+            w = w - self._combine(c.unsqueeze(0))[0]
             total = total + c
+            after = torch.linalg.vector_norm(w).item()
+            if after > DGKS_ETA * norm:
+                break
+            norm = after
         return w, total
 
     def _basis(self) -> list[Tensor]:
@@ -104,6 +122,14 @@ class Lanczos:
             out.append(block[:left])
             left -= block.shape[0]
         return out
+
+    def _row(self, i: int) -> Tensor:
+        """Basis row q_i (a view)."""
+        for block in self.blocks:
+            if i < block.shape[0]:
+                return block[i]
+            i -= block.shape[0]
+        raise IndexError(i)
 
     def _combine(self, coeff: Tensor) -> Tensor:
         """coeff (k, size) → coeff @ Q, (k, P), accumulated block by block."""
@@ -128,7 +154,14 @@ class Lanczos:
         self.size += 1
         w = self.op.matmat(q.unsqueeze(0))[0]
         alpha = torch.dot(q, w).item()
-        w, c = self._project_out(w)  # removes α q and β q_prev together with round-off drift
+        # the three-term recurrence first (α q_j + β q_{j−1}: most of w), so that the
+        # re-orthogonalisation's norm test sees only the round-off drift
+        known = {self.size - 1: alpha}
+        w = w - alpha * q
+        if self.size > 1 and self.beta[-1] != 0.0:
+            known[self.size - 2] = self.beta[-1]
+            w = w - self.beta[-1] * self._row(self.size - 2)
+        w, c = self._project_out(w, known)
         beta = torch.linalg.vector_norm(w).item()
         self.coeffs.append(c.to(torch.float64).cpu().numpy())
         if not (math.isfinite(alpha) and math.isfinite(beta)):
