@@ -238,3 +238,42 @@ def test_every_cold_every_th_tracked_step_starts_cold():
     assert warm == [False, True, False, True, False]
     with pytest.raises(flatcheck.errors.ConfigError, match="cold_every"):
         flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", out=None, cold_every=0)
+
+
+def test_the_warm_start_is_the_last_two_eigenvectors_extrapolated(monkeypatch):
+    """λmax starts from v_t + (v_t − v_{t−1}) (signs aligned) once two eigenvectors converged,
+    from v_t when they differ (overlap below EXTRAPOLATE_OVERLAP), and cold after the guard."""
+    from flatcheck.probes import lmax
+    from flatcheck.workflows import track
+
+    a = torch.tensor([[1.0, 0.0, 0.0]])
+    b = torch.tensor([[0.96, 0.28, 0.0]])  # unit, overlap 0.96
+    want = 2 * b - a
+    assert torch.equal(track.extrapolated_start(a, b), want)
+    assert torch.equal(track.extrapolated_start(-a, b), want)  # an eigenvector's sign is arbitrary
+    c = torch.tensor([[0.0, 0.0, 1.0]])
+    assert track.extrapolated_start(a, c) is c
+    starts, vectors = [], []
+    real = lmax.lanczos_top
+
+    def spy(*args, **kwargs):
+        starts.append(kwargs.get("start"))
+        res = real(*args, **kwargs)
+        vectors.append(res.vectors.clone())
+        return res
+
+    monkeypatch.setattr(lmax, "lanczos_top", spy)
+    case = make_case("mlp", n=23, batch_size=23)
+    tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=1, out=None,
+                                options={"lmax": {"tol": 1e-8}}, cold_every=4)
+    opt = torch.optim.SGD(case.model.parameters(), lr=0.05)
+    for step in range(6):
+        opt.zero_grad()
+        nn.functional.cross_entropy(case.model(case.X), case.Y).backward()
+        opt.step()
+        tracker.step(step)
+    assert starts[0] is None and torch.equal(starts[1], vectors[0])
+    for i in (2, 3):
+        assert torch.equal(starts[i], track.extrapolated_start(vectors[i - 2], vectors[i - 1]))
+        assert not torch.equal(starts[i], vectors[i - 1])  # the weights moved: an extrapolation
+    assert starts[4] is None and torch.equal(starts[5], vectors[4])  # the guard's cold step: history gone

@@ -47,6 +47,7 @@ class AutogradBackend:
         self._pool = pool = Pool(self.state)
         self._graph_cache = KeptPrefix(pool)
         self._primal_cache = KeptPrefix(pool)
+        self._ggn_cache = KeptPrefix(pool)
         # --max-memory: batches cut so that one micro-batch's graph fits (limit_memory)
         self.batch_plan: BatchPlan | None = None
         self._quadforms: QuadraticForms | None = None
@@ -61,6 +62,7 @@ class AutogradBackend:
         flatcheck.engines.microbatch); refuses (exit 2) when one sample cannot fit. None: no limit."""
         self._graph_cache.clear()
         self._primal_cache.clear()
+        self._ggn_cache.clear()
         self.batch_plan = None if allowance is None else plan_products(self.problem, allowance, what)
         self._pool.budget = GRAPH_CACHE_BYTES
         if self.batch_plan is not None:
@@ -94,6 +96,15 @@ class AutogradBackend:
         Kept per tensor rather than concatenated: a flat copy would hold one more
         parameter-sized tensor inside the kept graph.
         """
+        logits, outputs = self._forward_sized(batch.x)
+        loss = per_sample_loss(logits, batch.y, self.problem.loss).mean() * batch.weight
+        grads = torch.autograd.grad(loss, self._params, create_graph=True, allow_unused=True)
+        kept = [(j, g) for j, g in enumerate(grads) if g is not None and g.requires_grad]
+        return kept, 2 * outputs + sum(g.numel() * g.element_size() for _, g in kept)
+
+    def _forward_sized(self, x: Tensor) -> tuple[Tensor, int]:
+        """The model's outputs on x, and the bytes its leaf modules' outputs take (what a
+        kept graph's size is estimated from)."""
         outputs = 0
 
         def count(module, _inputs, out) -> None:
@@ -103,13 +114,9 @@ class AutogradBackend:
 
         handle = torch.nn.modules.module.register_module_forward_hook(count)
         try:
-            logits = self.problem.model(batch.x)
+            return self.problem.model(x), outputs
         finally:
             handle.remove()
-        loss = per_sample_loss(logits, batch.y, self.problem.loss).mean() * batch.weight
-        grads = torch.autograd.grad(loss, self._params, create_graph=True, allow_unused=True)
-        kept = [(j, g) for j, g in enumerate(grads) if g is not None and g.requires_grad]
-        return kept, 2 * outputs + sum(g.numel() * g.element_size() for _, g in kept)
 
     def _graphs(self) -> Iterator[tuple[tuple[int, ...], tuple[Tensor, ...]]]:
         """(parameter indices, gradients with their graph) per batch; the caller holds the model mode.
@@ -224,17 +231,23 @@ class AutogradBackend:
         k = V.shape[0]
         out = torch.zeros_like(V)
         with self._mode():
-            for batch in self._samples:
-                logits = self.problem.model(batch.x)
-                # J v by the double-VJP trick: g(u) = Jᵀu is linear in u, so ∂(gᵀv)/∂u = J v.
-                u = torch.zeros_like(logits, requires_grad=True)
-                jt_u = torch.autograd.grad(logits, self._params, u, create_graph=True, allow_unused=True)
-                jt_u_flat = torch.cat([or_zeros(g, p).reshape(-1) for g, p in zip(jt_u, self._params)])
+            for logits, u, jt_u_flat, batch in self._ggn_cache.each(self._samples, self._ggn_graph):
                 (jv,) = pullback(jt_u_flat, [u], V)  # (k, B, C)
                 scale = batch.weight / logits.shape[0]
                 ajv = apply_output_hessian(logits, batch.y, self.problem.loss, jv) * scale
                 out += layout.flatten(pullback(logits, self._params, ajv), k)
         return out
+
+    def _ggn_graph(self, batch) -> tuple[tuple, int]:
+        """A batch's logits and Jᵀu with its graph in u, for J v by the double-VJP trick:
+        g(u) = Jᵀu is linear in u, so ∂(gᵀv)/∂u = J v. Kept across products like the HVP's
+        first-order graphs (the forward and this backward are two of a product's four passes),
+        with the same size estimate: twice the leaf modules' outputs plus Jᵀu."""
+        logits, outputs = self._forward_sized(batch.x)
+        u = torch.zeros_like(logits, requires_grad=True)
+        jt_u = torch.autograd.grad(logits, self._params, u, create_graph=True, allow_unused=True)
+        jt_u_flat = torch.cat([or_zeros(g, p).reshape(-1) for g, p in zip(jt_u, self._params)])
+        return (logits, u, jt_u_flat, batch), 2 * outputs + jt_u_flat.numel() * jt_u_flat.element_size()
 
     def ggn_trace(self, class_samples: int | None = None, generator: torch.Generator | None = None,
                   progress: Callable[[int, int], None] | None = None) -> GGNTrace:

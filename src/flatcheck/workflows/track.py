@@ -9,13 +9,16 @@ Everything that does not change between tracked steps is built once, when the tr
 made: the samples (read and held once), the parameter layout, the backend and whatever it
 traces. What does change — the weights — invalidates the backend's per-weights caches
 through the version counters the optimiser's in-place updates bump (backends/state.py), so
-no product ever reuses a graph of older weights. λmax (Lanczos) starts from the previous
-tracked step's eigenvectors (a warm start: between steps a few apart, as the edge-of-stability
-curves of Cohen et al. 2021 are measured, the top eigenvector moves little). The warm start
-keeps a random part that brings a top eigenvalue which crossed the old one into view
-(linalg/lanczos.py); one that crossed by a small gap (a few % of λ) can hide behind the old
-for a while, so every `cold_every`-th tracked step starts cold (recorded as such) and bounds
-how long.
+no product ever reuses a graph of older weights, and no product of an earlier call is reused
+(it was taken on other weights). λmax (Lanczos) starts warm: from the previous tracked step's
+eigenvector carried one step on, v_t + (v_t − v_{t−1}) with the signs aligned, while the last
+two overlap by EXTRAPOLATE_OVERLAP or more, else from v_t (between steps a few apart, as the
+edge-of-stability curves of Cohen et al. 2021 are measured, the top eigenvector moves little,
+and on the demo CNN's training run steadily enough that the line through the last two is the
+better guess: benchmarks/results/tracker.md). The warm start keeps a random part that brings a
+top eigenvalue which crossed the old one into view (linalg/lanczos.py); one that crossed by a
+small gap (a few % of λ) can hide behind the old for a while, so every `cold_every`-th tracked
+step starts cold (recorded as such) and bounds how long.
 
 Records use the scan's schema (results_io.new_record, kind "flatcheck.track"), so
 `flatcheck report` plots a tracker's file and a scan of checkpoints alike. A step that fails
@@ -44,6 +47,10 @@ RECORD_KIND = "flatcheck.track"
 # a cold λmax every this many tracked steps (the first is cold anyway): bounds how long a top
 # eigenvalue that crossed the old one by a small gap can go unseen behind a warm start
 COLD_EVERY = 10
+# the last two eigenvectors' overlap from which the start is extrapolated from them: below it
+# the top eigenvector changed (at the edge of stability the top two swap, overlaps 0.08–0.5)
+# and a line through two different eigenvectors points nowhere in particular
+EXTRAPOLATE_OVERLAP = 0.9
 DEFAULT_PROBES = ("lmax", "trace", "jacobian")
 # λmax alone, as the edge-of-stability curves plot it; other options keep the probes' defaults
 DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"lmax": {"k": 1}}
@@ -70,6 +77,10 @@ class Tracker:
             raise ConfigError(f"cold_every must be a positive integer (a cold λmax every N-th tracked step) "
                               f"or None, got {cold_every!r}")
         self.cold_every, self._tracked = cold_every, 0
+        # per warm-start key: the converged eigenvector before the latest, and the start handed
+        # out for the latest call (to tell a call that converged from one that failed)
+        self._previous: dict[Any, torch.Tensor] = {}
+        self._handed: dict[Any, torch.Tensor] = {}
         self.model, self.every, self.strict = model, every, strict
         self.name = name or type(model).__name__
         self.out = None if out is None else Path(out)
@@ -113,6 +124,9 @@ class Tracker:
         cold = self.cold_every is not None and self._tracked % self.cold_every == 0
         if cold and self.session.warm:
             self.session.warm.clear()  # the guard's cold start: nothing carried from before
+            self._previous.clear()
+            self._handed.clear()
+        self._extrapolate()
         self._tracked += 1
         try:
             report = self._measure(step)
@@ -146,6 +160,20 @@ class Tracker:
 
     # ------------------------------------------------------------------ internals
 
+    def _extrapolate(self) -> None:
+        """Replace each one-vector warm start (λmax, k = 1) by its extrapolation from the last
+        two converged eigenvectors. A key whose vector is still the start handed out last time
+        (that call failed) keeps its history: no extrapolation from an extrapolation."""
+        warm = self.session.warm
+        for key, latest in list((warm or {}).items()):
+            if latest is self._handed.get(key):
+                continue
+            previous = self._previous.get(key)
+            self._previous[key] = latest
+            if previous is None or latest.shape[0] != 1 or previous.shape != latest.shape:
+                continue
+            warm[key] = self._handed[key] = extrapolated_start(previous, latest)
+
     def _measure(self, step: int):
         from ..api import run
 
@@ -175,6 +203,18 @@ class Tracker:
             held.close()
             raise
         self._held = held
+
+
+def extrapolated_start(previous: torch.Tensor, latest: torch.Tensor) -> torch.Tensor:
+    """v_t + (v_t − v_{t−1}) for the unit rows v_{t−1} = previous, v_t = latest (shape (1, P)),
+    v_{t−1}'s sign taken to match v_t's (an eigenvector's sign is arbitrary); v_t itself when
+    they overlap by less than EXTRAPOLATE_OVERLAP."""
+    a = previous / torch.linalg.vector_norm(previous)
+    b = latest / torch.linalg.vector_norm(latest)
+    overlap = float((a * b).sum())
+    if abs(overlap) < EXTRAPOLATE_OVERLAP:
+        return latest
+    return 2 * b - math.copysign(1.0, overlap) * a
 
 
 def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
