@@ -266,12 +266,7 @@ def test_the_warm_start_is_the_last_two_eigenvectors_extrapolated(monkeypatch):
     case = make_case("mlp", n=23, batch_size=23)
     tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=1, out=None,
                                 options={"lmax": {"tol": 1e-8}}, cold_every=4)
-    opt = torch.optim.SGD(case.model.parameters(), lr=0.05)
-    for step in range(6):
-        opt.zero_grad()
-        nn.functional.cross_entropy(case.model(case.X), case.Y).backward()
-        opt.step()
-        tracker.step(step)
+    train(case, tracker, 6, lr=0.05)
     assert starts[0] is None and torch.equal(starts[1], vectors[0])
     for i in (2, 3):
         assert torch.equal(starts[i], track.extrapolated_start(vectors[i - 2], vectors[i - 1]))
