@@ -49,12 +49,15 @@ RUNS = (
 )
 
 
-def command(model: str, probe: str, options: tuple[str, ...], samples: int, batch: int, out: Path) -> list[str]:
+def command(model: str, probe: str, options: tuple[str, ...], samples: int, batch: int, out: Path,
+            budget: float | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "flatcheck", "probe", "--probes", probe, "--model", f"timm:{model}",
            "--random-init", "--num-classes", "1000", "--input-size", "3,224,224", "--data", "synthetic",
            "--samples", str(samples), "--batch-size", str(batch), "--json", str(out), "-q"]
     for o in options:
         cmd += ["-o", o]
+    if budget is not None:
+        cmd += ["--budget", f"{budget:g}"]
     return cmd
 
 
@@ -107,15 +110,17 @@ def write_table(rows: list[dict], path: Path, args) -> None:
         f"{os.environ.get('OMP_NUM_THREADS', '?')}, address space capped at {args.cap_gb} GB (RLIMIT_AS), "
         f"per-run timeout {args.timeout:.0f} s. Peak RSS is the child's ru_maxrss. {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores shared with other work, so seconds are upper bounds of an idle machine's.",
-        "Defaults everywhere except: trace exact GGN with 8 sampled classes per sample; head-trace without --verify.",
+        "Defaults everywhere except: trace exact GGN with 8 sampled classes per sample; head-trace without --verify. "
+        "Rows with a budget ran with `--budget` (column 'budget'): an iterative probe stopped by it (note "
+        "'budget') did not run its default, and its peak memory is what it reached.",
         "",
-        "| model | probe | samples | seconds | peak RSS (GB) | exit | route | value | stderr | note |",
-        "|---|---|---:|---:|---:|---:|---|---:|---:|---|",
+        "| model | probe | samples | budget s | seconds | peak RSS (GB) | exit | route | value | stderr | note |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in rows:
         fmt = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
         note = "timeout" if r["timed_out"] else (r["error"] or r.get("stop_reason") or "")
-        lines.append(f"| {r['model']} | {r['row']} | {r['samples']} | {r['seconds']:.1f} | "
+        lines.append(f"| {r['model']} | {r['row']} | {r['samples']} | {fmt(r.get('budget')) or '–'} | {r['seconds']:.1f} | "
                      f"{r['peak_rss_bytes'] / 1e9:.2f} | {r['exit']} | {fmt(r.get('route'))} | {fmt(r.get('value'))} | "
                      f"{fmt(r.get('stderr'))} | {note.replace('|', '/')[:160]} |")
     tmp = path.with_suffix(".tmp")
@@ -197,6 +202,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--cap-gb", type=float, default=12.0, help="RLIMIT_AS of each run, GB (10^9 bytes)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before a run is killed")
+    ap.add_argument("--budget", type=float, default=None, help="--budget SECONDS for each run: iterative probes "
+                    "stop early (stop_reason budget), so a row's seconds are not its default's; peak memory of a "
+                    "probe whose stored vectors grow with its steps is then a lower bound [default: none]")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "realsize_vit.md")
     ap.add_argument("--jsonl", type=Path, default=HERE / "results" / "realsize_vit.jsonl")
     args = ap.parse_args()
@@ -218,8 +226,8 @@ def main() -> None:
                     continue
                 with tempfile.TemporaryDirectory() as tmp:
                     out = Path(tmp) / "report.json"
-                    row = {"model": model, "row": name, "samples": samples,
-                           **run_one(command(model, probe, options, samples, args.batch_size, out), cap, args.timeout),
+                    row = {"model": model, "row": name, "samples": samples, "budget": args.budget,
+                           **run_one(command(model, probe, options, samples, args.batch_size, out, args.budget), cap, args.timeout),
                            **headline(out, probe)}
                 rows.append(row)
                 with args.jsonl.open("a") as fh:
