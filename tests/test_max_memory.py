@@ -244,3 +244,17 @@ def test_cli_spectrum_refused_up_front_with_the_steps_that_fit():
     result = invoke("spectrum", CKPT, "--spec", SPEC, "--samples", "4", "--max-memory", "64K")
     err = bad(result, "--max-memory", "--lanczos-steps")
     assert "probe spectrum (SLQ): a Lanczos basis of 100 steps" in err and "bytes" in err
+
+
+def test_jacobian_exact_route_is_planned_as_mls_is():
+    case = make_case("cnn")
+    whole = run(case, "jacobian", max_memory=2**40, method="exact")
+    need = whole.details["memory"]["memory_per_sample_bytes"]
+    one = run(case, "jacobian", max_memory=need, method="exact")
+    assert one.details["memory"]["chunk_samples"] == 1
+    a, b = numbers(whole.details), numbers(one.details)
+    for key in a:
+        if not key.startswith("memory."):
+            assert math.isclose(a[key], b[key], rel_tol=1e-12, abs_tol=1e-300), key
+    with pytest.raises(ConfigError, match="probe jacobian \\(exact route.*needs about .* GiB even one at a time"):
+        run(case, "jacobian", max_memory=need - 1, method="exact")

@@ -12,9 +12,10 @@ import torch
 from ..backends.base import Outputs, model_mode
 from ..errors import ConfigError
 from ._inputjac import (AUTO_MAX_CLASSES, ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
-                        require_independent, sample_chunks, spectral_stats, summarise)
+                        require_independent, spectral_stats, summarise)
 from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
+from ._jacfree import plan
 from ._kit import option, progress_reporter
 from .registry import ProbeContext, register_probe
 
@@ -100,6 +101,12 @@ class JacobianProbe:
         with model_mode(model, problem.bn_mode), torch.no_grad():
             num_classes = model(first[:1]).shape[1]
         method = choose_method(options.method, num_classes, input_dim)
+        memory = None
+        if method == "exact":
+            # the rows of a chunk of samples planned as mls plans them: refused up front (exit 2,
+            # the bytes) when one sample's cannot fit --max-memory
+            with model_mode(model, problem.bn_mode):
+                memory = plan(model, first[:1], options.output, [], "exact", ctx.max_memory, self.name).details()
         region = options.region
         mask = region_mask(x_shape, region) if region is not None else None
         eps = torch.finfo(first.dtype).eps
@@ -112,7 +119,8 @@ class JacobianProbe:
         with model_mode(model, problem.bn_mode):
             for batch in problem.samples:
                 if method == "exact":
-                    for sl in sample_chunks(batch.x.shape[0], num_classes * input_dim, 8):
+                    for first_row in range(0, batch.x.shape[0], memory["chunk_samples"]):
+                        sl = slice(first_row, first_row + memory["chunk_samples"])
                         rows = jacobian_rows(model, batch.x[sl], options.output)
                         stats = spectral_stats(rows.dx, eps)
                         fro.append(stats.frobenius)
@@ -150,6 +158,7 @@ class JacobianProbe:
             "backward_passes": passes,  # batched reverse-mode passes; the probe makes no curvature products
             "frobenius": summarise(fro_t),
             "spectral": summarise(spec_t),
+            "memory": memory,  # the exact route's plan under --max-memory
         }
         stderr = None
         if method == "estimate":
