@@ -12,6 +12,9 @@ a start subspace of m vectors costs m before its first test. Cold is lanczos_top
 probe's random start (seed 0) with its check product, as the probe counts it.
 
     python benchmarks/analysis_warm_start.py [--steps 200] [--every 10] [--lr 0.1] [--samples 500]
+        [--methods prev,lin,...] [--sources exact,chain,lanczos] [--diagnose]
+
+Results and what they mean: benchmarks/results/tracker.md.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -186,7 +188,6 @@ def main() -> None:
               f"{' '.join(f'{o:.3f}' for o in outside)}", flush=True)
     # per method: 'exact' uses the reference eigenvectors of the earlier steps, 'chain' the
     # vectors the method itself converged to (what a tracker holds)
-    rows = {}
     for method in args.methods.split(","):
         for source in args.sources.split(","):
             chain: list[torch.Tensor] = []
@@ -210,7 +211,6 @@ def main() -> None:
                 assert abs(theta - cold[step][1]) <= 2 * TOL * abs(theta), (method, step, theta, cold[step])
                 chain.append(vec)
                 out.append((step, n, cold[step][0], start_res, overlap, first))
-            rows[(method, source)] = out
             ratios = [n / c for _, n, c, *_ in out]
             print(f"{method:9s} {source:5s} products {[n for _, n, *_ in out]} median {statistics.median(n for _, n, *_ in out):g}"
                   f" vs cold {statistics.median(c for _, _, c, *_ in out):g}; median ratio {statistics.median(ratios):.2f};"
@@ -218,7 +218,6 @@ def main() -> None:
             print(f"          start rel. residual {' '.join('-' if r is None else f'{r:.1e}' for *_, r, _, _ in out)}")
             print(f"          overlap with u_t    {' '.join('-' if o is None else f'{o:.4f}' for *_, o, _ in out)}")
             print(f"          residual after the start subspace {' '.join(f'{f:.1e}' for *_, f in out)}")
-    np.save("/tmp/warm_analysis_rows.npy", np.array([rows], dtype=object), allow_pickle=True)
 
 
 if __name__ == "__main__":
