@@ -1116,7 +1116,7 @@ def test_trace_rtol_with_hutchpp():
 
 
 def test_hutchpp_larger_than_memory_is_refused_before_allocating():
-    bad(trace("--estimator", "hutchpp", "--probes-max", "3000000"), "--probes-max 3000000", "GiB", "at most")
+    bad(trace("--estimator", "hutchpp", "--probes-max", "3000000"), "--probes-max 3000000", "GiB", "fits", "--max-memory")
 
 
 # ---------------------------------------------------------------- outputs that clobber inputs, and the one error line

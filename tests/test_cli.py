@@ -64,10 +64,14 @@ def as_json(result) -> dict:
     return json.loads(result.stdout)  # fails if anything but the JSON is on stdout
 
 
+VOLATILE = ("created", "seconds", "limit_bytes", "graph_allowance_bytes", "memory_limit_bytes")
+
+
 def strip_volatile(obj):
-    """The report minus what differs between identical runs (wall clock)."""
+    """The report minus what differs between identical runs: the wall clock, and the memory
+    limit (and what it allows the graphs) that --max-memory's default reads off the free memory."""
     if isinstance(obj, dict):
-        return {k: strip_volatile(v) for k, v in obj.items() if k not in ("created", "seconds")}
+        return {k: strip_volatile(v) for k, v in obj.items() if k not in VOLATILE}
     if isinstance(obj, list):
         return [strip_volatile(v) for v in obj]
     return obj
