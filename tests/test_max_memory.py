@@ -187,8 +187,8 @@ def test_curvature_probes_chunk_batches_with_the_same_values(probe, opts):
         assert math.isclose(cut.stderr, whole.stderr, rel_tol=1e-10)
 
 
-@pytest.mark.parametrize("probe,opts,flag", [("spectrum", {"lanczos_steps": 20}, "--lanczos-steps"),
-                                             ("rank", {"lanczos_steps": 20}, "--lanczos-steps"),
+@pytest.mark.parametrize("probe,opts,flag", [("spectrum", {"lanczos_steps": 20, "reorth": "full"}, "--lanczos-steps"),
+                                             ("rank", {"lanczos_steps": 20, "reorth": "full"}, "--lanczos-steps"),
                                              ("lmax", {"k": 2, "max_iter": 20}, "--max-iter"),
                                              ("trace", {"block_size": 8}, "--block-size"),
                                              ("trace", {"estimator": "hutchpp", "probes_max": 30}, "--probes-max")])
@@ -240,8 +240,24 @@ def test_hutchinson_rows_per_product_change_no_value():
     assert plan_block(8, op, False, 8 * 50 + 3 * 4 * 50 * 8, "x") == (3, 8 * 50 + 3 * 4 * 50 * 8)
 
 
+@pytest.mark.parametrize("probe", ["spectrum", "rank"])
+def test_auto_drops_the_basis_that_cannot_fit_and_says_so(probe):
+    case = make_case("mlp")
+    full = run(case, probe, max_memory=2**40, lanczos_steps=20)
+    assert full.details["memory"]["reorthogonalization"] == "full"
+    stored = full.details["memory"]["stored_vector_bytes"]
+    _per, fixed = lanczos_bytes(0, case.problem.layout.dim, torch.float64)
+    # room for the recurrence's own vectors and the graphs, not for the 20-vector basis
+    cut = run(case, probe, max_memory=stored - 1, lanczos_steps=20)
+    memory = cut.details["memory"]
+    assert memory["reorthogonalization"] == "none" and memory["stored_vector_bytes"] == fixed
+    assert "more than the" in memory["reorthogonalization_reason"]
+    assert "Lanczos without re-orthogonalisation" in cut.notes
+    assert cut.matvecs == full.matvecs
+
+
 def test_cli_spectrum_refused_up_front_with_the_steps_that_fit():
-    result = invoke("spectrum", CKPT, "--spec", SPEC, "--samples", "4", "--max-memory", "64K")
+    result = invoke("spectrum", CKPT, "--spec", SPEC, "--samples", "4", "--max-memory", "64K", "--reorth", "full")
     err = bad(result, "--max-memory", "--lanczos-steps")
     assert "probe spectrum (SLQ): a Lanczos basis of 100 steps" in err and "bytes" in err
 

@@ -74,6 +74,31 @@ def test_nodes_lie_inside_the_spectrum_and_weights_sum_to_one(kind, matrix):
     assert d["spectral_norm"] <= norm + slack and d["spectral_norm"] >= 0.99 * norm
 
 
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_without_the_basis_the_moments_are_those_of_the_first_step(kind):
+    """The three-term recurrence (no basis kept) has the same α₁, β₁ from the same start
+    vector, so each start's Tr and Tr² agree with the re-orthogonalised run's to round-off,
+    and its early nodes (before orthogonality is lost) with the full run's nodes."""
+    H = dense_pair(kind)["hessian"]
+    runs = {flag: slq(DenseOperator(H), steps=6, starts=4, generator=torch.Generator().manual_seed(5),
+                      reorthogonalise=flag) for flag in (True, False)}
+    for power in (1, 2):
+        np.testing.assert_allclose(runs[False].moment(power), runs[True].moment(power), rtol=1e-10)
+    norm = torch.linalg.eigvalsh(H).abs().max().item()
+    for a, b in zip(runs[True].rules, runs[False].rules):
+        np.testing.assert_allclose(b.nodes, a.nodes, rtol=0, atol=1e-8 * norm)
+
+
+def test_spectrum_without_reorthogonalisation_against_dense_truth():
+    M = dense_pair("mlp")["hessian"]
+    (req,) = probe_requests(["spectrum"], {"spectrum": {"lanczos_steps": STEPS, "starts": STARTS, "reorth": "none"}})
+    r = create_probe("spectrum").run(ProbeContext(make_case("mlp").backend(), seed=0), req.options)
+    tr, tr2 = r.details["trace"], r.details["trace_sq"]
+    assert abs(tr["value"] - M.trace().item()) <= Z * tr["stderr"]
+    assert abs(tr2["value"] - (M @ M).trace().item()) <= Z * tr2["stderr"]
+    assert r.details["memory"]["reorthogonalization"] == "none" and r.matvecs == STARTS * STEPS
+
+
 def test_density_integrates_to_one():
     d = spectrum_run("cnn", "hessian").details["density"]
     grid, values, sigma = np.array(d["grid"]), np.array(d["values"]), d["sigma"]

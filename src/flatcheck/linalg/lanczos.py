@@ -39,6 +39,16 @@ def breakdown_threshold(dtype: torch.dtype) -> float:
     return math.sqrt(torch.finfo(dtype).eps)
 
 
+def record_step(rec, alpha: float, beta: float) -> bool:
+    """Append a step's α to a recurrence `rec` (alpha, scale, size, op) and say whether its β
+    closes an invariant subspace: below the breakdown threshold, or the whole space spanned."""
+    if not (math.isfinite(alpha) and math.isfinite(beta)):
+        raise InputError("curvature products are not finite (overflow?); try --dtype float64")
+    rec.alpha.append(alpha)
+    rec.scale = max(rec.scale, abs(alpha), beta)
+    return beta <= breakdown_threshold(rec.op.dtype) * rec.scale or rec.size >= rec.op.dim
+
+
 class Lanczos:
     """One Lanczos recurrence whose basis is kept; `step()` spends one matrix-vector product.
 
@@ -164,11 +174,7 @@ class Lanczos:
         w, c = self._project_out(w, known)
         beta = torch.linalg.vector_norm(w).item()
         self.coeffs.append(c.to(torch.float64).cpu().numpy())
-        if not (math.isfinite(alpha) and math.isfinite(beta)):
-            raise InputError("curvature products are not finite (overflow?); try --dtype float64")
-        self.alpha.append(alpha)
-        self.scale = max(self.scale, abs(alpha), beta)
-        if beta <= breakdown_threshold(self.op.dtype) * self.scale or self.size >= self.op.dim:
+        if record_step(self, alpha, beta):
             # the whole space is always invariant; what is left of w is round-off
             self.invariant, self.beta_next = True, 0.0
             self.leftover.append((beta, False))

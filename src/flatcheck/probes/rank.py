@@ -40,8 +40,8 @@ from ..backends.base import GGNVp, Hvp, Outputs
 from .registry import ProbeContext, register_probe
 from ._kit import option
 from ._memory import memory_note
-from .spectrum import (check_slq_options, lanczos_steps_option, mean_stderr, plan_slq, run_slq, starts_option,
-                       stop_reason)
+from .spectrum import (check_slq_options, lanczos_steps_option, mean_stderr, plan_slq, reorth_note, reorth_option,
+                       run_slq, starts_option, stop_reason)
 
 NEURON_RULE = (
     "Σ N_l = Σ out_features of every Linear + Σ out_channels of every Conv (one neuron per channel, "
@@ -57,6 +57,7 @@ class RankOptions:
     matrix: Literal["ggn", "hessian"] = option("ggn", "ggn or hessian")
     lanczos_steps: int = lanczos_steps_option()
     starts: int = starts_option()
+    reorth: Literal["auto", "full", "none"] = reorth_option()
 
     def __post_init__(self):
         check_slq_options(self.lanczos_steps, self.starts)
@@ -165,8 +166,8 @@ class RankProbe:
     def run(self, ctx: ProbeContext, options: RankOptions) -> ProbeResult:
         op = CurvatureOperator(ctx.backend, options.matrix)
         start = time.perf_counter()
-        memory = plan_slq(ctx, op, options.lanczos_steps, "rank (SLQ)")
-        result = run_slq(ctx, op, options.lanczos_steps, options.starts, "rank (SLQ)")
+        memory = plan_slq(ctx, op, options.lanczos_steps, "rank (SLQ)", options.reorth)
+        result = run_slq(ctx, op, options.lanczos_steps, options.starts, "rank (SLQ)", memory)
         problem = ctx.backend.problem
         P, N = op.dim, problem.samples.n
         ggn = options.matrix == "ggn"
@@ -202,7 +203,7 @@ class RankProbe:
                  f"at λ ≈ {location:.3g} (resolution {resolution:.3g}); paper bound "
                  f"{_fmt_bound(paper_bound)}, batch bound {batch_bound:.4g}{'' if ggn else ' (for G)'}; "
                  f"{options.starts} starts × {max(r.steps for r in result.rules)} steps; bn {bn_mode}")
-        notes += memory_note(memory)
+        notes += memory_note(memory) + reorth_note(memory)
         if warnings:
             notes += "; WARNING: " + " | ".join(warnings)
         return ProbeResult(

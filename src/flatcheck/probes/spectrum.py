@@ -10,7 +10,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from ..errors import ConfigError
-from ..linalg.lanczos import plan_steps
+from ..linalg.lanczos import lanczos_bytes, plan_steps
+from ..linalg.memory import gib
 from ..linalg.slq import SLQ, density, slq
 from ..operators import CurvatureOperator
 from ..report.plots import check_plot_target, plot_density
@@ -30,23 +31,48 @@ def check_slq_options(steps: int, starts: int) -> None:
         raise ConfigError(f"--starts must be at least 2 (a standard error needs two start vectors), got {starts}")
 
 
-def run_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, starts: int, desc: str) -> SLQ:
+def run_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, starts: int, desc: str,
+            memory: dict | None = None) -> SLQ:
     # progress counts products: a start cut short by --budget would make slq's own count jump
     result = slq(op, steps=steps, starts=starts, generator=ctx.generator(),
-                 progress=counted(progress_reporter(ctx, desc)), deadline=ctx.deadline)
+                 progress=counted(progress_reporter(ctx, desc)), deadline=ctx.deadline,
+                 reorthogonalise=(memory or {}).get("reorthogonalization", "full") == "full")
     if result.stopped:
         report_stop(ctx.progress, desc, "budget")
     return result
 
 
-def plan_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, desc: str) -> dict:
-    """--max-memory before SLQ runs: its Lanczos basis of `steps` vectors fits beside the
-    backend's graphs, or the run is refused up front (exit 2) with the steps that would fit.
-    The memory plan, for the details."""
+def plan_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, desc: str, reorth: str = "full") -> dict:
+    """--max-memory before SLQ runs, and with it whether the Lanczos basis is kept (`reorth`):
+    full keeps `steps` vectors and is refused up front (exit 2, with the steps that would fit)
+    when they do not fit beside the backend's graphs; none keeps two; auto takes full when it
+    fits and none otherwise, saying why. The memory plan, for the details."""
     limit = probe_limit(ctx)
-    _steps, stored = plan_steps(steps, op.dim, op.dtype, limit, flag="--lanczos-steps",
-                                what=f"probe {desc}: a Lanczos basis of {steps} steps over {op.dim:,} parameters")
-    return limit_products(ctx, limit, stored, desc)
+    what = f"probe {desc}: a Lanczos basis of {steps} steps over {op.dim:,} parameters"
+    per, fixed = lanczos_bytes(steps, op.dim, op.dtype)
+    need = min(steps, op.dim) * per + fixed
+    reason = None
+    if reorth == "auto":
+        fits = limit is None or need <= limit
+        reorth = "full" if fits else "none"
+        if not fits:
+            reason = (f"a {min(steps, op.dim)}-step basis needs {gib(need)}, more than the {gib(limit)} "
+                      "--max-memory allows (default half the free memory)")
+    if reorth == "full":
+        _steps, stored = plan_steps(steps, op.dim, op.dtype, limit, flag="--lanczos-steps", what=what)
+    else:
+        stored = fixed  # the recurrence's own vectors only
+    plan = limit_products(ctx, limit, stored, desc)
+    return {**plan, "reorthogonalization": reorth, **({"reorthogonalization_reason": reason} if reason else {})}
+
+
+def reorth_note(memory: dict) -> str:
+    """A note's clause when the basis was not kept."""
+    if memory.get("reorthogonalization") != "none":
+        return ""
+    why = memory.get("reorthogonalization_reason")
+    return ("; Lanczos without re-orthogonalisation" + (f" ({why})" if why else "") +
+            ": the density may hold copies of converged eigenvalues; Tr and Tr² are unaffected")
 
 
 def stop_reason(result: SLQ) -> str:
@@ -61,6 +87,12 @@ def lanczos_steps_option() -> Any:
 
 def starts_option() -> Any:
     return option(3, "Rademacher start vectors (≥ 2, for a standard error)")
+
+
+def reorth_option() -> Any:
+    return option("auto", "full: keep the Lanczos basis (steps × parameters numbers) and re-orthogonalise against "
+                          "it; none: keep two vectors (the density may show copies of converged eigenvalues; "
+                          "Tr and Tr² unaffected); auto: full when the basis fits --max-memory, else none")
 
 
 def _sigma(text: str) -> float | None:
@@ -81,6 +113,7 @@ class SpectrumOptions:
     matrix: Literal["hessian", "ggn"] = option("hessian", "hessian or ggn")
     lanczos_steps: int = lanczos_steps_option()
     starts: int = starts_option()
+    reorth: Literal["auto", "full", "none"] = reorth_option()
     # Gaussian kernel width; None: span of the nodes / (2·steps)
     sigma: float | None = option(None, "Gaussian kernel width of the density, or auto (node span / (2·steps))",
                                  parse=_sigma, show_default="auto")
@@ -118,8 +151,8 @@ class SpectrumProbe:
     def run(self, ctx: ProbeContext, options: SpectrumOptions) -> ProbeResult:
         op = CurvatureOperator(ctx.backend, options.matrix)
         start = time.perf_counter()
-        memory = plan_slq(ctx, op, options.lanczos_steps, "spectrum (SLQ)")
-        result = run_slq(ctx, op, options.lanczos_steps, options.starts, "spectrum (SLQ)")
+        memory = plan_slq(ctx, op, options.lanczos_steps, "spectrum (SLQ)", options.reorth)
+        result = run_slq(ctx, op, options.lanczos_steps, options.starts, "spectrum (SLQ)", memory)
         try:
             dens = density(result, options.sigma)
         except ValueError as exc:
@@ -152,7 +185,7 @@ class SpectrumProbe:
             notes += f"; {invariant} start(s) found an invariant subspace (exact, fewer steps)"
         if result.stopped:
             notes += f"; --budget cut the rules to {min(steps_taken)}–{max(steps_taken)} steps"
-        notes += memory_note(memory)
+        notes += memory_note(memory) + reorth_note(memory)
         if plot_path:
             notes += f"; plot {plot_path}"
         return ProbeResult(
