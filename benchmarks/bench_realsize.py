@@ -97,8 +97,19 @@ def headline(path: Path, probe: str) -> dict:
         return {}
     res = report.get("results", {}).get(probe, {})
     d = res.get("details") or {}
+    memory = d.get("memory") or {}
     return {"value": res.get("value"), "stderr": res.get("stderr"), "route": d.get("route") or d.get("method"),
-            "stop_reason": d.get("stop_reason")}
+            "stop_reason": d.get("stop_reason"), "planned_vector_bytes": memory.get("stored_vector_bytes"),
+            "reorthogonalization": memory.get("reorthogonalization")}
+
+
+def planned(row: dict) -> str:
+    """The stored vectors the probe planned for its whole run (details.memory), in GB: what a
+    budget-stopped Lanczos run would have grown to; with the route when the basis was dropped."""
+    b = row.get("planned_vector_bytes")
+    if b is None:
+        return ""
+    return f"{b / 1e9:.2f}" + (" (no re-orth.)" if row.get("reorthogonalization") == "none" else "")
 
 
 def write_table(rows: list[dict], path: Path, args) -> None:
@@ -112,16 +123,19 @@ def write_table(rows: list[dict], path: Path, args) -> None:
         f"{os.cpu_count()} cores shared with other work, so seconds are upper bounds of an idle machine's.",
         "Defaults everywhere except: trace exact GGN with 8 sampled classes per sample; head-trace without --verify. "
         "Rows with a budget ran with `--budget` (column 'budget'): an iterative probe stopped by it (note "
-        "'budget') did not run its default, and its peak memory is what it reached.",
+        "'budget') did not run its default, and its peak memory is what it reached; 'planned vectors' is what "
+        "its stored vectors (Lanczos basis, probe blocks) take over the whole default run, planned up front "
+        "against --max-memory.",
         "",
-        "| model | probe | samples | budget s | seconds | peak RSS (GB) | exit | route | value | stderr | note |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
+        "| model | probe | samples | budget s | seconds | peak RSS (GB) | planned vectors (GB) | exit | route | value "
+        "| stderr | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in rows:
         fmt = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
         note = "timeout" if r["timed_out"] else (r["error"] or r.get("stop_reason") or "")
         lines.append(f"| {r['model']} | {r['row']} | {r['samples']} | {fmt(r.get('budget')) or '–'} | {r['seconds']:.1f} | "
-                     f"{r['peak_rss_bytes'] / 1e9:.2f} | {r['exit']} | {fmt(r.get('route'))} | {fmt(r.get('value'))} | "
+                     f"{r['peak_rss_bytes'] / 1e9:.2f} | {planned(r)} | {r['exit']} | {fmt(r.get('route'))} | {fmt(r.get('value'))} | "
                      f"{fmt(r.get('stderr'))} | {note.replace('|', '/')[:160]} |")
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
