@@ -231,3 +231,28 @@ def test_bad_arguments_are_one_line_errors():
         flatcheck.measure(lambda x: x, (case.X, case.Y))
     with pytest.raises(ConfigError, match="unknown probe"):
         flatcheck.measure(case.model, (case.X, case.Y), probes="nope")
+
+
+def test_probes_as_a_mapping_are_taken_as_their_options():
+    """probes={name: options}: the options are used and validated as options= is, not dropped."""
+    case = make_case("mlp", n=12)
+    data = (case.X, case.Y)
+    given = flatcheck.measure(case.model, data, probes={"trace": {"estimator": "hutchpp", "probes_max": 12}})
+    same = flatcheck.measure(case.model, data, probes="trace", options={"trace": {"estimator": "hutchpp",
+                                                                                   "probes_max": 12}})
+    trace = given.results["trace"]
+    assert trace.value == same.results["trace"].value and trace.matvecs == same.results["trace"].matvecs
+    assert trace.matvecs <= 12
+    both = flatcheck.measure(case.model, data, probes={"trace": None, "lmax": {"k": 1}},
+                             options={"trace": {"estimator": "exact", "matrix": "ggn"}})
+    assert set(both.results) == {"trace", "lmax"} and both.results["trace"].stderr is None
+    with pytest.raises(ConfigError, match="probes_mx is unknown"):
+        flatcheck.measure(case.model, data, probes={"trace": {"probes_mx": 12}})
+    with pytest.raises(ConfigError, match="k"):
+        flatcheck.measure(case.model, data, probes={"lmax": {"k": 500}})
+    with pytest.raises(ConfigError, match="probe trace: options given both in probes= and in options="):
+        flatcheck.measure(case.model, data, probes={"trace": {"probes_max": 12}}, options={"trace": {"rtol": 0.1}})
+    with pytest.raises(ConfigError, match=r"probes\['trace'\] must be a mapping"):
+        flatcheck.measure(case.model, data, probes={"trace": 12})
+    with pytest.raises(ConfigError, match=r"options\['lmax'\]: probe 'lmax' is not among probes \(trace\)"):
+        flatcheck.measure(case.model, data, probes="trace", options={"lmax": {"k": 1}})

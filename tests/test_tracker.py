@@ -272,3 +272,14 @@ def test_the_warm_start_is_the_last_two_eigenvectors_extrapolated(monkeypatch):
         assert torch.equal(starts[i], track.extrapolated_start(vectors[i - 2], vectors[i - 1]))
         assert not torch.equal(starts[i], vectors[i - 1])  # the weights moved: an extrapolation
     assert starts[4] is None and torch.equal(starts[5], vectors[4])  # the guard's cold step: history gone
+
+
+def test_probes_as_a_mapping_carry_their_options_over_the_defaults():
+    case = make_case("mlp", n=23, batch_size=23)
+    tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes={"lmax": {"tol": 1e-6}, "trace": TRACE["trace"]},
+                                every=1, out=None)
+    options = {r.name: r.options for r in tracker.session.config.probes}
+    assert options["lmax"].k == 1 and options["lmax"].tol == 1e-6  # DEFAULT_OPTIONS under the caller's
+    assert options["trace"].estimator == "exact"
+    comma = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax,trace", every=1, out=None)
+    assert {r.name: r.options for r in comma.session.config.probes}["lmax"].k == 1

@@ -278,7 +278,8 @@ DEFAULT_BATCH_SIZE = 128
 
 
 def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | LossSpec" = "cross_entropy",
-            probes: "str | Iterable[str]" = ("trace",), options: Mapping[str, Mapping[str, Any]] | None = None,
+            probes: "str | Iterable[str] | Mapping[str, Mapping[str, Any] | None]" = ("trace",),
+            options: Mapping[str, Mapping[str, Any]] | None = None,
             samples: int | None = None, batch_size: int | None = None, params: "str | Iterable[str] | None" = None,
             test_data: Any = None, head: str | None = None, num_classes: int | None = None,
             device: "str | torch.device | None" = None, dtype: "str | torch.dtype | None" = None,
@@ -292,8 +293,10 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     else 128). A source that is not the same on every pass (shuffling, augmentation) is read
     once and held when it fits 1 GiB (the report's data.cached); otherwise every pass is
     checked against the first and a difference is refused. loss: a name or a mapping as in a
-    spec ({"name": "label_smoothing", "alpha": 0.1}). options: {probe: {option: value}}, as
-    `-o probe.option=value`. test_data: the test split, for `gap`. head: the final layer's
+    spec ({"name": "label_smoothing", "alpha": 0.1}). probes: a name, "a,b", a list of names, or
+    a mapping {probe: {option: value}} (None: the defaults) whose values are that probe's
+    options. options: {probe: {option: value}}, as `-o probe.option=value`. Options given either
+    way are validated alike; one probe's options given both ways is an error. test_data: the test split, for `gap`. head: the final layer's
     module name (head-trace, relative-flatness; default: detected). device/dtype: default the
     model's; another one is measured on a copy. budget: seconds for all the probes.
 
@@ -330,9 +333,9 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     source = memory_data(data, samples=samples, what="data")
     n = samples if samples is not None else len(source.dataset)  # type: ignore[arg-type]
+    names, chosen = probe_options(probes, options)
     config = RunConfig(
-        checkpoint=None, spec=spec,
-        probes=probe_requests(list(_names(probes, "probes")), {k: dict(v) for k, v in (options or {}).items()}),
+        checkpoint=None, spec=spec, probes=probe_requests(names, chosen),
         data=source.source, samples=n, batch_size=batch_size or default_batch_size(data) or DEFAULT_BATCH_SIZE,
         device=str(target_device), dtype=target_dtype, bn_mode=bn_mode, seed=seed,
         params=tuple(_names(params, "params")) if params is not None else (), budget=budget,
@@ -355,6 +358,36 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
 
     return attach(config, spec, work, samples_set, target_device, split_source=split_source,
                   data_info=source.describe())
+
+
+def probe_options(probes: Any, options: Mapping[str, Mapping[str, Any]] | None) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """measure's `probes` and `options` as (names, {probe: {option: value}}). `probes` may map
+    each name to its options: what a notebook user writes, and silently dropping those values
+    would run the defaults under the caller's settings."""
+    chosen: dict[str, dict[str, Any]] = {}
+    if isinstance(probes, Mapping):
+        names = _names(list(probes), "probes")
+        for name, values in probes.items():
+            if values is not None:
+                chosen[name] = _option_map(values, f"probes[{name!r}]")
+    else:
+        names = _names(probes, "probes")
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigError(f"options must be a mapping {{probe: {{option: value}}}}, got {options!r}")
+    for name, values in (options or {}).items():
+        values = _option_map(values, f"options[{name!r}]")
+        if name not in names:
+            raise ConfigError(f"options[{name!r}]: probe {name!r} is not among probes ({', '.join(names)})")
+        if values and chosen.get(name):
+            raise ConfigError(f"probe {name}: options given both in probes= and in options=; give them in one place")
+        chosen[name] = {**chosen.get(name, {}), **values}
+    return names, chosen
+
+
+def _option_map(values: Any, what: str) -> dict[str, Any]:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{what} must be a mapping {{option: value}}, got {values!r}")
+    return dict(values)
 
 
 def _check_module(model: Any) -> None:

@@ -59,8 +59,8 @@ DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"lmax": {"k": 1}}
 class Tracker:
     """Measures `probes` on `model` over `data` every `every`-th step and appends a record to
     `out` (None: keep no file). `data` is what flatcheck.measure takes, read once here: a
-    fixed set of tracking samples. The other keywords are measure's; options are merged over
-    DEFAULT_OPTIONS (λmax with k=1). strict=True raises a failed step's error instead of
+    fixed set of tracking samples. probes, options and the other keywords are measure's (probes
+    may map each name to its options); options are merged over DEFAULT_OPTIONS (λmax with k=1). strict=True raises a failed step's error instead of
     recording it. warm_start=False starts every λmax cold; otherwise every `cold_every`-th
     tracked step does (None: only the first)."""
 
@@ -68,7 +68,7 @@ class Tracker:
                  out: str | os.PathLike | None = "track.jsonl", options: dict[str, dict[str, Any]] | None = None,
                  strict: bool = False, name: str | None = None, warm_start: bool = True,
                  cold_every: int | None = COLD_EVERY, **measure_kwargs: Any):
-        from ..api import open_live_session
+        from ..api import open_live_session, probe_options
 
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"every must be a positive integer (measure every K-th step), got {every!r}")
@@ -86,10 +86,8 @@ class Tracker:
         self.out = None if out is None else Path(out)
         if self.out is not None and (self.out.is_dir() or not self.out.parent.is_dir()):
             raise ConfigError(f"out {self.out}: give a .jsonl file in an existing folder")
-        names = [probes] if isinstance(probes, str) else list(probes)
-        merged = {p: dict(DEFAULT_OPTIONS.get(p, {})) for p in names if p in DEFAULT_OPTIONS}
-        for probe, values in (options or {}).items():
-            merged.setdefault(probe, {}).update(values)
+        names, chosen = probe_options(probes, options)
+        merged = {p: {**DEFAULT_OPTIONS.get(p, {}), **chosen.get(p, {})} for p in names}
         self.session = open_live_session(model, data, probes=names, options=merged, **measure_kwargs)
         self.session.warm = {} if warm_start else None
         config = self.session.config
