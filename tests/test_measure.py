@@ -256,3 +256,21 @@ def test_probes_as_a_mapping_are_taken_as_their_options():
         flatcheck.measure(case.model, data, probes={"trace": 12})
     with pytest.raises(ConfigError, match=r"options\['lmax'\]: probe 'lmax' is not among probes \(trace\)"):
         flatcheck.measure(case.model, data, probes="trace", options={"lmax": {"k": 1}})
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:3", torch.device("cuda"), torch.device("cuda", 1)])
+def test_a_cuda_device_without_cuda_is_the_clis_config_error(device, monkeypatch):
+    """Was torch's RuntimeError ("Found no NVIDIA driver…") from saving the device's RNG state."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    case = make_case("mlp", n=8)
+    with pytest.raises(ConfigError, match=rf"^device {device}: CUDA is not available on this machine"):
+        flatcheck.measure(case.model, (case.X, case.Y), device=device)
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        flatcheck.Tracker(case.model, (case.X, case.Y), out=None, device=device)
+
+
+def test_a_device_that_is_no_device_is_named():
+    case = make_case("mlp", n=8)
+    for bad in ("gpu", 0):
+        with pytest.raises(ConfigError, match="device must be auto, cpu, cuda"):
+            flatcheck.measure(case.model, (case.X, case.Y), device=bad)

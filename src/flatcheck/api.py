@@ -77,18 +77,23 @@ class Session:
         return samples
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, what: str = "--device") -> torch.device:
+    """`name` (auto, cpu, cuda, cuda:N) as a device this machine has; `what` names the
+    argument in errors (the CLI's flag, measure's keyword)."""
     if name == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
         # under torchrun each process takes its own GPU
         return local_cuda_device() if launched() else torch.device("cuda")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"{what} must be auto, cpu, cuda or cuda:N, got {name!r}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"--device {name}: CUDA is not available on this machine (torch {torch.__version__})")
+            raise ConfigError(f"{what} {name}: CUDA is not available on this machine (torch {torch.__version__})")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) present")
+            raise ConfigError(f"{what} {name}: only {torch.cuda.device_count()} CUDA device(s) present")
     return device
 
 
@@ -297,7 +302,8 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     a mapping {probe: {option: value}} (None: the defaults) whose values are that probe's
     options. options: {probe: {option: value}}, as `-o probe.option=value`. Options given either
     way are validated alike; one probe's options given both ways is an error. test_data: the test split, for `gap`. head: the final layer's
-    module name (head-trace, relative-flatness; default: detected). device/dtype: default the
+    module name (head-trace, relative-flatness; default: detected). device ('auto', 'cpu',
+    'cuda', 'cuda:N' or a torch.device; checked as the CLI's --device) and dtype: default the
     model's; another one is measured on a copy. budget: seconds for all the probes.
 
     The caller's model is left bitwise as it was — weights, buffers, .grad, requires_grad,
@@ -306,10 +312,13 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     from .workflows.live import preserved
 
     _check_module(model)
-    with preserved(model, *_devices(device)):
+    # resolved before anything touches the device: a CUDA name on a machine without CUDA is
+    # the CLI's ConfigError, not torch's RuntimeError from saving that device's RNG state
+    target = _live_device(model, device)
+    with preserved(model, target):
         session = open_live_session(model, data, loss=loss, probes=probes, options=options, samples=samples,
                                     batch_size=batch_size, params=params, test_data=test_data, head=head,
-                                    num_classes=num_classes, device=device, dtype=dtype, bn_mode=bn_mode,
+                                    num_classes=num_classes, device=target, dtype=dtype, bn_mode=bn_mode,
                                     seed=seed, budget=budget)
         return run(session.config, progress, session)
 
@@ -326,7 +335,7 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
     first = next(iter(model.parameters()), None)
     if first is None:
         raise InputError(f"model: {type(model).__name__} has no parameters, so no curvature to measure")
-    target_device = resolve_device(str(device)) if device is not None else first.device
+    target_device = _live_device(model, device)
     target_dtype = _dtype_name(dtype, first.dtype)
     spec = _live_spec(model, loss, head, num_classes)
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
@@ -395,13 +404,15 @@ def _check_module(model: Any) -> None:
         raise InputError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
 
 
-def _devices(device: Any) -> tuple[torch.device, ...]:
-    if device is None or str(device) == "auto":
-        return ()
-    try:
-        return (torch.device(str(device)),)
-    except RuntimeError:
-        raise ConfigError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
+def _live_device(model: nn.Module, device: Any) -> torch.device:
+    """measure's device= (a name or a torch.device) checked as the CLI's --device; None: the
+    model's own (the CPU for a model without parameters, which is refused later)."""
+    if device is None:
+        first = next(iter(model.parameters()), None)
+        return torch.device("cpu") if first is None else first.device
+    if not isinstance(device, (str, torch.device)):
+        raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or a torch.device, got {device!r}")
+    return resolve_device(str(device), what="device")
 
 
 def _dtype_name(dtype: Any, model_dtype: torch.dtype) -> str:
