@@ -274,3 +274,17 @@ def test_a_device_that_is_no_device_is_named():
     for bad in ("gpu", 0):
         with pytest.raises(ConfigError, match="device must be auto, cpu, cuda"):
             flatcheck.measure(case.model, (case.X, case.Y), device=bad)
+
+
+def test_empty_data_is_named_as_empty():
+    """Was "--samples must be a positive integer, got 0", though no samples were passed."""
+    case = make_case("mlp", n=8)
+    X, Y = case.X[:0], case.Y[:0]
+    for data, what in (((X, Y), "data: the tensors are empty"), (TensorDataset(X, Y), "data: the data set .* is empty"),
+                       (DataLoader(TensorDataset(X, Y), batch_size=4), "gave no samples"), ([], "gave no samples")):
+        with pytest.raises(InputError, match=what):
+            flatcheck.measure(case.model, data)
+    with pytest.raises(InputError, match="test_data: the tensors are empty"):
+        flatcheck.measure(case.model, (case.X, case.Y), probes="gap", test_data=(X, Y))
+    with pytest.raises(ConfigError, match="^samples must be a positive integer or None, got 0"):
+        flatcheck.measure(case.model, (case.X, case.Y), samples=0)

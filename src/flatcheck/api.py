@@ -338,8 +338,9 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
     target_device = _live_device(model, device)
     target_dtype = _dtype_name(dtype, first.dtype)
     spec = _live_spec(model, loss, head, num_classes)
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    for what, value in (("samples", samples), ("batch_size", batch_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{what} must be a positive integer or None, got {value!r}")
     source = memory_data(data, samples=samples, what="data")
     n = samples if samples is not None else len(source.dataset)  # type: ignore[arg-type]
     names, chosen = probe_options(probes, options)

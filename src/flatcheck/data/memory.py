@@ -98,12 +98,16 @@ def memory_data(data: Any, *, samples: int | None, what: str = "data", split: st
     cache_bytes = CACHE_BYTES if cache_bytes is None else cache_bytes
     if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
         x, y = _pair(tuple(data), what, 0)
+        if not len(x):
+            raise InputError(f"{what}: the tensors are empty (x of shape {tuple(x.shape)}); give at least one sample")
         return MemoryData(_Pairs(x, y, "tensors", split), "tensors", cached=False)
     if isinstance(data, Tensor):
         raise InputError(f"{what}: a tensor alone has no labels; pass (x, y), a DataLoader or batches of (x, y)")
     if isinstance(data, Dataset) and not isinstance(data, DataLoader) and hasattr(data, "__len__") \
             and hasattr(data, "__getitem__") and not hasattr(data, "__iter__"):
         name = getattr(data, "name", type(data).__name__)
+        if not len(data):
+            raise InputError(f"{what}: the data set {name} is empty; give at least one sample")
         return MemoryData(_Labelled(data, name, getattr(data, "split", split)), "dataset", cached=False)
     if not isinstance(data, Iterable):
         raise InputError(f"{what}: expected (x, y) tensors, a DataLoader or an iterable of (x, y) batches, "
