@@ -283,3 +283,73 @@ def test_probes_as_a_mapping_carry_their_options_over_the_defaults():
     assert options["trace"].estimator == "exact"
     comma = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax,trace", every=1, out=None)
     assert {r.name: r.options for r in comma.session.config.probes}["lmax"].k == 1
+
+
+def test_the_file_is_let_go_when_the_tracker_is_closed_left_or_dropped(tmp_path):
+    """A notebook cell run again makes a new tracker on the same file: the old one's lock goes
+    with close(), the end of a `with` block, or the tracker itself (del, even in a cycle)."""
+    import gc
+
+    case = make_case("mlp", n=23, batch_size=23)
+    out = tmp_path / "track2.jsonl"
+
+    def tracker(**kwargs):
+        return flatcheck.Tracker(case.model, (case.X, case.Y), probes="trace", every=2, out=out, options=TRACE,
+                                 **kwargs)
+
+    first = tracker()
+    first.step(0)
+    del first
+    second = tracker()
+    second.step(0)  # was: ConfigError "another scan holds this file"
+    second.close()
+    with tracker() as third:
+        third.step(0)
+    cyclic = tracker()
+    cyclic.step(0)
+    cyclic.me = cyclic  # only the collector frees it
+    gc.disable()  # the tracker that finds the file held collects it; not the next automatic pass
+    try:
+        del cyclic
+        tracker().step(0)
+    finally:
+        gc.enable()
+    assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [0]
+
+
+def test_a_held_file_names_its_holder(tmp_path):
+    import os
+    import subprocess
+    import textwrap
+
+    from flatcheck.errors import ConfigError
+
+    case = make_case("mlp", n=23, batch_size=23)
+    out = tmp_path / "track.jsonl"
+
+    def tracker(name):
+        return flatcheck.Tracker(case.model, (case.X, case.Y), probes="trace", every=1, out=out, options=TRACE,
+                                 name=name)
+
+    holding = tracker("first")
+    holding.step(0)
+    with pytest.raises(ConfigError, match=r"^out .*track.jsonl: tracker 'first' of this process holds this file; "
+                                          r"close\(\) it \(or make it with `with flatcheck.Tracker"):
+        tracker("second").step(1)
+    holding.close()
+    other = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, sys
+        fd = os.open({str(out)!r}, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("held", flush=True)
+        sys.stdin.read()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "held\n"
+        with pytest.raises(ConfigError, match=rf"^out .*: process {other.pid} \(.*python.*\) holds this file: a "
+                                              r"flatcheck scan or tracker still writing it"):
+            tracker("third").step(2)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=30)
+    assert os.path.getsize(out) > 0

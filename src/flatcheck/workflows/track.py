@@ -28,11 +28,13 @@ Restarted from an earlier step, the tracker drops the records of that step and l
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
 import os
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,9 @@ EXTRAPOLATE_OVERLAP = 0.9
 DEFAULT_PROBES = ("lmax", "trace", "jacobian")
 # λmax alone, as the edge-of-stability curves plot it; other options keep the probes' defaults
 DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"lmax": {"k": 1}}
+# the trackers of this process by the (device, inode) of the output each holds, so that a
+# second tracker on that file is told which one holds it (a notebook cell run again)
+_HOLDERS: "weakref.WeakValueDictionary[tuple[int, int], Tracker]" = weakref.WeakValueDictionary()
 
 
 class Tracker:
@@ -146,9 +151,13 @@ class Tracker:
         return values
 
     def close(self) -> None:
+        """Let go of `out` (another tracker or scan may then write it). Leaving a `with` block
+        does this, and so does the collector once the tracker is no longer referenced."""
         if self._held is not None:
-            self._held.close()
+            self._release()  # closes the held file; the finalizer will not run again
             self._held = None
+            if _HOLDERS.get(self._held_key) is self:
+                del _HOLDERS[self._held_key]
 
     def __enter__(self) -> "Tracker":
         return self
@@ -188,7 +197,7 @@ class Tracker:
         self._started = True
         if self.out is None:
             return
-        held = HeldOutput(self.out, "out")
+        held = _hold(self.out)
         try:
             repair_tail(self.out)
             if self.out.stat().st_size:
@@ -196,11 +205,74 @@ class Tracker:
                         if not (isinstance(r.get("step"), int) and r["step"] >= step)]
                 _rewrite(self.out, kept)
                 held.close()
-                held = HeldOutput(self.out, "out")
+                held = _hold(self.out)
         except BaseException:
             held.close()
             raise
         self._held = held
+        # a descriptor is not closed by dropping the int that holds it: without this a tracker
+        # deleted without close() (a notebook cell run again) would hold the file until exit
+        self._release = weakref.finalize(self, held.close)
+        st = os.fstat(held.fd)
+        self._held_key = (st.st_dev, st.st_ino)
+        _HOLDERS[self._held_key] = self
+
+
+def _hold(path: Path) -> HeldOutput:
+    """`path` held for this tracker, else a ConfigError naming what holds it."""
+    try:
+        return HeldOutput(path, "out")
+    except ConfigError:
+        # a tracker of this process dropped in a reference cycle lets go when collected
+        gc.collect()
+    try:
+        return HeldOutput(path, "out")
+    except ConfigError:
+        raise ConfigError(f"out {path}: {_holder(path)}") from None
+
+
+def _holder(path: Path) -> str:
+    """Who holds `path`'s lock, and what to do about it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    tracker = None if st is None else _HOLDERS.get((st.st_dev, st.st_ino))
+    if tracker is not None:
+        return (f"tracker {tracker.name!r} of this process holds this file; close() it (or make it with "
+                f"`with flatcheck.Tracker(...) as tracker:`), or give another out")
+    wait = "wait for it to end, or give another out"
+    pid = None if st is None else _lock_pid(st)
+    if pid == os.getpid():
+        return f"a scan in this process holds this file and is still writing it; {wait}"
+    if pid is not None:
+        return f"process {pid} ({_command(pid)}) holds this file: a flatcheck scan or tracker still writing it; {wait}"
+    return f"another process holds this file: a flatcheck scan or tracker still writing it; {wait}"
+
+
+def _lock_pid(st: os.stat_result) -> int | None:
+    """The process that took the flock on the file `st` describes, from Linux's /proc/locks
+    (flock itself does not say); None where it cannot be told."""
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
+                    return int(fields[4])
+    except OSError:
+        pass
+    return None
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            words = fh.read().split(b"\0")
+    except OSError:
+        return "command unknown"
+    command = " ".join(" ".join(w.decode(errors="replace").split()) for w in words if w)  # one line
+    return command if len(command) <= 80 else command[:77] + "..."
 
 
 def extrapolated_start(previous: torch.Tensor, latest: torch.Tensor) -> torch.Tensor:
