@@ -288,3 +288,46 @@ def test_empty_data_is_named_as_empty():
         flatcheck.measure(case.model, (case.X, case.Y), probes="gap", test_data=(X, Y))
     with pytest.raises(ConfigError, match="^samples must be a positive integer or None, got 0"):
         flatcheck.measure(case.model, (case.X, case.Y), samples=0)
+
+
+def test_uint8_images_are_scaled_as_the_cli_reads_them(tmp_path):
+    """uint8 inputs are divided by 255 as the CLI's npz reader does (was: raw 0..255 values),
+    from every kind of source, and the report says so; other integer inputs are refused."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(4)
+    pixels = torch.randint(0, 256, (20, 1, 8, 8), dtype=torch.uint8, generator=g)
+    labels = torch.randint(0, 10, (20,), generator=g)
+    model = _demo_spec_model()
+    floats = flatcheck.measure(model, (pixels.float() / 255, labels), probes="trace", options=EXACT_TRACE)
+    assert "scaled" not in floats.meta["data"]
+    for data in ((pixels, labels), TensorDataset(pixels, labels), DataLoader(TensorDataset(pixels, labels),
+                                                                             batch_size=8)):
+        report = flatcheck.measure(model, data, probes="trace", options=EXACT_TRACE, batch_size=128)
+        assert report.meta["data"]["scaled"] == "uint8 / 255", type(data).__name__
+        assert report.results["trace"].value == floats.results["trace"].value, type(data).__name__
+        assert report.meta["data"]["fingerprint"] == floats.meta["data"]["fingerprint"]
+    # the CLI's path: the same pixels in an npz file give the same samples
+    np.savez(tmp_path / "px.npz", x=pixels.numpy(), y=labels.numpy())
+    config = RunConfig(checkpoint=None, spec=_demo_spec(), data=f"npz:{tmp_path / 'px.npz'}",
+                       probes=probe_requests("trace", {"trace": EXACT_TRACE["trace"]}), batch_size=128)
+    session = open_session(config)
+    assert session.samples.fingerprint == floats.meta["data"]["fingerprint"]
+    for bad in (pixels.long(), pixels.to(torch.int16)):
+        with pytest.raises(InputError, match=rf"data: the batch at sample 0 has {bad.dtype} inputs; flatcheck takes "
+                                             r"floats, or uint8 pixels 0..255 \(divided by 255, as the CLI reads them\)"
+                                             r": pass x.float\(\)"):
+            flatcheck.measure(model, (bad, labels))
+    mixed = [(pixels[:10], labels[:10]), (pixels[10:].float() / 255, labels[10:])]
+    with pytest.raises(InputError, match="the batch at sample 10 holds torch.float32 inputs, the first batch uint8"):
+        flatcheck.measure(model, mixed)
+
+
+EXACT_TRACE = {"trace": {"estimator": "exact", "matrix": "ggn"}}
+
+
+def _demo_spec_model():
+    from flatcheck.zoo.demo_cnn import DigitsCNN
+
+    torch.manual_seed(0)
+    return DigitsCNN()

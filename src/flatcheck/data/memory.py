@@ -7,6 +7,11 @@ memory when that fits the data cache (`cached`: later passes never touch the loa
 When it does not fit, the source is re-iterated on each pass and the SampleSet's per-batch
 digests refuse a source whose batches differ between passes, with the same message the CLI
 gives for a data set that changes.
+
+Inputs are floating point, or uint8 pixels 0..255, which are divided by 255 as each sample is
+read: the rule of the CLI's npz and image readers, so the same images measure the same from a
+file and from memory (the report's data.scaled says so). Other integer inputs are refused, as
+the CLI's npz reader refuses them: their scale cannot be told.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from flatcheck.errors import InputError
 
 # as SampleSet's device cache: the bytes of the held copy (inputs as read, labels int64)
 CACHE_BYTES = 2**30
+# what the report's data.scaled says of uint8 inputs
+SCALED = "uint8 / 255"
 
 
 @dataclass(frozen=True)
@@ -29,9 +36,10 @@ class MemoryData:
     dataset: Dataset  # map-style: dataset[i] -> (x_i, y_i); `name` and `split` label it
     source: str  # "tensors", "dataset", "DataLoader" or "iterable"
     cached: bool  # read once and held here: later passes do not re-read the caller's source
+    scaled: bool = False  # uint8 inputs, divided by 255 as they are read
 
     def describe(self) -> dict[str, Any]:
-        return {"source": self.source, "cached": self.cached}
+        return {"source": self.source, "cached": self.cached, **({"scaled": SCALED} if self.scaled else {})}
 
 
 class _Pairs(Dataset):
@@ -44,20 +52,23 @@ class _Pairs(Dataset):
         return len(self.x)
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
-        return self.x[i], self.y[i]
+        return _scaled(self.x[i]), self.y[i]
 
 
 class _Labelled(Dataset):
     """A caller's map-style data set with the name and split a SampleSet reports."""
 
-    def __init__(self, dataset: Dataset, name: str, split: str):
-        self.dataset, self.name, self.split = dataset, name, split
+    def __init__(self, dataset: Dataset, name: str, split: str, what: str):
+        self.dataset, self.name, self.split, self.what = dataset, name, split, what
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, i: int) -> Any:
-        return self.dataset[i]
+        x, y = self.dataset[i]
+        x = torch.as_tensor(x)
+        _check_inputs(x, self.what, f"sample {i}")
+        return _scaled(x), y
 
 
 class _Streamed(Dataset):
@@ -86,7 +97,7 @@ class _Streamed(Dataset):
                                  f"{self.n} of its first pass: flatcheck needs the same data on every pass")
             self._batch = _pair(item, self.what, self._start)
         x, y = self._batch
-        return x[i - self._start], y[i - self._start]
+        return _scaled(x[i - self._start]), y[i - self._start]
 
 
 def memory_data(data: Any, *, samples: int | None, what: str = "data", split: str = "train",
@@ -100,7 +111,7 @@ def memory_data(data: Any, *, samples: int | None, what: str = "data", split: st
         x, y = _pair(tuple(data), what, 0)
         if not len(x):
             raise InputError(f"{what}: the tensors are empty (x of shape {tuple(x.shape)}); give at least one sample")
-        return MemoryData(_Pairs(x, y, "tensors", split), "tensors", cached=False)
+        return MemoryData(_Pairs(x, y, "tensors", split), "tensors", cached=False, scaled=x.dtype == torch.uint8)
     if isinstance(data, Tensor):
         raise InputError(f"{what}: a tensor alone has no labels; pass (x, y), a DataLoader or batches of (x, y)")
     if isinstance(data, Dataset) and not isinstance(data, DataLoader) and hasattr(data, "__len__") \
@@ -108,35 +119,47 @@ def memory_data(data: Any, *, samples: int | None, what: str = "data", split: st
         name = getattr(data, "name", type(data).__name__)
         if not len(data):
             raise InputError(f"{what}: the data set {name} is empty; give at least one sample")
-        return MemoryData(_Labelled(data, name, getattr(data, "split", split)), "dataset", cached=False)
+        item = data[0]  # its inputs' dtype, for the report; a malformed item is the SampleSet's to name
+        first = torch.as_tensor(item[0]) if isinstance(item, (tuple, list)) and len(item) == 2 else None
+        if first is not None:
+            _check_inputs(first, what, "sample 0")
+        return MemoryData(_Labelled(data, name, getattr(data, "split", split), what), "dataset", cached=False,
+                          scaled=first is not None and first.dtype == torch.uint8)
     if not isinstance(data, Iterable):
         raise InputError(f"{what}: expected (x, y) tensors, a DataLoader or an iterable of (x, y) batches, "
                          f"got {type(data).__name__}")
     source = "DataLoader" if isinstance(data, DataLoader) else "iterable"
     label = f"{what} ({source})"
     once = iter(data) is data  # a generator or iterator: there is no second pass to read
-    held, n, nbytes = _read_once(data, samples, label, cache_bytes)
+    held, n, nbytes, scaled = _read_once(data, samples, label, cache_bytes)
     if held is not None:
         x, y = held
-        return MemoryData(_Pairs(x, y, source, split), source, cached=True)
+        return MemoryData(_Pairs(x, y, source, split), source, cached=True, scaled=scaled)
     if once:
         raise InputError(f"{label}: an iterator can be read only once and its {n} samples "
                          f"({nbytes / 2**30:.1f} GiB) do not fit the {cache_bytes / 2**30:g} GiB data cache; "
                          f"pass a DataLoader or a list of batches, or fewer samples")
-    return MemoryData(_Streamed(data, n, label, source, split), source, cached=False)
+    return MemoryData(_Streamed(data, n, label, source, split), source, cached=False, scaled=scaled)
 
 
 def _read_once(data: Iterable, samples: int | None, what: str,
-               cache_bytes: int) -> tuple[tuple[Tensor, Tensor] | None, int, int]:
-    """One pass: (x, y) held in memory when they fit `cache_bytes`, else None; and the
-    number of samples (capped at `samples`) and their bytes."""
+               cache_bytes: int) -> tuple[tuple[Tensor, Tensor] | None, int, int, bool]:
+    """One pass: (x, y) held in memory when they fit `cache_bytes`, else None; the number
+    of samples (capped at `samples`) and their bytes; whether the inputs are uint8."""
     xs: list[Tensor] | None = []
     ys: list[Tensor] = []
     n = nbytes = 0
+    scaled = None
     for item in data:
         if samples is not None and n >= samples:
             break
         x, y = _pair(item, what, n)
+        if scaled is None:
+            scaled = x.dtype == torch.uint8
+        elif scaled != (x.dtype == torch.uint8):  # joined, uint8 would be promoted unscaled
+            first = "uint8" if scaled else "floating-point"
+            raise InputError(f"{what}: the batch at sample {n} holds {x.dtype} inputs, the first batch {first} ones; "
+                             f"give every batch in one form (uint8 0..255 or floats)")
         if samples is not None and n + len(x) > samples:
             x, y = x[: samples - n], y[: samples - n]
         n += len(x)
@@ -151,8 +174,8 @@ def _read_once(data: Iterable, samples: int | None, what: str,
     if samples is not None and n < samples:
         raise InputError(f"samples={samples} is more than the {n} samples {what} gives")
     if xs is None:
-        return None, n, nbytes
-    return (_cat(xs, what), torch.cat(ys)), n, nbytes
+        return None, n, nbytes, bool(scaled)
+    return (_cat(xs, what), torch.cat(ys)), n, nbytes, bool(scaled)
 
 
 def _cat(xs: list[Tensor], what: str) -> Tensor:
@@ -175,10 +198,24 @@ def _pair(item: Any, what: str, first: int) -> tuple[Tensor, Tensor]:
     if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
         raise InputError(f"{what}: labels must be integer class indices, got {y.dtype} (soft or one-hot "
                          "labels are not supported)")
-    if not (x.dtype.is_floating_point or x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32,
-                                                       torch.int64)):
-        raise InputError(f"{what}: inputs must be real numbers, got {x.dtype}")
+    _check_inputs(x, what, f"the batch at sample {first}")
     return x.detach().cpu(), y.detach().cpu()
+
+
+def _check_inputs(x: Tensor, what: str, where: str) -> None:
+    if x.dtype.is_floating_point or x.dtype == torch.uint8:
+        return
+    if x.dtype.is_complex or x.dtype == torch.bool:
+        raise InputError(f"{what}: inputs must be real numbers, got {x.dtype}")
+    raise InputError(f"{what}: {where} has {x.dtype} inputs; flatcheck takes floats, or uint8 pixels 0..255 "
+                     f"(divided by 255, as the CLI reads them): pass x.float() for values as they are, or "
+                     f"x.to(torch.uint8) for 0..255 pixels")
+
+
+def _scaled(x: Tensor) -> Tensor:
+    """A sample as the model sees it: uint8 pixels divided by 255 (float32), as the CLI's
+    readers do; floats as they are."""
+    return x.float().div(255.0) if x.dtype == torch.uint8 else x
 
 
 def default_batch_size(data: Any) -> int | None:
