@@ -293,7 +293,8 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     """The probes on a model and data the caller holds: the Report the CLI prints.
 
     model: an nn.Module returning logits (batch, classes). data: a DataLoader, an (x, y) pair
-    of tensors, or any re-iterable of (x, y) batches (x inputs, y integer labels); the first
+    of tensors, or any re-iterable of (x, y) batches (x inputs: floats, or uint8 pixels 0..255,
+    which are divided by 255 as the CLI's readers do, data.scaled in the report; y integer labels); the first
     `samples` of them (all when None), in `batch_size` batches (default: the loader's own,
     else 128). A source that is not the same on every pass (shuffling, augmentation) is read
     once and held when it fits 1 GiB (the report's data.cached); otherwise every pass is
