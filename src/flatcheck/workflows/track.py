@@ -1,9 +1,12 @@
 """Tracker: curvature measured as training runs, one JSONL record per tracked step.
 
-    tracker = flatcheck.Tracker(model, (x, y), every=10, out="track.jsonl")
-    for step in range(steps):
-        ...  # the training step
-        tracker.step(step, lr=lr, loss=loss.item())
+    with flatcheck.Tracker(model, (x, y), every=10, out="track.jsonl") as tracker:
+        for step in range(steps):
+            ...  # the training step
+            tracker.step(step, lr=lr, loss=loss.item())
+
+The output is held (locked) from the first step until close(), the end of the `with` block,
+or the tracker's collection, whichever comes first.
 
 Everything that does not change between tracked steps is built once, when the tracker is
 made: the samples (read and held once), the parameter layout, the backend and whatever it
