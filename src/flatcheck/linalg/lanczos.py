@@ -393,10 +393,10 @@ def default_max_iter(k: int) -> int:
 def lanczos_bytes(steps: int, dim: int, dtype: torch.dtype, k: int = 0) -> tuple[int, int]:
     """(bytes per stored basis vector, bytes besides the basis) of a Lanczos run over `dim`
     parameters: the basis holds min(steps, dim) vectors; besides it a step's working vectors
-    and, for k Ritz pairs (lanczos_top), the Ritz vectors, their normalised copy and their
-    products (the true residuals' block product)."""
+    and, for k Ritz pairs (lanczos_top), the Ritz vectors and the three vectors of one's true
+    residual (_true_residuals)."""
     per = dim * torch.empty((), dtype=dtype).element_size()
-    return per, (WORK_VECTORS + 3 * k) * per
+    return per, (WORK_VECTORS + (k + 3 if k else 0)) * per
 
 
 def plan_steps(steps: int, dim: int, dtype: torch.dtype, limit: int | None, *, what: str, flag: str,
@@ -431,14 +431,21 @@ def _all_within(measured, tol: float) -> bool:
 
 
 def _true_residuals(op: Operator, lz: Lanczos, S_top: np.ndarray) -> tuple[list[float], list[float], Tensor]:
-    """Rayleigh quotients of the normalised Ritz vectors, their true residual norms, and the vectors."""
-    Y = lz.vectors(S_top)
-    Y = Y / torch.linalg.vector_norm(Y, dim=1, keepdim=True)
-    HY = op.matmat(Y)
-    # the Rayleigh quotient is at least as accurate as θ, and the residual is then the
-    # true one for exactly the value reported
-    values = rowsum64(Y * HY)
-    # row by row: a float64 (k, P) residual block would hold 2·k·P float64 numbers at once
-    res = [torch.linalg.vector_norm(HY[i].to(torch.float64) - values[i] * Y[i].to(torch.float64)).item()
-           for i in range(Y.shape[0])]
-    return values.cpu().tolist(), res, Y
+    """Rayleigh quotients of the normalised Ritz vectors, their true residual norms, and the vectors.
+
+    One Ritz vector at a time (the same k products as a block): a block would hold the vectors,
+    their products and the residuals, 3k parameter-sized vectors (15 of 346 MB for ViT-B/16's
+    top 5), where this holds the k vectors and three more."""
+    values, res, rows = [], [], []
+    for i in range(S_top.shape[1]):
+        y = lz.vectors(S_top[:, i:i + 1])[0]
+        y = y / torch.linalg.vector_norm(y)
+        hy = op.matmat(y.unsqueeze(0))[0]
+        # the Rayleigh quotient is at least as accurate as θ, and the residual is then the
+        # true one for exactly the value reported; it is summed in float64, and the residual
+        # vector's round-off (eps·‖Hy‖) lies far below any tolerance the dtype can reach
+        value = rowsum64((y * hy).unsqueeze(0))[0].item()
+        res.append(torch.linalg.vector_norm(hy.sub_(y, alpha=value)).item())
+        values.append(value)
+        rows.append(y)
+    return values, res, torch.stack(rows)

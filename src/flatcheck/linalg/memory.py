@@ -100,6 +100,7 @@ def refuse_count(count: int, per_item: int, fixed: int, limit: int | None, what:
         return
     most = most_that_fit(per_item, fixed, limit)
     fix = (f"{flag} {most} fits" if most >= least else f"no {flag} ≥ {least} fits")
-    raise ConfigError(f"{what} would hold {count} vectors of {per_item:,} bytes, {need:,} bytes ({gib(need)}) in "
-                      f"all, more than the {limit:,} bytes ({gib(limit)}) allowed (--max-memory, default half the "
+    working = f" and {fixed:,} bytes of working vectors" if fixed else ""
+    raise ConfigError(f"{what} would hold {count} vectors of {per_item:,} bytes{working}, {need:,} bytes "
+                      f"({gib(need)}) in all, more than the {limit:,} bytes ({gib(limit)}) allowed (--max-memory, default half the "
                       f"free memory); {fix}, or raise --max-memory")

@@ -148,6 +148,8 @@ class LmaxProbe:
             probe=self.name,
             value=res.values[0],
             stderr=None,
+            # a Ritz value short of its tolerance only bounds λmax from below: no verdict on it
+            resolved=all(res.converged) or to_noise,
             matvecs=op.matvecs,
             seconds=time.perf_counter() - start,
             seed=ctx.seed,

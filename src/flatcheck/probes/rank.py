@@ -210,6 +210,8 @@ class RankProbe:
             probe=self.name,
             value=degeneracy,
             stderr=stderr,
+            # a spread over the start vectors: Student's t with starts − 1 degrees of freedom
+            dof=len(result.rules) - 1,
             matvecs=op.matvecs,
             seconds=time.perf_counter() - start,
             seed=ctx.seed,

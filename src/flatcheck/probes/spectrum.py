@@ -192,6 +192,8 @@ class SpectrumProbe:
             probe=self.name,
             value=frob,
             stderr=frob_se,
+            # a spread over the start vectors: Student's t with starts − 1 degrees of freedom
+            dof=len(result.rules) - 1,
             matvecs=op.matvecs,
             seconds=time.perf_counter() - start,
             seed=ctx.seed,

@@ -33,10 +33,14 @@ class ProbeResult:
     # degrees of freedom of `stderr` when it is a sample standard deviation over few draws
     # (intervals then take Student's t); None: a normal interval
     dof: int | None = None
+    # False when an iteration stopped short of its own stopping rule (lmax not converged): the
+    # value is where the iteration was, neither exact nor with an error bar, and no gate
+    # decides on it
+    resolved: bool = True
 
     @property
     def exact(self) -> bool:
-        return self.stderr is None
+        return self.stderr is None and self.resolved
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +51,7 @@ class ProbeResult:
             "stderr": _finite(self.stderr),
             "dof": self.dof,
             "exact": self.exact,
+            "resolved": self.resolved,
             "matvecs": self.matvecs,
             "seconds": round(self.seconds, 6),
             "seed": self.seed,

@@ -27,7 +27,10 @@ more" means the same thing for negative values); the test is on v − T.
 A baseline is checked before any probe runs (`check_baseline`): it must hold results, every
 value a rule reads must be a finite number, it must come from the same model and data
 (unless allowed), and its own error must leave the rule decidable at all.
-A field absent from the baseline (a probe added since) is skipped, not failed.
+A rule on a probe the baseline does not hold (a probe added since) is skipped, not failed; a
+field the baseline's result of that probe lacks is a misspelt rule (exit 2, before any probe
+runs). A value its probe does not stand behind (an iteration short of its own tolerance,
+`unresolved`) gets no verdict: exit 2, in the baseline or in the current run.
 """
 
 from __future__ import annotations
@@ -350,6 +353,9 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
     value, se = as_number(raw), as_number(raw_se) or 0.0
     if value is None:
         raise InputError(f"rule {bound.name}: field '{bound.field}' is {raw!r}, not a number")
+    why = unresolved(results.get(bound.probe) or {})
+    if why:
+        raise InputError(f"rule {bound.name}: {why}; no verdict on an unfinished value")
     check.value = value
     dof = _dof(results, bound)
     if bound.relative:
@@ -361,7 +367,10 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
         try:
             b_raw, b_se_raw = resolve_field(baseline, bound.field)
         except FieldMissing:
-            check.verdict, check.message = "skipped", f"baseline has no {bound.field}"
+            if bound.probe in baseline:
+                raise InputError(f"rule {bound.name}: field '{bound.field}' is not in the baseline's {bound.probe} "
+                                 "result, which the current run has: a misspelt field?") from None
+            check.verdict, check.message = "skipped", f"baseline has no {bound.probe} result"
             return check
         b, base_se = _baseline_number(bound, b_raw, b_se_raw)
         _check_same_route(bound, results, baseline)
@@ -410,6 +419,23 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
     return check
 
 
+def unresolved(result: Mapping[str, Any]) -> str | None:
+    """Why a result's value is not one its probe stands behind, or None. An iteration stopped
+    short of its own tolerance (lmax not converged: a Ritz value below λmax by an unknown
+    amount) has neither an exact value nor an error bar, so any rule on it could flip. Reports
+    from before `resolved` existed say it in lmax's details."""
+    d = result.get("details") or {}
+    converged = d.get("converged")
+    if result.get("resolved") is False or (
+            result.get("probe") == "lmax" and isinstance(converged, list) and not all(converged)
+            and not d.get("converged_to_noise")):
+        worst = max((r for r in d.get("relative_residuals") or [] if isinstance(r, (int, float))), default=None)
+        shown = f" (relative residual {worst:.2g} > tol {d.get('tol')})" if worst is not None else ""
+        return (f"{result.get('probe', 'the probe')} did not converge{shown} after {result.get('matvecs')} "
+                f"products; raise probes.{result.get('probe')}.max_iter or tol in the gate file")
+    return None
+
+
 def _slope(bound: Bound, b: float) -> float:
     """T = slope·b: 1 + x·sign(b) for max_increase, 1 − x·sign(b) for max_decrease."""
     sign = 1.0 if bound.upper else -1.0
@@ -430,6 +456,8 @@ def _baseline_number(bound: Bound, raw: Any, raw_se: Any, where: str = "--baseli
 
 # fields whose stderr comes from the same draws as the headline's (a trace's parts)
 _SAME_DRAWS = ("trace.details.layers.", "trace.details.per_parameter.")
+# probes whose every standard error is a spread over the same few start vectors (SLQ)
+_SAME_DRAWS_PROBES = ("spectrum", "rank")
 
 
 def _headline(bound: Bound) -> bool:
@@ -437,9 +465,9 @@ def _headline(bound: Bound) -> bool:
 
 
 def _dof(results: Mapping[str, Any], bound: Bound) -> float | None:
-    """Degrees of freedom of a headline value's stderr (and of a trace's parts, which are
-    averages over the same probes); None (normal) for other fields."""
-    if not (_headline(bound) or bound.field.startswith(_SAME_DRAWS)):
+    """Degrees of freedom of a headline value's stderr (and of a trace's parts, and of any
+    field of an SLQ probe: averages over the same draws); None (normal) for other fields."""
+    if not (_headline(bound) or bound.field.startswith(_SAME_DRAWS) or bound.probe in _SAME_DRAWS_PROBES):
         return None
     dof = (results.get(bound.probe) or {}).get("dof")
     return float(dof) if isinstance(dof, (int, float)) and not isinstance(dof, bool) and dof >= 1 else None
@@ -559,9 +587,17 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
         try:
             raw, raw_se = resolve_field(baseline.results, bound.field)
         except FieldMissing:
-            continue  # a probe added since: skipped, and said so
+            if bound.probe not in baseline.results:
+                continue  # a probe added since: skipped, and said so
+            # the probe is there and the field is not: a misspelt field, caught before any probe runs
+            have = ", ".join(sorted((baseline.results[bound.probe] or {}).get("details") or {})) or "none"
+            raise InputError(f"{baseline.where}: rule {bound.name}: field '{bound.field}' is not in the baseline's "
+                             f"{bound.probe} result (top-level: value, stderr; details: {have})") from None
         b, s_b = _baseline_number(bound, raw, raw_se, baseline.where)
         result = baseline.results.get(bound.probe) or {}
+        why = unresolved(result)
+        if why:
+            raise InputError(f"{baseline.where}: rule {bound.name}: the baseline's {why}")
         _check_same_quantity(bound, result, gate, baseline.where)
         if _headline(bound):
             _check_probe_values(bound, result, b, s_b, baseline.where)
