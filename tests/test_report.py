@@ -272,3 +272,32 @@ def test_a_field_no_record_has_is_refused_naming_it(shards):
     res = invoke("report", out, "--fields", "sharp,mls.details.nope")
     assert res.exit_code == 2 and "'mls.details.nope'" in res.stderr
     assert invoke("report", out, "--x", "sharp", "--y", "mls.normalized", "-q").exit_code == 0
+
+
+# ---------------------------------------------------------------- p-values at small n
+
+
+def test_spearman_p_value_at_small_n_is_the_exact_permutation_one():
+    """At n = 7 a perfect ranking was printed p = 0.0 (scipy's t approximation); no ordering of
+    7 points is rarer than 2/7! (stranger test)."""
+    import itertools
+
+    x = np.arange(7.0)
+    got = {c.method: c for c in correlate(x, x ** 3, n_boot=100)}
+    assert got["spearman"].p_value == pytest.approx(2 / math.factorial(7))
+    # on data with ties, against ρ itself from scipy over every ordering of y (|ρ| ≥ observed)
+    a, b = np.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0]), np.array([2.0, 7.0, 1.0, 8.0, 2.0, 8.0])
+    observed = abs(stats.spearmanr(a, b).statistic)
+    null = [abs(stats.spearmanr(a, b[list(order)]).statistic) for order in itertools.permutations(range(len(a)))]
+    (spear,) = [c for c in correlate(a, b, n_boot=100) if c.method == "spearman"]
+    assert spear.p_value == pytest.approx(np.mean([v >= observed - 1e-12 for v in null]))
+
+
+def test_no_p_value_is_printed_as_zero(tmp_path):
+    recs = [record(f"vit_{i}", float(i + 1), float(i + 1)) for i in range(30)]  # r = 1 exactly
+    src = write_jsonl(tmp_path / "s.jsonl", recs)
+    res = invoke("report", src, "--x", "sharp", "--y", "mls.normalized", "--bootstrap", "100", "--json", "-", "-q")
+    assert res.exit_code == 0, res.stderr
+    assert all(c["p_value"] > 0 for c in json.loads(res.stdout)["correlations"])
+    res = invoke("report", src, "--x", "sharp", "--y", "mls.normalized", "--bootstrap", "100", "-q")
+    assert "< 1e-4" in res.stdout and " 0.0 " not in res.stdout

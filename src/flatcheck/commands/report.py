@@ -384,6 +384,13 @@ def _render(console, table, columns, corrs) -> None:
             c.add_column(col, justify="right" if col in ("r", "CI", "p-value", "n") else "left")
         for k in corrs:
             ci = "—" if k["ci_low"] is None else f"[{fmt(k['ci_low'], 3)}, {fmt(k['ci_high'], 3)}]"
-            c.add_row(k["x"], k["y"], k["method"], fmt(k["r"], 3), ci, fmt(k["p_value"], 3), str(k["n"]),
+            c.add_row(k["x"], k["y"], k["method"], fmt(k["r"], 3), ci, fmt_p(k["p_value"]), str(k["n"]),
                       k["interval"])
         console.print(c)
+
+
+def fmt_p(p: float | None) -> str:
+    """A p-value as read: 3 digits, and "< 1e-4" below that rather than a 0 no test can give."""
+    from ..report.render import fmt
+
+    return "—" if p is None else "< 1e-4" if p < 1e-4 else fmt(p, 3)
