@@ -301,3 +301,100 @@ def test_no_p_value_is_printed_as_zero(tmp_path):
     assert all(c["p_value"] > 0 for c in json.loads(res.stdout)["correlations"])
     res = invoke("report", src, "--x", "sharp", "--y", "mls.normalized", "--bootstrap", "100", "-q")
     assert "< 1e-4" in res.stdout and " 0.0 " not in res.stdout
+
+
+# ---------------------------------------------------------------- which records are one model
+
+
+def plain_report(ckpt: str, sha: str, *, samples=256, **values) -> dict:
+    """A `flatcheck trace CKPT --json` report: no fingerprint, the checkpoint as given."""
+    return {"schema_version": "2.1", "model": {"arch": "demo", "spec_sha256": "s", "params_filter": None},
+            "checkpoint": {"path": ckpt, "sha256": sha, "format": "safetensors"}, "seed": 0, "dtype": "float32",
+            "bn_mode": "eval", "backend": "autograd",
+            "data": {"name": "digits", "split": "train", "samples": samples, "batch_size": 128},
+            "results": {p: {"value": v, "stderr": 0.1, "label": p, "details": {}} for p, v in values.items()}}
+
+
+def write_json(path: Path, obj) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def report_json(*args):
+    res = invoke("report", *args, "--json", "-", "--bootstrap", "100")
+    return res, (json.loads(res.stdout)["models"] if res.exit_code == 0 else None)
+
+
+def test_reports_of_two_models_with_one_file_name_are_two_rows(tmp_path, monkeypatch):
+    """r1/model.safetensors and r2/model.safetensors were one row, the last one (stranger test)."""
+    monkeypatch.chdir(tmp_path)
+    a = write_json(tmp_path / "r1" / "rep.json", plain_report("r1/model.safetensors", "aa", trace=36.8))
+    b = write_json(tmp_path / "r2" / "rep.json", plain_report("r2/model.safetensors", "bb", trace=118.1))
+    res, rows = report_json(a, b)
+    assert res.exit_code == 0, res.stderr
+    assert [(m["model"], m["values"]["trace"]["value"]) for m in rows] == [("r1/model.safetensors", 36.8),
+                                                                           ("r2/model.safetensors", 118.1)]
+    assert {m["family"] for m in rows} == {"model"}
+    # one path, other weights (retrained in place): other models too, told apart by their files
+    c = write_json(tmp_path / "c.json", plain_report("r1/model.safetensors", "cc", trace=50.0))
+    res, rows = report_json(a, c)
+    assert res.exit_code == 0 and [m["model"] for m in rows] == [f"model ({a})", f"model ({c})"]
+
+
+def test_reports_of_one_model_with_other_probes_are_one_row(tmp_path, monkeypatch):
+    """`report trace.json lmax.json` showed lmax only (stranger test)."""
+    monkeypatch.chdir(tmp_path)
+    t = write_json(tmp_path / "js" / "trace.json", plain_report("demo.safetensors", "aa", trace=36.8))
+    lm = write_json(tmp_path / "js" / "lmax.json", plain_report("./demo.safetensors", "aa", lmax=13.7))
+    res, rows = report_json(t, lm)
+    assert res.exit_code == 0, res.stderr
+    assert [(m["model"], m["values"]["trace"]["value"], m["values"]["lmax"]["value"]) for m in rows] == [
+        ("demo", 36.8, 13.7)]
+    # the same file twice is read once
+    res, rows = report_json(t, tmp_path / "js" / ".." / "js" / "trace.json")
+    assert res.exit_code == 0 and len(rows) == 1
+
+
+def test_reports_of_one_model_under_other_settings_are_refused_like_scans(tmp_path, monkeypatch):
+    """256 against 512 samples of one checkpoint showed one row, by argument order, and no refusal."""
+    monkeypatch.chdir(tmp_path)
+    a = write_json(tmp_path / "trace.json", plain_report("demo.safetensors", "aa", trace=36.8))
+    b = write_json(tmp_path / "release.json", plain_report("demo.safetensors", "aa", samples=512, trace=27.5))
+    res, _ = report_json(a, b)
+    assert res.exit_code == 2 and "samples 256 vs 512" in res.stderr and "--mixed-settings" in res.stderr
+    assert f"demo ({a}) vs demo ({b})" in res.stderr and res.stderr.count("\n") == 1
+    res, rows = report_json(a, b, "--mixed-settings")
+    assert res.exit_code == 0 and [m["values"]["trace"]["value"] for m in rows] == [36.8, 27.5]
+
+
+def test_two_reports_of_one_measurement_are_refused_naming_both(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = write_json(tmp_path / "a.json", plain_report("demo.safetensors", "aa", trace=36.8, gini=0.1))
+    b = write_json(tmp_path / "b.json", plain_report("demo.safetensors", "aa", trace=36.9))
+    res, _ = report_json(a, b)
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"{a} and {b} both hold trace of demo.safetensors" in res.stderr
+
+
+def test_a_resumed_scan_reports_each_model_once_the_latest(tmp_path):
+    """A checkpoint changed, a broken one fixed, then `scan --resume`: report counted both records
+    of each and correlated the stale one (stranger test)."""
+    old = [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i) for i in range(4)]
+    old[3].update(status="error", error="not a valid safetensors file", results={})
+    for i, r in enumerate(old):
+        r.update(checkpoint=f"ck/vit_{i}.safetensors", fingerprint=f"old{i}")
+    changed = {**scan_record("vit_1", 10.0, 20.0), "checkpoint": "ck/vit_1.safetensors", "fingerprint": "new1"}
+    fixed = {**scan_record("vit_3", 4.0, 5.0), "checkpoint": "ck/vit_3.safetensors", "fingerprint": "new3"}
+    added = {**scan_record("vit_9", 9.0, 9.5), "checkpoint": "ck/vit_9.safetensors", "fingerprint": "new9"}
+    src = write_jsonl(tmp_path / "scan.jsonl", [*old, changed, fixed, added])
+    res, rows = report_json(src, "--x", "sharp", "--correlate", "mls.normalized")
+    assert res.exit_code == 0, res.stderr
+    assert [(m["model"], m["status"], m["values"]["sharp"]["value"]) for m in rows] == [
+        ("vit_0", "ok", 1.0), ("vit_1", "ok", 10.0), ("vit_2", "ok", 3.0), ("vit_3", "ok", 4.0), ("vit_9", "ok", 9.0)]
+    assert "left out 2 superseded records" in res.stderr and f"vit_1 ({src}:2)" in res.stderr
+    assert json.loads(res.stdout)["correlations"][0]["n"] == 5
+    # a record of other settings is another data point, not a newer one: refused, as before
+    other = {**scan_record("vit_0", 1.5, 2.5, samples=16), "checkpoint": "ck/vit_0.safetensors"}
+    res, _ = report_json(write_jsonl(tmp_path / "s2.jsonl", [*old, other]))
+    assert res.exit_code == 2 and "samples 8 vs 16" in res.stderr and "superseded" not in res.stderr

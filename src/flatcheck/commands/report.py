@@ -79,7 +79,7 @@ def report_cmd(
         say = (lambda m: None) if quiet else (lambda m: _error_line(f"warning: {m}"))
         for note in loaded.warnings:
             say(note)
-        records = loaded.records
+        records = _named(loaded.records, loaded.sources)
         if not records:
             raise ConfigError(f"{', '.join(map(str, files))}: no records")
         _check_settings(records, mixed_settings, say)
@@ -120,6 +120,26 @@ def _preset_figure(name: str | None) -> dict:
     from ..workflows.presets import preset
 
     return dict(preset(name).figure)
+
+
+def _named(records, sources) -> list[dict[str, Any]]:
+    """Each record under the name its row shows. Records that share a model name (and step)
+    are other models or other settings: two folders' model.safetensors are told apart by their
+    checkpoint paths, one model measured twice by the file (and line) each record came from.
+    The family stays the one of the plain name."""
+    from ..workflows.results_io import checkpoint_path
+    from ..workflows.scan_sources import family
+
+    out = [{**r, "family": r.get("family") or family(r["model"])} for r in records]
+    clashes: dict[tuple, list[int]] = {}
+    for i, r in enumerate(records):
+        clashes.setdefault((r["model"], r.get("step"), r.get("epoch")), []).append(i)
+    for rows in (rows for rows in clashes.values() if len(rows) > 1):
+        paths = [checkpoint_path(records[i]) for i in rows]
+        by_path = None not in paths and len(set(paths)) == len(paths)
+        for i, path in zip(rows, paths):
+            out[i]["model"] = path if by_path else f"{records[i]['model']} ({sources[i]})"
+    return out
 
 
 def _check_settings(records, mixed: bool, say) -> None:

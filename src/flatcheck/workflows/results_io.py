@@ -11,7 +11,7 @@ import fcntl
 import glob
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -146,11 +146,15 @@ def repair_tail(path: Path) -> int:
 class Loaded:
     records: list[dict[str, Any]]
     warnings: list[str]
+    # where each record came from: FILE (a report), FILE:LINE (a scan's line), "A + B" (merged reports)
+    sources: list[str] = field(default_factory=list)
 
 
 def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Each path plus its rank shards, so `report scan.jsonl` also reads scan.jsonl.rank*."""
+    """Each path plus its rank shards, so `report scan.jsonl` also reads scan.jsonl.rank*.
+    A file named twice (a.json, ./a.json) is read once."""
     out: list[Path] = []
+    seen: set[Path] = set()
     for p in paths:
         p = Path(p)
         shards = sorted(Path(s) for s in glob.glob(glob.escape(str(p)) + SHARD_SUFFIX + "*")
@@ -160,29 +164,90 @@ def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
         if p.is_dir():
             raise InputError(f"{p}: is a folder; give a .json report or a .jsonl scan")
         for q in ([p] if p.exists() else []) + shards:
-            if q not in out:
+            if q.resolve() not in seen:
+                seen.add(q.resolve())
                 out.append(q)
     return out
 
 
 def load_results(paths: Iterable[str | Path]) -> Loaded:
-    """Records from JSON reports and JSONL scans; a model seen twice keeps its last record."""
-    records: dict[tuple, dict[str, Any]] = {}
+    """Records from JSON reports and JSONL scans, one per model (and step or epoch).
+
+    Scan and tracker records: a later record of the same model (name, checkpoint path, step,
+    epoch) measured with the same `settings` supersedes the earlier one, in the earlier one's
+    place. That is how `scan --resume` decides: the fingerprint hashes the name, the file's
+    path, size and mtime, and the settings, so with the settings equal a new fingerprint means
+    the checkpoint changed and was measured again (and --retry-errors repeats a fingerprint).
+    How many were left out is among the warnings. A record of other settings is another data
+    point, kept; `report` refuses to mix those unless told.
+
+    Plain `--json` reports: a model is its checkpoint (the path resolved against the current
+    folder, with the file's sha256 and the spec's), or, without one (flatcheck.measure on a
+    live model), the report file itself. Reports of one model whose settings (less the probes)
+    agree are merged into one record, their probes side by side; two of them holding the same
+    probe are refused, naming both files, since which one to show would be a guess."""
+    kept: dict[tuple, tuple[dict[str, Any], str]] = {}
     notes: list[str] = []
+    superseded: list[str] = []
     for path in expand_paths(paths):
-        for rec in _read_one(path, notes):
-            # the same model under another configuration is another data point
-            records.pop(record_key(rec), None)
-            records[record_key(rec)] = rec
-    return Loaded(list(records.values()), notes)
+        for rec, where in _read_one(path, notes):
+            key = _identity(rec, where)
+            if key not in kept:
+                kept[key] = (rec, where)
+            elif _is_report(rec):
+                kept[key] = _merge_reports(kept[key], (rec, where))
+            else:
+                superseded.append(f"{kept[key][0].get('model')} ({kept[key][1]})")
+                kept[key] = (rec, where)
+    if superseded:
+        notes.append(f"left out {len(superseded)} superseded record{'s' if len(superseded) > 1 else ''}, each "
+                     f"replaced by a later record of the same model with the same settings (a checkpoint "
+                     f"changed and `scan --resume` measured it again, or --retry-errors): "
+                     f"{', '.join(superseded[:5])}{' …' if len(superseded) > 5 else ''}")
+    return Loaded([r for r, _ in kept.values()], notes, [w for _, w in kept.values()])
 
 
 def record_key(rec: dict[str, Any]) -> tuple:
-    # a trajectory holds one model many times: each step (or epoch) is its own record
+    """What `scan --resume` finds done: a model under one fingerprint, at one step or epoch."""
     return (rec.get("model"), rec.get("fingerprint"), *(rec.get(f) for f in TRAJECTORY_FIELDS))
 
 
-def _read_one(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+def _is_report(rec: dict[str, Any]) -> bool:
+    return "fingerprint" not in rec  # scan and tracker records carry one (new_record); a --json report does not
+
+
+def checkpoint_path(rec: dict[str, Any]) -> str | None:
+    """The checkpoint a record measured, as it was given: a scan record's `checkpoint`, a report's checkpoint.path."""
+    ckpt = rec.get("checkpoint")
+    path = ckpt.get("path") if isinstance(ckpt, dict) else ckpt
+    return path if isinstance(path, str) and path else None
+
+
+def _identity(rec: dict[str, Any], where: str) -> tuple:
+    """The model (and the settings) a record stands for: records of one identity are one row."""
+    ckpt = checkpoint_path(rec)
+    resolved = os.path.abspath(ckpt) if ckpt else None
+    if not _is_report(rec):
+        return ("record", rec.get("model"), resolved, *(rec.get(f) for f in TRAJECTORY_FIELDS),
+                json.dumps(rec.get("settings"), sort_keys=True, default=str))
+    if resolved is None:
+        return ("report", str(Path(where).resolve()))
+    spec = (rec.get("model_info") or {}).get("spec_sha256")
+    settings = {**run_settings_of(rec, with_options=False), "probes": None}  # other probes merge
+    return ("checkpoint", resolved, rec["checkpoint"].get("sha256"), spec, json.dumps(settings, sort_keys=True,
+                                                                                        default=str))
+
+
+def _merge_reports(a: tuple[dict[str, Any], str], b: tuple[dict[str, Any], str]) -> tuple[dict[str, Any], str]:
+    (old, old_where), (new, new_where) = a, b
+    both = sorted(set(old.get("results", {})) & set(new.get("results", {})))
+    if both:
+        raise InputError(f"{old_where} and {new_where} both hold {', '.join(both)} of {checkpoint_path(new)} "
+                         f"measured with the same settings; give one of them")
+    return {**old, "results": {**old.get("results", {}), **new.get("results", {})}}, f"{old_where} + {new_where}"
+
+
+def _read_one(path: Path, notes: list[str]) -> list[tuple[dict[str, Any], str]]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -196,7 +261,7 @@ def _read_one(path: Path, notes: list[str]) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             obj = None
         if isinstance(obj, dict):
-            return [_as_record(obj, path)]
+            return [(_as_record(obj, path), str(path))]
     out = []
     lines = text.split("\n")
     for i, line in enumerate(lines, 1):
@@ -211,18 +276,20 @@ def _read_one(path: Path, notes: list[str]) -> list[dict[str, Any]]:
             raise InputError(f"{path}:{i}: not valid JSON") from None
         if not isinstance(obj, dict):
             raise InputError(f"{path}:{i}: expected a JSON object per line")
-        out.append(_as_record(obj, path))
+        out.append((_as_record(obj, path), f"{path}:{i}"))
     return out
 
 
 def _as_record(obj: dict[str, Any], path: Path) -> dict[str, Any]:
-    """A plain `--json` report becomes a record named after its checkpoint (or the file)."""
+    """A plain `--json` report becomes a record named after its checkpoint (or the file); its
+    own `model` section (arch, spec, params_filter) moves to `model_info`."""
     if "results" not in obj and "status" not in obj:
         raise InputError(f"{path}: not a flatcheck report (no 'results')")
     if "model" not in obj or not isinstance(obj.get("model"), str):
         ckpt = obj.get("checkpoint") or {}
         name = Path(ckpt["path"]).stem if isinstance(ckpt, dict) and ckpt.get("path") else path.stem
-        obj = {**obj, "model": name, "status": obj.get("status", "ok")}
+        info = obj["model"] if isinstance(obj.get("model"), dict) else {}
+        obj = {**obj, "model": name, "model_info": info, "status": obj.get("status", "ok")}
     obj.setdefault("status", "ok")
     obj.setdefault("results", {})
     return obj
@@ -239,6 +306,8 @@ def run_settings_of(rec: dict[str, Any], *, with_options: bool) -> dict[str, Any
     meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else rec
     data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
     given = rec.get("settings") if isinstance(rec.get("settings"), dict) else {}
+    # a plain report's model section is under model_info (_as_record), a scan record's under meta
+    model = meta.get("model") if isinstance(meta.get("model"), dict) else rec.get("model_info")
     out = {
         "data": data.get("name", given.get("data")),
         "split": data.get("split", given.get("split")),
@@ -247,8 +316,7 @@ def run_settings_of(rec: dict[str, Any], *, with_options: bool) -> dict[str, Any
         "dtype": meta.get("dtype", given.get("dtype")),
         "bn_mode": meta.get("bn_mode", given.get("bn_mode")),
         "backend": meta.get("backend", given.get("backend")),
-        "params": (meta.get("model") or {}).get("params_filter") if isinstance(meta.get("model"), dict)
-        else given.get("params"),
+        "params": model.get("params_filter") if isinstance(model, dict) else given.get("params"),
         "probes": sorted(rec.get("results", {})) if not given.get("probes") else sorted(p for p, _ in given["probes"]),
     }
     if not out["params"]:
