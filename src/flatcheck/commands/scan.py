@@ -53,6 +53,8 @@ def scan_cmd(
     retry_errors: Annotated[bool, typer.Option("--retry-errors", help="with --resume: redo models that "
                                                "failed")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="start --out afresh")] = False,
+    allow_errors: Annotated[bool, typer.Option("--allow-errors", help="exit 0 when some models failed, as long "
+                                               "as one succeeded [default: any failed model is exit 1]")] = False,
     data: Annotated[str, typer.Option("--data", help="data set (see `flatcheck probe --help`)")] = "synthetic",
     data_root: Annotated[Optional[Path], typer.Option("--data-root", help="folder of torchvision data sets")] = None,
     split: Annotated[str, typer.Option("--split", help="train or test")] = "train",
@@ -127,7 +129,7 @@ def scan_cmd(
                     _say(f"interrupted; every finished model is in {target}; continue with --resume", quiet=False)
                     raise
         _print_summary(summary)
-        return 0
+        return _exit_code(summary, allow_errors)
 
     guarded(debug, body)
 
@@ -232,14 +234,43 @@ def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_er
     return summary
 
 
+def _exit_code(summary, allow_errors: bool) -> int:
+    """1 when a model of the scan failed (its latest record, this run's or an earlier one kept by
+    --resume), unless --allow-errors and another model succeeded; a scan in which none
+    succeeded is never 0. Skipped models (no local weights, no spec) are not failures."""
+    from ..cli import _error_line
+
+    latest = summary.latest()
+    failed = [r["model"] for r in latest if r["status"] == "error"]
+    succeeded = any(r["status"] == "ok" for r in latest)
+    if not failed or (allow_errors and succeeded):
+        return 0
+    # said even with --quiet: it is why the exit code is 1
+    names = ", ".join(failed[:5]) + (" …" if len(failed) > 5 else "")
+    hint = "" if allow_errors or not succeeded else ", or pass --allow-errors to exit 0 when one model succeeded"
+    _error_line(f"{len(failed)} of {len(latest)} models failed ({names}){'; none succeeded' if not succeeded else ''}: "
+                f"their records are in {summary.out}; redo them with --resume --retry-errors{hint}")
+    return 1
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{v} {k}" for k, v in counts.items())
+
+
 def _print_summary(summary) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from ..report.render import fmt_pm
 
-    table = Table(title=f"scan → {summary.out}: " + ", ".join(f"{v} {k}" for k, v in summary.counts().items()),
-                  title_justify="left")
+    kept = (f"; {summary.already} already done ({_counts(summary.counts(summary.earlier))})"
+            if summary.already else "")
+    if not summary.records and summary.already:
+        # nothing to measure: an empty table would read as a scan of no models
+        Console().print(f"scan → {summary.out}: nothing left to do, all {summary.already} models are already "
+                        f"in it ({_counts(summary.counts(summary.earlier))}; --resume)")
+        return
+    table = Table(title=f"scan → {summary.out}: {_counts(summary.counts())}{kept}", title_justify="left")
     probes = list(dict.fromkeys(p for r in summary.records for p in r.get("results", {})))
     for col in ("model", "status", "seconds", *probes):
         table.add_column(col, justify="left" if col in ("model", "status") else "right")

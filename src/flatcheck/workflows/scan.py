@@ -24,7 +24,7 @@ import os
 import re
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -113,14 +113,20 @@ class ScanSummary:
     out: Path
     total: int  # models of this rank
     already: int  # found in the file (resume)
-    records: list[dict[str, Any]]
+    records: list[dict[str, Any]]  # written by this run
     repaired_bytes: int = 0
+    # the records in the file of this rank's models that this run did not redo (resume): with
+    # `records`, the latest record of every model of the scan, which its exit code is about
+    earlier: list[dict[str, Any]] = field(default_factory=list)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, records: list[dict[str, Any]] | None = None) -> dict[str, int]:
         c = {"ok": 0, "error": 0, "skipped": 0}
-        for r in self.records:
+        for r in self.records if records is None else records:
             c[r["status"]] = c.get(r["status"], 0) + 1
         return c
+
+    def latest(self) -> list[dict[str, Any]]:
+        return self.earlier + self.records
 
 
 def check_output(out: Path) -> None:
@@ -130,17 +136,17 @@ def check_output(out: Path) -> None:
         raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
 
 
-def prepare_output(out: HeldOutput, *, resume: bool, overwrite: bool, retry_errors: bool) -> tuple[set, int]:
-    """Keys already done, and the bytes of a partial last line cut off."""
+def prepare_output(out: HeldOutput, *, resume: bool, overwrite: bool, retry_errors: bool) -> tuple[dict, int]:
+    """The records already done, by record_key, and the bytes of a partial last line cut off."""
     path = out.path
     if path.stat().st_size > 0 and not (resume or overwrite):
         raise ConfigError(f"--out {path} exists; pass --resume to continue that scan or --overwrite to start over")
     if overwrite and not resume:
         out.truncate()
-        return set(), 0
+        return {}, 0
     cut = repair_tail(path)
-    done = {record_key(r) for r in load_results([path]).records
-            if not (retry_errors and r.get("status") == "error")} if path.stat().st_size else set()
+    done = {record_key(r): r for r in load_results([path]).records
+            if not (retry_errors and r.get("status") == "error")} if path.stat().st_size else {}
     return done, cut
 
 
@@ -161,8 +167,10 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
     with HeldOutput(target, "--out") as held:
         done, cut = prepare_output(held, resume=resume, overwrite=overwrite, retry_errors=retry_errors)
         mine = placement.mine(entries)
-        todo = [(e, fp) for e in mine if (e.name, fp := fingerprint(e, base), e.step, e.epoch) not in done]
-        summary = ScanSummary(target, len(mine), len(mine) - len(todo), [], cut)
+        keyed = [(e, fp, (e.name, fp, e.step, e.epoch)) for e in mine for fp in (fingerprint(e, base),)]
+        todo = [(e, fp) for e, fp, key in keyed if key not in done]
+        summary = ScanSummary(target, len(mine), len(mine) - len(todo), [], cut,
+                              [done[key] for _, _, key in keyed if key in done])
         isolated = isolate and child_process.available() and child_process.fork_works()
         if isolate and not isolated:
             warnings.warn("scan: this process cannot fork a child that runs autograd (see child_process); the "
