@@ -84,3 +84,25 @@ def test_the_gate_command_refuses_an_unconverged_lmax(tmp_path):
     result = invoke("gate", CKPT, "--spec", SPEC, "--samples", "64", "--config", str(gates), "--no-baseline")
     assert result.exit_code == 2, result.stderr
     assert "lmax did not converge" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_rerun_raises_the_slq_starts():
+    from flatcheck.probes.spectrum import SpectrumOptions
+    from flatcheck.workflows.gate import decide_with_reruns
+
+    # stderr ∝ 1/√starts; the interval (t with starts − 1 dof) settles the rule only at 8 starts
+    def res(n):
+        return ProbeResult(probe="spectrum", value=10.0, stderr=4.0 / math.sqrt(n), matvecs=0, seconds=0.0,
+                           dof=n - 1)
+
+    threshold = 10.0 + student_t.ppf(0.975, 7) * 4.0 / math.sqrt(8) + 0.01
+    cfg = parse_gate_config({"rules": [{"field": "spectrum.value", "max": threshold, "inconclusive": "rerun"}],
+                             "max_reruns": 3})
+    asked = []
+
+    def rerun(more):
+        asked.append(more["spectrum"].starts)
+        return {"spectrum": res(more["spectrum"].starts)}
+
+    checks, _ = decide_with_reruns(cfg, {"spectrum": res(2)}, {"spectrum": SpectrumOptions()}, rerun)
+    assert asked == [4, 8] and checks[0].verdict == "pass"

@@ -337,4 +337,4 @@ def test_cli_spectrum_under_a_budget_ends_with_the_products_it_made():
     result = __import__("json").loads(proc.stdout)["results"]["spectrum"]
     assert result["details"]["stop_reason"] == "budget"
     last = proc.stderr.splitlines()[-1]
-    assert last.startswith(f"flatcheck spectrum (SLQ): stopped by the budget · {result['matvecs']}/300 · "), last
+    assert last.startswith(f"flatcheck spectrum (SLQ): stopped by the budget · {result['matvecs']}/200 · "), last

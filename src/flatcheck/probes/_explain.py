@@ -78,7 +78,7 @@ EXPLANATIONS: dict[str, Explanation] = {
         small="mass near zero: most directions are flat (see `flatcheck explain rank`).",
         moves="the same as trace and lmax; the density's resolution depends on --lanczos-steps and --sigma.",
         source="Ghorbani et al. 2019 and Granziol 2020, App. B (stochastic Lanczos quadrature).",
-        cost="--starts × --lanczos-steps curvature products (default 3 × 100 = 300); memory: the Lanczos basis, "
+        cost="--starts × --lanczos-steps curvature products (default 2 × 100 = 200); memory: the Lanczos basis, "
              "--lanczos-steps × P numbers, or two vectors with --reorth none (auto: when the basis does not fit "
              "--max-memory).",
     ),
@@ -93,7 +93,7 @@ EXPLANATIONS: dict[str, Explanation] = {
         moves="over-parametrisation (P against N and C), the number of samples N (the GGN's rank is at most "
               "N·(C − 1)), the Lanczos resolution (--lanczos-steps).",
         source="Granziol 2020, §3.2 and App. D.",
-        cost="--starts × --lanczos-steps curvature products (default 3 × 100 = 300) and memory, as spectrum.",
+        cost="--starts × --lanczos-steps curvature products (default 2 × 100 = 200) and memory, as spectrum.",
     ),
     "adaptive-sharpness": Explanation(
         measures="How much the loss rises, on average, when every weight is jiggled by noise proportional to its "

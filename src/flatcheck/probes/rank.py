@@ -158,6 +158,7 @@ class RankProbe:
     """
 
     name: ClassVar[str] = "rank"
+    effort_option: ClassVar[str] = "starts"  # what a gate's rerun raises
     summary: ClassVar[str] = "rank degeneracy at the origin (SLQ) beside the rank bounds"
     Options: ClassVar[type] = RankOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp, Outputs})
