@@ -50,7 +50,7 @@ RUNS = (
 
 
 def command(model: str, probe: str, options: tuple[str, ...], samples: int, batch: int, out: Path,
-            budget: float | None = None) -> list[str]:
+            budget: float | None = None, max_memory: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "flatcheck", "probe", "--probes", probe, "--model", f"timm:{model}",
            "--random-init", "--num-classes", "1000", "--input-size", "3,224,224", "--data", "synthetic",
            "--samples", str(samples), "--batch-size", str(batch), "--json", str(out), "-q"]
@@ -58,6 +58,8 @@ def command(model: str, probe: str, options: tuple[str, ...], samples: int, batc
         cmd += ["-o", o]
     if budget is not None:
         cmd += ["--budget", f"{budget:g}"]
+    if max_memory is not None:
+        cmd += ["--max-memory", max_memory]
     return cmd
 
 
@@ -117,7 +119,9 @@ def write_table(rows: list[dict], path: Path, args) -> None:
         "# Every probe on timm ViTs at ImageNet size (random weights, 224 px, 1,000 classes), this CPU",
         "",
         f"`python benchmarks/bench_realsize.py --samples {args.samples} --batch-size {args.batch_size} "
-        f"--cap-gb {args.cap_gb}`; one `flatcheck probe` process per row, OMP_NUM_THREADS="
+        f"--cap-gb {args.cap_gb}"
+        f"{'' if args.budget is None else f' --budget {args.budget:g}'}"
+        f"{'' if args.max_memory is None else f' --max-memory {args.max_memory}'}`; one `flatcheck probe` process per row, OMP_NUM_THREADS="
         f"{os.environ.get('OMP_NUM_THREADS', '?')}, address space capped at {args.cap_gb} GB (RLIMIT_AS), "
         f"per-run timeout {args.timeout:.0f} s. Peak RSS is the child's ru_maxrss. {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores shared with other work, so seconds are upper bounds of an idle machine's.",
@@ -219,6 +223,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=None, help="--budget SECONDS for each run: iterative probes "
                     "stop early (stop_reason budget), so a row's seconds are not its default's; peak memory of a "
                     "probe whose stored vectors grow with its steps is then a lower bound [default: none]")
+    ap.add_argument("--max-memory", default=None, help="--max-memory for each run [default: the probes' own, "
+                    "half the free memory]")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "realsize_vit.md")
     ap.add_argument("--jsonl", type=Path, default=HERE / "results" / "realsize_vit.jsonl")
     args = ap.parse_args()
@@ -241,7 +247,9 @@ def main() -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     out = Path(tmp) / "report.json"
                     row = {"model": model, "row": name, "samples": samples, "budget": args.budget,
-                           **run_one(command(model, probe, options, samples, args.batch_size, out, args.budget), cap, args.timeout),
+                           "max_memory": args.max_memory,
+                           **run_one(command(model, probe, options, samples, args.batch_size, out, args.budget,
+                                           args.max_memory), cap, args.timeout),
                            **headline(out, probe)}
                 rows.append(row)
                 with args.jsonl.open("a") as fh:
