@@ -134,12 +134,8 @@ class Lanczos:
         return out
 
     def _row(self, i: int) -> Tensor:
-        """Basis row q_i (a view)."""
-        for block in self.blocks:
-            if i < block.shape[0]:
-                return block[i]
-            i -= block.shape[0]
-        raise IndexError(i)
+        """Basis row q_i (a view): every block but the last holds INITIAL_ROWS rows."""
+        return self.blocks[i // INITIAL_ROWS][i % INITIAL_ROWS]
 
     def _combine(self, coeff: Tensor) -> Tensor:
         """coeff (k, size) → coeff @ Q, (k, P), accumulated block by block."""
@@ -160,8 +156,8 @@ class Lanczos:
             rows = min(INITIAL_ROWS, self.capacity - self.rows)
             self.blocks.append(torch.empty(rows, self.op.dim, dtype=self.op.dtype, device=self.op.device))
             self.rows += rows
-        self.blocks[-1][self.size - (self.rows - self.blocks[-1].shape[0])] = q
         self.size += 1
+        self._row(self.size - 1).copy_(q)
         w = self.op.matmat(q.unsqueeze(0))[0]
         alpha = torch.dot(q, w).item()
         # the three-term recurrence first (α q_j + β q_{j−1}: most of w), so that the
@@ -312,9 +308,8 @@ def lanczos_top(
     random_start = gaussian(1, dim, generator, dtype=op.dtype, device=op.device)[0]
     if start is not None:
         random_start = warm_vector(start, random_start, dim)
-        # warm: the residual check from the products taken; cold keeps its measured block product
-        def measure(lz: Lanczos, S_top: np.ndarray):
-            return lz.residuals(S_top)
+        # warm: the residual check from the products taken; cold keeps its measured products
+        measure = Lanczos.residuals
     else:
         def measure(lz: Lanczos, S_top: np.ndarray):
             return _true_residuals(op, lz, S_top)
@@ -352,7 +347,7 @@ def lanczos_top(
         theta, S = lz.ritz()
         # a spent budget takes the residuals from the products already made (Lanczos.residuals):
         # k fresh products of a large model would overrun it by k steps' time
-        final = (lambda lz, S: lz.residuals(S)) if stop == "budget" else measure
+        final = Lanczos.residuals if stop == "budget" else measure
         measured = (lz.size, final(lz, S[:, np.argsort(theta)[::-1][:k]]))
     values, res, _ = measured[1]
     if stop == "max_iter" and _all_within(measured[1], tol):
