@@ -11,6 +11,15 @@ is still a table), atomically.
         --samples 4,8 --cap-gb 12 --timeout 3600
 
 Models run one at a time, probes one at a time: others share this machine.
+
+On a GPU (`--device cuda`) every probe of one (model, sample count) runs in one child process,
+one after another through `flatcheck.measure`: a process start (torch, timm, CUDA context)
+costs seconds there, more than most probes, and the figure that matters is the device memory,
+which torch.cuda.max_memory_allocated gives per probe within one process. Each probe's row
+is a line the child prints as it finishes, so a child that times out keeps the rows before.
+
+    python benchmarks/bench_realsize.py --device cuda --samples 8,32 --timeout 120 \
+        --out results/realsize_vit_gpu.md --jsonl results/realsize_vit_gpu.jsonl
 """
 
 from __future__ import annotations
@@ -114,7 +123,43 @@ def planned(row: dict) -> str:
     return f"{b / 1e9:.2f}" + (" (no re-orth.)" if row.get("reorthogonalization") == "none" else "")
 
 
+def device_table(rows: list[dict], args) -> list[str]:
+    """The GPU table: device memory per probe (torch.cuda.max_memory_allocated, the model and
+    data resident before any probe counted in), seconds of the probe alone (no process start)."""
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(args.device)) if torch.cuda.is_available() else args.device
+    lines = [
+        f"# Every probe on timm ViTs at ImageNet size (random weights, 224 px, 1,000 classes), {name}",
+        "",
+        f"`python benchmarks/bench_realsize.py --device {args.device} --samples {args.samples} --batch-size "
+        f"{args.batch_size} --timeout {args.timeout:g}`; torch {torch.__version__}. One process per model and sample "
+        "count runs the probes one after another through `flatcheck.measure` (float32, batch "
+        f"{args.batch_size}, defaults except: trace exact GGN with 8 sampled classes; head-trace without --verify). "
+        "Seconds are the probe's own, synchronised, without the process start, model build or first CUDA "
+        "context; 'peak device' is max_memory_allocated during the probe, the model and samples included "
+        "('resident' before any probe). Random-init models: iterative probes' step counts may differ on pretrained "
+        "ones.",
+        "",
+        "| model | probe | samples | seconds | peak device (GB) | resident (GB) | exit | route | value | stderr | note |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        fmt = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+        note = "timeout" if r["timed_out"] else (r["error"] or r.get("stop_reason") or "")
+        gb = lambda k: "" if r.get(k) is None else f"{r[k] / 1e9:.2f}"  # noqa: E731
+        lines.append(f"| {r['model']} | {r['row']} | {r['samples']} | {r['seconds']:.2f} | {gb('peak_device_bytes')} | "
+                     f"{gb('resident_device_bytes')} | {r['exit']} | {fmt(r.get('route'))} | {fmt(r.get('value'))} | "
+                     f"{fmt(r.get('stderr'))} | {str(note).replace('|', '/')[:160]} |")
+    return lines
+
+
 def write_table(rows: list[dict], path: Path, args) -> None:
+    if getattr(args, "device", "cpu") != "cpu":
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("\n".join(device_table(rows, args)) + "\n")
+        os.replace(tmp, path)
+        return
     lines = [
         "# Every probe on timm ViTs at ImageNet size (random weights, 224 px, 1,000 classes), this CPU",
         "",
@@ -210,6 +255,95 @@ def agreement(path: Path) -> None:
     print("\n".join(lines))
 
 
+def child(model_name: str, samples: int, batch: int, device: str, wanted: set[str] | None) -> None:
+    """--child: every row of RUNS on one model in this process, one JSON line per probe."""
+    import timm
+    import torch
+
+    import flatcheck
+
+    from timm.layers import set_fused_attn
+
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    set_fused_attn(False)  # as `--model timm:NAME` builds it: fused attention has no double backward
+    model = timm.create_model(model_name, pretrained=False, num_classes=1000).to(dev).eval()
+    size = (3, 224, 224) if "224" in model_name else tuple(model.pretrained_cfg["input_size"])
+    x, x_test = torch.randn(2, samples, *size, device=dev)
+    y, y_test = torch.randint(0, 1000, (2, samples), device=dev)
+    base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
+    for name, probe, options in RUNS:
+        if wanted is not None and name not in wanted:
+            continue
+        opts = dict(o.split(".", 1)[1].split("=", 1) for o in options)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+        start = time.perf_counter()
+        row = {"model": model_name, "row": name, "samples": samples, "device": device}
+        try:
+            res = flatcheck.measure(model, (x, y), probes={probe: opts}, batch_size=batch, device=dev,
+                                    test_data=(x_test, y_test)).results[probe]
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            d = res.details or {}
+            memory = d.get("memory") or {}
+            row.update(exit=0, error=None, value=res.value, stderr=res.stderr,
+                       route=d.get("route") or d.get("method"), stop_reason=d.get("stop_reason"),
+                       planned_vector_bytes=memory.get("stored_vector_bytes"),
+                       reorthogonalization=memory.get("reorthogonalization"))
+        except Exception as exc:  # noqa: BLE001 - a row records what went wrong and the next probe runs
+            row.update(exit=1, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        row["seconds"] = time.perf_counter() - start
+        row["timed_out"] = False
+        row["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        if dev.type == "cuda":
+            row["peak_device_bytes"] = torch.cuda.max_memory_allocated(dev)
+            row["resident_device_bytes"] = base
+            torch.cuda.empty_cache()
+        print(json.dumps(row, default=str), flush=True)
+
+
+def run_children(args, rows: list[dict], done: set) -> None:
+    """--device cuda: one child per (model, sample count); rows as each probe finishes."""
+    wanted = None if args.probes is None else args.probes
+    for model in args.models.split(","):
+        for samples in (int(s) for s in args.samples.split(",")):
+            names = [n for n, _, _ in RUNS if (wanted is None or n in wanted.split(",")) and (model, n, samples) not in done]
+            if not names:
+                continue
+            cmd = [sys.executable, __file__, "--child", model, "--samples", str(samples), "--batch-size",
+                   str(args.batch_size), "--device", args.device, "--probes", ",".join(names)]
+            start = time.perf_counter()
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            got = []
+            try:
+                out, err = proc.communicate(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+            for line in out.splitlines():
+                if line.startswith("{"):
+                    got.append(json.loads(line))
+            seen = {r["row"] for r in got}
+            for n in names:  # what the child did not reach: timed out, or the child died
+                if n not in seen:
+                    got.append({"model": model, "row": n, "samples": samples, "device": args.device,
+                                "seconds": time.perf_counter() - start, "peak_rss_bytes": 0, "exit": proc.returncode,
+                                "timed_out": proc.returncode == -signal.SIGKILL,
+                                "error": (err.strip().splitlines() or ["not reached"])[-1][:200]})
+                    break
+            for row in got:
+                row.update(budget=None, max_memory=None)
+                rows.append(row)
+                with args.jsonl.open("a") as fh:
+                    fh.write(json.dumps(row, default=str) + "\n")
+                print(f"{model} {row['row']} n={samples}: {row['seconds']:.1f} s, "
+                      f"{row.get('peak_device_bytes', 0) / 1e9:.2f} GB device, exit {row['exit']}", flush=True)
+            write_table(rows, args.out, args)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agreement", action="store_true", help="only the small-model agreement checks "
@@ -225,17 +359,27 @@ def main() -> None:
                     "probe whose stored vectors grow with its steps is then a lower bound [default: none]")
     ap.add_argument("--max-memory", default=None, help="--max-memory for each run [default: the probes' own, "
                     "half the free memory]")
+    ap.add_argument("--device", default="cpu", help="cpu (one `flatcheck probe` process per row, under the "
+                    "address cap) or cuda (one process per model and sample count, device memory per probe)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "realsize_vit.md")
     ap.add_argument("--jsonl", type=Path, default=HERE / "results" / "realsize_vit.jsonl")
     args = ap.parse_args()
     if args.agreement:
         agreement(HERE / "results" / "realsize_agreement.md")
         return
+    if args.child:
+        child(args.child, int(args.samples), args.batch_size, args.device,
+              None if args.probes is None else set(args.probes.split(",")))
+        return
     wanted = None if args.probes is None else set(args.probes.split(","))
     rows: list[dict] = []
     if args.jsonl.exists():  # resume: keep what an earlier, interrupted run measured
         rows = [json.loads(line) for line in args.jsonl.read_text().splitlines() if line.strip()]
     done = {(r["model"], r["row"], r["samples"]) for r in rows}
+    if args.device != "cpu":
+        run_children(args, rows, done)
+        return
     cap = int(args.cap_gb * 1e9)
     for model in args.models.split(","):
         for name, probe, options in RUNS:

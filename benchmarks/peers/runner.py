@@ -169,8 +169,12 @@ class Runner:
 
 
 def run_all(args, log: Callable[[str], None] = print,
-            models: list[ModelCfg] | None = None) -> tuple[list[ModelCfg], list[Row], dict]:
-    """Every (model, task, tool) row; `models` replaces the plan from --models/--full (tests)."""
+            models: list[ModelCfg] | None = None,
+            on_task: Callable[[list[ModelCfg], list[Row], dict], None] | None = None
+            ) -> tuple[list[ModelCfg], list[Row], dict]:
+    """Every (model, task, tool) row; `models` replaces the plan from --models/--full (tests).
+    `on_task` sees the rows so far after every task: a run stopped from outside (a lease that
+    ends, a timeout) still leaves the tasks it finished saved."""
     models = plan(args.models, args.full) if models is None else models
     backends, broken = discover_backends()
     if args.backends:
@@ -215,6 +219,9 @@ def run_all(args, log: Callable[[str], None] = print,
                         + (f"  (run {rep + 1}/{args.repeat})" if args.repeat > 1 else "")
                         + (f"  ERROR {row.error}" if row.error else ""))
             rows += [median_row(runs[tool]) for tool in tools]
+            if on_task is not None:
+                add_ratios(rows)
+                on_task(models, rows, machine_info(args.device, args.threads))
     add_ratios(rows)
     machine = machine_info(args.device, args.threads)
     return models, rows, machine
@@ -281,7 +288,12 @@ def main(argv=None) -> int:
                                                 *(sys.argv[1:] if argv is None else argv)])
     t0 = time.perf_counter()
     print(f"bench_peers: {', '.join(args.models)} on {args.device}{' (full)' if args.full else ''}", flush=True)
-    models, rows, machine = run_all(args, log=lambda s: print(s, flush=True))
+    def save_partial(models, rows, machine):
+        save(markdown(models, rows, machine, command + "  (partial: the run goes on)", args.repeat),
+             args.results_dir, rows)
+
+    models, rows, machine = run_all(args, log=lambda s: print(s, flush=True),
+                                    on_task=save_partial if args.save else None)
     print_tables(models, rows, machine)
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.save:
