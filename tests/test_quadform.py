@@ -507,3 +507,31 @@ def test_fused_attention_is_decomposed_and_equals_the_unfused_hvp_route():
     assert got_backend.vhv_error is None
     sums = create_backend("autograd", plain).hvp_sums(S)
     assert ((got - sums.sum(1)).abs() <= 1e4 * EPS * sums.abs().sum(1)).all()
+
+
+def test_a_normalisation_left_whole_is_refused_not_differentiated_wrongly(monkeypatch):
+    """A batch norm that reaches the tangent pass undecomposed (cuDNN's training-mode kernel did on
+    CUDA, named apart from the CPU one) has a forward-mode formula that holds its saved batch
+    statistics constant: its nested jvp misses part of the second derivative. The pass refuses
+    it, and vᵀHv comes from HVPs, equal to the dense Hessian's."""
+    import flatcheck.engines.quadform.graph as qg
+
+    monkeypatch.setattr(qg, "_DECOMPOSE", tuple(op for op in qg._DECOMPOSE if "batch_norm" not in str(op)))
+    case = make_case("cnn", bn_mode="train")
+    H, _ = dense(case)
+    backend = case.backend("autograd")
+    S = _signs(4, H.shape[0])
+    with pytest.warns(UserWarning, match="batch statistics"):
+        got = backend.vhv(S)
+    assert "UnsupportedGraph" in backend.vhv_error and "batch_norm" in backend.vhv_error
+    want = ((S.double() @ H) * S.double()).sum(1)
+    assert (got - want).abs().max().item() <= 1e3 * EPS * H.abs().sum().item()
+
+
+def test_the_cuda_batch_norm_kernel_is_decomposed_like_the_cpu_one():
+    """The list of normalisations traced as their parts names cuDNN's kernel too (the CUDA test
+    suite checks the values on a GPU: test_vhv_by_forward_tangents_on_cuda_matches_dense)."""
+    from flatcheck.engines.quadform.graph import _DECOMPOSE
+
+    aten = torch.ops.aten
+    assert {aten.native_batch_norm, aten.cudnn_batch_norm, aten.native_layer_norm} <= set(_DECOMPOSE)

@@ -96,10 +96,16 @@ class FuncBackend:
         return dict(zip(self.problem.layout.names, self.problem.layout.split(V)))
 
     def _chunked(self, fn, V: Tensor) -> Tensor:
-        """fn over row-chunks of V, halving the chunk on CUDA out-of-memory."""
+        """fn over row-chunks of V (each (rows, P) → (rows, P), V's dtype), halving the chunk on
+        CUDA out-of-memory. The chunks are written into one output made first, so the rows
+        done never sit in memory twice (a list of chunks and their concatenation), and a retry
+        keeps that output: at one vector per pass the need is V, the output and one product."""
+        out = torch.empty_like(V)
         while True:
             try:
-                return torch.cat([fn(V[i : i + self.chunk]) for i in range(0, V.shape[0], self.chunk)])
+                for i in range(0, V.shape[0], self.chunk):
+                    out[i : i + self.chunk] = fn(V[i : i + self.chunk])
+                return out
             except torch.cuda.OutOfMemoryError:
                 if self.chunk == 1:
                     raise

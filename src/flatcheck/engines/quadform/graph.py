@@ -19,10 +19,17 @@ aten = torch.ops.aten
 
 # The normalisations are traced as their primitive parts: mean and variance, rsqrt and
 # products, each with an exact rule here; so is fused CPU attention, which has neither a
-# second derivative nor a forward-mode one through its backward.
-_DECOMPOSE = (aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
-              aten._native_batch_norm_legit_functional, aten.native_layer_norm, aten.native_group_norm,
-              aten._scaled_dot_product_flash_attention_for_cpu)
+# second derivative nor a forward-mode one through its backward. A normalisation left whole
+# would be wrong, not slow: its forward-mode formula reads the batch statistics it saved as
+# outputs that carry no tangent, so the nested jvp of the generic rule drops every term of the
+# second derivative that runs through them (cuDNN's training-mode batch norm on CUDA was 15 %
+# off). The CUDA kernels are named apart from the CPU ones, so both are listed; rules.py
+# refuses any normalisation that still reaches it.
+_DECOMPOSE = tuple(op for op in (
+    aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+    aten._native_batch_norm_legit_functional, aten.cudnn_batch_norm, aten.native_layer_norm,
+    aten.native_group_norm, getattr(aten, "_fused_rms_norm", None), aten._scaled_dot_product_flash_attention_for_cpu)
+    if op is not None)
 
 
 

@@ -16,7 +16,7 @@ from torch import Tensor, fx
 from torch.func import jvp
 from torch.utils._pytree import tree_map
 
-from .graph import aten, arg_nodes
+from .graph import UnsupportedGraph, aten, arg_nodes
 
 # Ops linear in their first argument with the other arguments held: tangent = op(a′, …), no source.
 _LINEAR_FIRST = {
@@ -164,7 +164,18 @@ def choose_rule(node: fx.Node, moving: set) -> _Rule:
         return _BILINEAR_RULE
     if t in _EXPLICIT and first_only and _explicit_form(node):
         return _EXPLICIT[t]
+    if _saves_statistics(t):
+        raise UnsupportedGraph(f"{t} reached the tangent pass whole: its forward-mode formula treats the batch "
+                               "statistics it saves as constants, so a nested jvp would miss part of the second "
+                               "derivative")
     return _NESTED
+
+
+def _saves_statistics(target: Any) -> bool:
+    """A fused normalisation (batch, layer, group, RMS norm: CPU, cuDNN or MIOpen kernel) whose
+    forward-mode derivative reads its saved mean and inverse deviation (see graph._DECOMPOSE)."""
+    name = getattr(getattr(target, "_schema", None), "name", "")
+    return any(kind in name for kind in ("batch_norm", "layer_norm", "group_norm", "rms_norm", "instance_norm"))
 
 
 # Ops common enough that nested jvp's overhead shows (nested, log-softmax alone costs about a
