@@ -58,6 +58,16 @@ RUNS = (
 )
 
 
+def preset_runs(name: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """The rows of a scan preset: its probes with the preset's options (`scan --preset NAME`)."""
+    from flatcheck.workflows.presets import preset
+
+    p = preset(name)
+    return tuple((f"{probe} ({name})", probe, tuple(o for o in p.options
+                                                     if o.startswith(probe + ".")))
+                 for probe in p.probes.split(","))
+
+
 def command(model: str, probe: str, options: tuple[str, ...], samples: int, batch: int, out: Path,
             budget: float | None = None, max_memory: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "flatcheck", "probe", "--probes", probe, "--model", f"timm:{model}",
@@ -255,7 +265,8 @@ def agreement(path: Path) -> None:
     print("\n".join(lines))
 
 
-def child(model_name: str, samples: int, batch: int, device: str, wanted: set[str] | None) -> None:
+def child(model_name: str, samples: int, batch: int, device: str, wanted: set[str] | None,
+          runs=RUNS) -> None:
     """--child: every row of RUNS on one model in this process, one JSON line per probe."""
     import timm
     import torch
@@ -272,7 +283,7 @@ def child(model_name: str, samples: int, batch: int, device: str, wanted: set[st
     x, x_test = torch.randn(2, samples, *size, device=dev)
     y, y_test = torch.randint(0, 1000, (2, samples), device=dev)
     base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
-    for name, probe, options in RUNS:
+    for name, probe, options in runs:
         if wanted is not None and name not in wanted:
             continue
         opts = dict(o.split(".", 1)[1].split("=", 1) for o in options)
@@ -288,7 +299,7 @@ def child(model_name: str, samples: int, batch: int, device: str, wanted: set[st
                 torch.cuda.synchronize(dev)
             d = res.details or {}
             memory = d.get("memory") or {}
-            row.update(exit=0, error=None, value=res.value, stderr=res.stderr,
+            row.update(exit=0, error=None, value=res.value, stderr=res.stderr, matvecs=res.matvecs,
                        route=d.get("route") or d.get("method"), stop_reason=d.get("stop_reason"),
                        planned_vector_bytes=memory.get("stored_vector_bytes"),
                        reorthogonalization=memory.get("reorthogonalization"))
@@ -309,11 +320,13 @@ def run_children(args, rows: list[dict], done: set) -> None:
     wanted = None if args.probes is None else args.probes
     for model in args.models.split(","):
         for samples in (int(s) for s in args.samples.split(",")):
-            names = [n for n, _, _ in RUNS if (wanted is None or n in wanted.split(",")) and (model, n, samples) not in done]
+            names = [n for n, _, _ in args.runs if (wanted is None or n in wanted.split(",")) and (model, n, samples) not in done]
             if not names:
                 continue
             cmd = [sys.executable, __file__, "--child", model, "--samples", str(samples), "--batch-size",
                    str(args.batch_size), "--device", args.device, "--probes", ",".join(names)]
+            if args.preset:
+                cmd += ["--preset", args.preset]
             start = time.perf_counter()
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     start_new_session=True)
@@ -362,15 +375,18 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu (one `flatcheck probe` process per row, under the "
                     "address cap) or cuda (one process per model and sample count, device memory per probe)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--preset", default=None, help="only a scan preset's probes, with its options "
+                    "(mls-vs-sharpness): what a family scan costs per model")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "realsize_vit.md")
     ap.add_argument("--jsonl", type=Path, default=HERE / "results" / "realsize_vit.jsonl")
     args = ap.parse_args()
     if args.agreement:
         agreement(HERE / "results" / "realsize_agreement.md")
         return
+    args.runs = RUNS if args.preset is None else preset_runs(args.preset)
     if args.child:
         child(args.child, int(args.samples), args.batch_size, args.device,
-              None if args.probes is None else set(args.probes.split(",")))
+              None if args.probes is None else set(args.probes.split(",")), args.runs)
         return
     wanted = None if args.probes is None else set(args.probes.split(","))
     rows: list[dict] = []
@@ -382,7 +398,7 @@ def main() -> None:
         return
     cap = int(args.cap_gb * 1e9)
     for model in args.models.split(","):
-        for name, probe, options in RUNS:
+        for name, probe, options in args.runs:
             if wanted is not None and name not in wanted:
                 continue
             for samples in (int(s) for s in args.samples.split(",")):

@@ -173,7 +173,7 @@ def test_result_carries_the_degrees_of_freedom_of_its_stderr():
 
     backend = make_case("mlp").backend()
     probe = AdaptiveSharpnessProbe()
-    mc = probe.run(ProbeContext(backend=backend, seed=0), AdaptiveSharpnessOptions(noise_draws=5, probes_max=3))
+    mc = probe.run(ProbeContext(backend=backend, seed=0), AdaptiveSharpnessOptions(method="mc", noise_draws=5))
     assert mc.dof == 4 and mc.details["mc"]["draws"] == 5
     second = probe.run(ProbeContext(backend=backend, seed=0),
                        AdaptiveSharpnessOptions(method="second-order", probes_max=7))

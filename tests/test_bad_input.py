@@ -1053,9 +1053,9 @@ def test_json_has_null_where_a_detail_is_not_finite(monkeypatch):
 GATE_RULES = "rules:\n  - {field: trace.value, max_increase: 20%}\n"
 
 
-def gate(tmp_path, baseline, rules=GATE_RULES, *extra):
+def gate(tmp_path, baseline, rules=GATE_RULES, *extra, probes: int = 4):
     cfg = tmp_path / "gates.yaml"
-    cfg.write_text("probes:\n  trace: {probes_max: 4}\n" + rules, encoding="utf-8")
+    cfg.write_text(f"probes:\n  trace: {{probes_max: {probes}}}\n" + rules, encoding="utf-8")
     args = ["--baseline", baseline] if baseline is not None else []
     return invoke("gate", CKPT, "--spec", SPEC, *SMALL, "--config", cfg, *args, *extra)
 
@@ -1063,12 +1063,22 @@ def gate(tmp_path, baseline, rules=GATE_RULES, *extra):
 @pytest.fixture(scope="module")
 def release(tmp_path_factory) -> dict:
     """A real baseline: the same gate's JSON with --no-baseline (the README's first release)."""
+    return _release(tmp_path_factory, 4)
+
+
+@pytest.fixture(scope="module")
+def release_16(tmp_path_factory) -> dict:
+    """The same with 16 probes: narrow enough that the 20 % rule can decide at the same seed."""
+    return _release(tmp_path_factory, 16)
+
+
+def _release(tmp_path_factory, probes: int) -> dict:
     import json
 
     folder = tmp_path_factory.mktemp("release")
     out = folder / "release.json"
     cfg = folder / "gates.yaml"
-    cfg.write_text("probes:\n  trace: {probes_max: 4}\n" + GATE_RULES, encoding="utf-8")
+    cfg.write_text(f"probes:\n  trace: {{probes_max: {probes}}}\n" + GATE_RULES, encoding="utf-8")
     res = invoke("gate", CKPT, "--spec", SPEC, *SMALL, "--config", cfg, "--no-baseline", "--json", out, "-q")
     assert res.exit_code == 0, res.stderr
     return json.loads(out.read_text(encoding="utf-8"))
@@ -1094,10 +1104,10 @@ def test_gate_baseline_value_not_a_finite_number(tmp_path, release, value):
 
 @pytest.mark.parametrize("where, key, new", [("model", "arch", "resnet18"), ("model", "parameters", 99),
                                              ("data", "samples", 63), ("data", "split", "test")])
-def test_gate_baseline_from_another_model_or_data(tmp_path, release, where, key, new):
-    data = {**release, where: {**release[where], key: new}}
-    bad(gate(tmp_path, _write(tmp_path, data)), "base.json", f"{where}.{key}", "--allow-foreign-baseline")
-    allowed = gate(tmp_path, _write(tmp_path, data), GATE_RULES, "--allow-foreign-baseline", "-q")
+def test_gate_baseline_from_another_model_or_data(tmp_path, release_16, where, key, new):
+    data = {**release_16, where: {**release_16[where], key: new}}
+    bad(gate(tmp_path, _write(tmp_path, data), probes=16), "base.json", f"{where}.{key}", "--allow-foreign-baseline")
+    allowed = gate(tmp_path, _write(tmp_path, data), GATE_RULES, "--allow-foreign-baseline", "-q", probes=16)
     assert allowed.exit_code in (0, 1), allowed.stderr  # compared, as asked
 
 

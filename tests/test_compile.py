@@ -24,7 +24,7 @@ def test_compile_needs_a_func_backend():
 def test_a_compiler_failure_falls_back_to_eager_and_says_so(monkeypatch):
     import flatcheck.backends.func as func
 
-    def broken(fn):
+    def broken(fn, **_kw):
         def run(*args, **kwargs):
             raise RuntimeError("no C++ compiler here\nsecond line")
 

@@ -164,3 +164,23 @@ def test_sigmoid_output_against_dense_svd():
         J = torch.stack([jacrev(lambda x: model(x.unsqueeze(0)).squeeze(0).sigmoid())(x) for x in X]).flatten(2)
     d_ = run(case.backend(), output="sigmoid").details
     assert d_["mls"] == pytest.approx(torch.linalg.matrix_norm(J, ord=2).mean().item(), rel=EXACT)
+
+
+@pytest.mark.parametrize("method", ["exact", "estimate"])
+def test_without_nmls_the_input_jacobian_quantities_are_unchanged(method):
+    """nmls=false (the mls-vs-sharpness preset) skips every per-layer sensitivity, nearly all of
+    the estimate route's cost on a deep model: MLS, normalized MLS and the local dimensionality
+    are those of the full run (the input Jacobian's draws are the same), against dense truth,
+    and NMLS and the per-layer bounds are null with the reason."""
+    case = make_case("cnn")
+    full = run(case.backend(), method=method, lanczos_iters=3).details
+    lean = run(case.backend(), method=method, lanczos_iters=3, nmls=False).details
+    for key in ("mls", "normalized_mls", "local_dimensionality"):
+        assert lean[key] == pytest.approx(full[key], rel=1e-12), key
+    sv = torch.linalg.svdvals(tail_jacobians(case.model, case.X, 0))
+    truth = (case.X.flatten(1).norm(dim=1) * sv[:, 0]).mean().item()
+    err = lean.get("normalized_mls_error_bound") or EXACT * truth
+    assert abs(lean["normalized_mls"] - truth) <= err
+    assert lean["nmls"] is None and lean["nmls_bound"] is None and lean["mls_bound"] is None
+    assert lean["per_layer"] == {} and "nmls=false" in lean["nmls_reason"]
+    assert run(case.backend(), method=method, nmls="false").details["nmls"] is None  # -o mls.nmls=false

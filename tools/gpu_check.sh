@@ -30,5 +30,5 @@ case "$stage" in
   realsize|all) timeout "${REALSIZE_TIMEOUT:-600}" python3 benchmarks/bench_realsize.py --device cuda \
       --models "${REALSIZE_MODELS:-vit_base_patch16_224,vit_small_patch16_224,vit_tiny_patch16_224}" \
       --samples "${REALSIZE_SAMPLES:-8,16}" --timeout "${CHILD_TIMEOUT:-90}" \
-      --out "$OUT/realsize_vit_gpu.md" --jsonl "$OUT/realsize_vit_gpu.jsonl" 2>&1 | tail -60 ;;
+      --out "$OUT/realsize_vit_gpu.md" --jsonl "$OUT/realsize_vit_gpu.jsonl" ${REALSIZE_ARGS:-} 2>&1 | tail -60 ;;
 esac

@@ -53,7 +53,7 @@ class FuncBackend:
         self._hv_eager = _hv_block_fn(problem.model, problem.loss)
         # the batch weight is applied outside: a Python float argument would make
         # torch.compile specialise (and recompile) on every distinct weight
-        self._hv = torch.compile(self._hv_eager) if compile and not self.hvp_fallback else None
+        self._hv = torch.compile(self._hv_eager, dynamic=False) if compile and not self.hvp_fallback else None
         self.compile_error: str | None = None
         self.batch_plan: BatchPlan | None = None  # --max-memory's micro-batches (limit_memory)
 

@@ -26,6 +26,11 @@ from .registry import ProbeContext, register_probe
 @dataclass(frozen=True)
 class MLSOptions(MatrixFreeOptions):
     output: Literal["logits", "softmax", "sigmoid"] = option("logits", OUTPUT_HELP)
+    # per layer, the estimate route runs one Lanczos per sample on every Linear/Conv input (a
+    # ViT-S/16 has 50): nearly all of its cost, and nothing a normalized-MLS scan plots
+    nmls: bool = option(True, "NMLS: the sensitivity ‖∂f/∂h‖₂ of every Linear/Conv input, and the per-layer "
+                              "bounds; off, only the input Jacobian (MLS, normalized MLS, local dimensionality), "
+                              "at a fraction of the cost on large models", flags=("--nmls/--no-nmls",))
 
 
 class _Layer:
@@ -75,7 +80,7 @@ class MLSProbe:
         start = time.perf_counter()
         problem = ctx.backend.problem
         require_independent(problem.model, problem.bn_mode, self.name)
-        taps = named_matching(problem.model, is_linear_like)
+        taps = named_matching(problem.model, is_linear_like) if options.nmls else []
         x1 = next(iter(problem.samples)).x[:1]
         with model_mode(problem.model, problem.bn_mode):
             route = plan(problem.model, x1, options.output, taps, options.method, ctx.max_memory, self.name,
@@ -85,6 +90,11 @@ class MLSProbe:
         else:
             result = self._exact(ctx, options, taps, route)
         result.details.update(route.details())
+        if not options.nmls:
+            for key in ("nmls", "nmls_bound", "nmls_error_bound", "mls_bound"):
+                if key in result.details:
+                    result.details[key] = None
+            result.details["nmls_reason"] = "not computed: nmls=false (only the input Jacobian was taken)"
         return dataclasses.replace(result, seconds=time.perf_counter() - start)
 
     def _exact(self, ctx: ProbeContext, options: MLSOptions, taps, route) -> ProbeResult:
@@ -150,7 +160,8 @@ class MLSProbe:
             "backward_passes": passes,  # batched, C per batch; the probe makes no curvature products
         }
         fmt = lambda b: "n/a" if b is None else f"{b:.4g}"  # noqa: E731
-        notes = (f"MLS {mls:.4g} (bound {fmt(mls_bound)}), NMLS {nmls:.4g} (bound {fmt(nmls_bound)}), "
+        nmls_note = f"NMLS {nmls:.4g} (bound {fmt(nmls_bound)})" if options.nmls else "NMLS off"
+        notes = (f"MLS {mls:.4g} (bound {fmt(mls_bound)}), {nmls_note}, "
                  f"normalized MLS {details['normalized_mls']:.4g}, log-vol {details['log_volume']:.4g}, "
                  f"local dim {details['local_dimensionality']:.4g}")
         return ProbeResult(probe=self.name, value=mls, stderr=None, matvecs=0, seconds=0.0,
@@ -260,8 +271,9 @@ class MLSProbe:
         if details["lanczos"]["stop_reason"] == "budget":
             details["stop_reason"] = "budget"
         fmt = lambda b: "n/a" if b is None else f"{b:.4g}"  # noqa: E731
+        nmls_note = f"NMLS {nmls:.4g} ± {details['nmls_error_bound']:.2g}" if options.nmls else "NMLS off"
         notes = (f"estimate: MLS {details['mls']:.4g} ± {details['mls_error_bound']:.2g} (bound {fmt(mls_bound)}), "
-                 f"NMLS {nmls:.4g} ± {details['nmls_error_bound']:.2g}, normalized MLS "
+                 f"{nmls_note}, normalized MLS "
                  f"{details['normalized_mls']:.4g}, local dim {details['local_dimensionality']:.4g} ± "
                  f"{details['local_dimensionality_stderr']:.2g}; log-vol n/a (needs every σ)")
         if unconverged:

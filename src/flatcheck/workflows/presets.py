@@ -34,7 +34,8 @@ PRESETS = {
         name="mls-vs-sharpness",
         cite="Chen et al. 2023, App. F and Fig. 4",
         probes="adaptive-sharpness,mls",
-        options=("adaptive-sharpness.loss=sigmoid_mse", "mls.output=sigmoid"),
+        # Fig. 4 plots normalized MLS: the per-layer NMLS would be nearly all of the cost
+        options=("adaptive-sharpness.loss=sigmoid_mse", "mls.output=sigmoid", "mls.nmls=false"),
         samples=1000,
         figure={"x": "adaptive-sharpness", "y": "mls.normalized_mls", "logx": True, "logy": True,
                 "xlabel": "elementwise adaptive sharpness S_ρ (sigmoid + MSE)",
