@@ -184,3 +184,40 @@ def test_without_nmls_the_input_jacobian_quantities_are_unchanged(method):
     assert lean["nmls"] is None and lean["nmls_bound"] is None and lean["mls_bound"] is None
     assert lean["per_layer"] == {} and "nmls=false" in lean["nmls_reason"]
     assert run(case.backend(), method=method, nmls="false").details["nmls"] is None  # -o mls.nmls=false
+
+
+def test_budget_ends_the_sample_loop_and_the_result_says_over_how_many():
+    """--budget spent: the matrix-free loop stops after the chunk in hand (it used to run every
+    chunk, one Lanczos per sample and layer at a time, well past the budget on a ViT-B). The
+    means are over the samples used, which the result names; it is not resolved, so no gate
+    compares it with a run over all of them."""
+    import time
+
+    from flatcheck.workflows.gate import unresolved
+
+    case = make_case("cnn")  # 23 samples in batches of 10, 10, 3
+    ctx = ProbeContext(case.backend(), seed=0, deadline=time.monotonic() - 1)
+    r = create_probe("mls").run(ctx, parse_options("mls", {"method": "estimate"}))
+    d = r.details
+    used = d["samples_used"]
+    assert 1 <= used < 23 and d["samples_requested"] == 23 and d["stop_reason"] == "budget"
+    assert r.resolved is False and f"after {used} of 23 samples" in r.notes
+    X = case.X[:used]
+    sv = torch.linalg.svdvals(tail_jacobians(case.model, X, 0))
+    truth = (X.flatten(1).norm(dim=1) * sv[:, 0]).mean().item()
+    assert abs(d["normalized_mls"] - truth) <= d["normalized_mls_error_bound"] + EXACT * truth
+    assert f"after {used} of 23 samples" in unresolved(r.to_dict())
+
+
+@pytest.mark.parametrize("probe, opts", [("jacobian", {"method": "exact"}), ("jacobian", {"method": "estimate"}),
+                                         ("decomposition", {"method": "estimate"})])
+def test_budget_ends_the_other_sample_loops_too(probe, opts):
+    import time
+
+    case = make_case("cnn")
+    ctx = ProbeContext(case.backend(), seed=0, deadline=time.monotonic() - 1)
+    r = create_probe(probe).run(ctx, parse_options(probe, opts))
+    assert r.resolved is False and r.details["stop_reason"] == "budget"
+    assert 1 <= r.details["samples_used"] < 23 and "of 23 samples" in r.notes
+    full = create_probe(probe).run(ProbeContext(case.backend(), seed=0), parse_options(probe, opts))
+    assert full.resolved is True and "samples_used" not in full.details

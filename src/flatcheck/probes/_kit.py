@@ -86,6 +86,21 @@ def budget_stop(ctx: "ProbeContext") -> Callable[[], bool] | None:
     return lambda: time.monotonic() >= deadline
 
 
+def out_of_budget(should_stop: Callable[[], bool] | None, done: int) -> bool:
+    """Whether a loop over samples ends here: the budget is spent and at least one chunk is in
+    (a mean needs one; a Lanczos run cut short still finishes its chunk)."""
+    return should_stop is not None and done > 0 and should_stop()
+
+
+def cut_short(done: int, requested: int) -> dict[str, Any]:
+    """The details of a sample loop that --budget ended after `done` of `requested` samples: its
+    means are over those, an estimate of the same quantity that no gate may compare with a run
+    over all of them (ProbeResult.resolved is False, with this reason)."""
+    return {"stop_reason": "budget", "samples_used": done, "samples_requested": requested,
+            "unresolved_reason": f"stopped by --budget after {done} of {requested} samples (the means are "
+                                 "over those); raise --budget or lower --samples"}
+
+
 Statistic = Callable[[Tensor, Tensor], Tensor]  # (logits, labels) → (B,) per-sample values
 
 

@@ -22,7 +22,7 @@ from ..report.result import ProbeResult
 from ..errors import ConfigError
 from ._jacfree import LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks, \
     lanczos_sigma, plan, rademacher
-from ._kit import budget_stop, option, progress_reporter
+from ._kit import budget_stop, cut_short, option, out_of_budget, progress_reporter
 from ..backends.base import ExactGGN, model_mode
 from .registry import ProbeContext, register_probe
 
@@ -167,10 +167,12 @@ class DecompositionProbe:
             # the comparison's Tr(G) is class-sampled; its stderr covers every probed parameter
             details["ggn_class_samples"] = options.class_samples
             details["ggn_trace_stderr_all_parameters"] = ggn_result.stderr
+        if "unresolved_reason" in extra:
+            notes += f"; {extra['unresolved_reason']}, while Tr(G) is over all of them"
         return ProbeResult(
             probe=self.name, value=total, stderr=extra.get("total_stderr"), matvecs=0,
             seconds=time.perf_counter() - start, seed=ctx.seed if estimate else None,
-            label="Σ_l s·centered", notes=notes, details=details,
+            label="Σ_l s·centered", notes=notes, details=details, resolved="unresolved_reason" not in extra,
         )
 
     def _exact(self, ctx: ProbeContext, taps, route) -> tuple[dict, int, int]:
@@ -208,7 +210,11 @@ class DecompositionProbe:
         progress = progress_reporter(ctx, "decomposition (estimate)")
         layers: dict[str, _Layer] = {}
         n_total, passes, unconverged, worst, total_var = 0, 0, 0, 0.0, 0.0
+        cut = None
         for index, x, y, batch_no in iter_chunks(problem, route.chunk):
+            if out_of_budget(should_stop, index):
+                cut = cut_short(index, problem.samples.n)
+                break
             with model_mode(model, problem.bn_mode):
                 jp = JacobianProducts(model, x, "logits", taps, tap_outputs=True)
             b = x.shape[0]
@@ -251,6 +257,8 @@ class DecompositionProbe:
                                                "unconverged": unconverged, "max_relative_residual": worst}}
         if should_stop is not None and should_stop():
             extra["stop_reason"] = "budget"
+        if cut is not None:
+            extra.update(cut)
         return layers, n_total, passes, extra
 
 

@@ -16,7 +16,7 @@ from ._inputjac import (AUTO_MAX_CLASSES, ROW_BYTES, jacobian_rows, power_spectr
 from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
 from ._jacfree import plan
-from ._kit import option, progress_reporter
+from ._kit import budget_stop, cut_short, option, out_of_budget, progress_reporter
 from .registry import ProbeContext, register_probe
 
 
@@ -116,8 +116,13 @@ class JacobianProbe:
         passes, iters = 0, 0
         done = 0
         progress = progress_reporter(ctx, f"jacobian ({method})")
+        should_stop, used, cut = budget_stop(ctx), 0, None
         with model_mode(model, problem.bn_mode):
             for batch in problem.samples:
+                if out_of_budget(should_stop, used):
+                    cut = cut_short(used, problem.samples.n)
+                    break
+                used += batch.x.shape[0]
                 if method == "exact":
                     for first_row in range(0, batch.x.shape[0], memory["chunk_samples"]):
                         sl = slice(first_row, first_row + memory["chunk_samples"])
@@ -183,10 +188,13 @@ class JacobianProbe:
             notes += f"; excluded-region ‖J‖_F mean {details['excluded']['mean']:.4g}"
         if method == "estimate" and details["spectral"]["unconverged"]:
             notes += f"; power iteration: {details['spectral']['unconverged']} samples above residual tol"
+        if cut is not None:
+            details.update(cut)
+            notes += f"; {cut['unresolved_reason']}"
         return ProbeResult(
             probe=self.name, value=details["frobenius"]["mean"], stderr=stderr, matvecs=0,
             seconds=time.perf_counter() - start, seed=ctx.seed if method == "estimate" else None,
-            label=f"mean ‖J_x‖_F ({options.output})", notes=notes, details=details,
+            label=f"mean ‖J_x‖_F ({options.output})", notes=notes, details=details, resolved=cut is None,
         )
 
     @staticmethod

@@ -18,7 +18,7 @@ from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
 from ._jacfree import (LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks,
                        lanczos_sigma, local_dimension, plan, rademacher)
-from ._kit import budget_stop, option, progress_reporter
+from ._kit import budget_stop, cut_short, option, out_of_budget, progress_reporter
 from ..backends.base import Outputs, model_mode
 from .registry import ProbeContext, register_probe
 
@@ -178,7 +178,11 @@ class MLSProbe:
         layers: dict[str, dict] = {}
         iters, unconverged, worst = [], 0, 0.0
         first_key, first_is_input, passes = None, True, 0
+        cut = None
         for index, x, _, batch_no in iter_chunks(problem, route.chunk):
+            if out_of_budget(should_stop, index):
+                cut = cut_short(index, problem.samples.n)
+                break
             with model_mode(model, problem.bn_mode):
                 jp = JacobianProducts(model, x, options.output, taps, tap_outputs=True)
             b, c = jp.out.shape
@@ -270,6 +274,8 @@ class MLSProbe:
         }
         if details["lanczos"]["stop_reason"] == "budget":
             details["stop_reason"] = "budget"
+        if cut is not None:
+            details.update(cut)
         fmt = lambda b: "n/a" if b is None else f"{b:.4g}"  # noqa: E731
         nmls_note = f"NMLS {nmls:.4g} ± {details['nmls_error_bound']:.2g}" if options.nmls else "NMLS off"
         notes = (f"estimate: MLS {details['mls']:.4g} ± {details['mls_error_bound']:.2g} (bound {fmt(mls_bound)}), "
@@ -278,8 +284,11 @@ class MLSProbe:
                  f"{details['local_dimensionality_stderr']:.2g}; log-vol n/a (needs every σ)")
         if unconverged:
             notes += f"; Lanczos: {unconverged} norms above tol"
+        if cut is not None:
+            notes += f"; {cut['unresolved_reason']}"
         return ProbeResult(probe=self.name, value=details["mls"], stderr=None, matvecs=0, seconds=0.0,
-                           seed=ctx.seed, label=f"MLS ({options.output})", notes=notes, details=details)
+                           seed=ctx.seed, label=f"MLS ({options.output})", notes=notes, details=details,
+                           resolved=cut is None)
 
 
 def _sq(g: torch.Tensor) -> torch.Tensor:

@@ -426,6 +426,8 @@ def unresolved(result: Mapping[str, Any]) -> str | None:
     from before `resolved` existed say it in lmax's details."""
     d = result.get("details") or {}
     converged = d.get("converged")
+    if result.get("resolved") is False and isinstance(d.get("unresolved_reason"), str):
+        return f"{result.get('probe', 'the probe')} {d['unresolved_reason']}"
     if result.get("resolved") is False or (
             result.get("probe") == "lmax" and isinstance(converged, list) and not all(converged)
             and not d.get("converged_to_noise")):
