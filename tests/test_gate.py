@@ -526,3 +526,20 @@ def test_an_adaptive_sharpness_headline_follows_the_baselines_estimator():
         evaluate(fixed, now, then)
     assert verdicts(fixed, now, {"adaptive-sharpness": result(1.0, 0.01, "adaptive-sharpness",
                                                               route="second-order")}) == ["pass"]
+
+
+def test_a_threshold_in_e_notation_without_a_dot_is_a_number():
+    """PyYAML reads `max: 1e9` as the string '1e9' (YAML 1.1 wants 1.0e9); a threshold written
+    so is still the number, and text that is not one is still refused."""
+    import yaml
+
+    from flatcheck.errors import InputError
+    from flatcheck.workflows.gate import parse_gate_config
+
+    raw = yaml.safe_load("rules:\n  - {field: trace.value, max: 1e9, min: -2e-3}\n")
+    assert raw["rules"][0]["max"] == "1e9"  # what PyYAML gives
+    limits = {b.kind: b.limit for b in parse_gate_config(raw).bounds}
+    assert limits == {"max": 1e9, "min": -2e-3}
+    for bad in ("abc", "nan", "inf"):
+        with pytest.raises(InputError, match="finite number"):
+            parse_gate_config({"rules": [{"field": "trace.value", "max": bad}]})

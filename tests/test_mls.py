@@ -210,8 +210,10 @@ def test_budget_ends_the_sample_loop_and_the_result_says_over_how_many():
 
 
 @pytest.mark.parametrize("probe, opts", [("jacobian", {"method": "exact"}), ("jacobian", {"method": "estimate"}),
-                                         ("decomposition", {"method": "estimate"})])
+                                         ("decomposition", {"method": "estimate"}),
+                                         ("decomposition", {"method": "exact"}), ("mls", {"method": "exact"})])
 def test_budget_ends_the_other_sample_loops_too(probe, opts):
+    """Every per-sample loop, on both routes, stops after the chunk in hand once the budget is spent."""
     import time
 
     case = make_case("cnn")
@@ -221,3 +223,10 @@ def test_budget_ends_the_other_sample_loops_too(probe, opts):
     assert 1 <= r.details["samples_used"] < 23 and "of 23 samples" in r.notes
     full = create_probe(probe).run(ProbeContext(case.backend(), seed=0), parse_options(probe, opts))
     assert full.resolved is True and "samples_used" not in full.details
+
+
+def test_a_bool_option_that_is_neither_says_what_it_accepts():
+    from flatcheck.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"mls.nmls .*must be true or false .*got 'maybe'"):
+        parse_options("mls", {"nmls": "maybe"})

@@ -369,10 +369,26 @@ def test_preset_runs_the_mls_vs_sharpness_protocol(tmp_path):
     assert a["results"]["adaptive-sharpness"]["details"]["loss"] == "sigmoid_mse"
     assert a["results"]["mls"]["details"]["normalized_mls"] > 0
     assert probes["mls"]["output"] == a["results"]["mls"]["details"]["output"] == "sigmoid"  # as App. F
+    # Fig. 4 plots normalized MLS: the per-layer NMLS is not taken
+    assert probes["mls"]["nmls"] is False and a["results"]["mls"]["details"]["nmls"] is None
+    # 4 probes leave this model's S_ρ at a few 1e-7 either side of 0; the figure is drawn from
+    # positive values, and a value ≤ 0, which log axes cannot show, is named, or refused when
+    # every value is one
     png = tmp_path / "fig4.png"
-    res = invoke("report", out, "--preset", "mls-vs-sharpness", "--plot", png, "-q")
-    assert res.exit_code == 0, res.stderr
-    assert png.read_bytes().startswith(b"\x89PNG")
+    for values in ((2e-9, 1e-9), (-1e-9, 1e-9)):
+        for rec, v in zip((a, b), values):
+            rec["results"]["adaptive-sharpness"]["value"] = v
+        out.write_text("".join(json.dumps(r) + "\n" for r in (a, b)))
+        if values[0] > 0:
+            res = invoke("report", out, "--preset", "mls-vs-sharpness", "--plot", png, "-q")
+            assert res.exit_code == 0, res.stderr
+            assert png.read_bytes().startswith(b"\x89PNG")
+    res = invoke("report", out, "--preset", "mls-vs-sharpness", "--plot", png)
+    assert res.exit_code == 0 and "1 of 2 models" in res.stderr and "-1e-09" in res.stderr, res.stderr
+    b["results"]["adaptive-sharpness"]["value"] = 0.0
+    out.write_text("".join(json.dumps(r) + "\n" for r in (a, b)))
+    res = invoke("report", out, "--preset", "mls-vs-sharpness", "--plot", png)
+    assert res.exit_code == 2 and "every model" in res.stderr and "log axes" in res.stderr, res.stderr
     res = invoke("scan", "--checkpoints", folder, "--preset", "fig9", "--out", tmp_path / "x.jsonl")
     assert res.exit_code == 2 and "mls-vs-sharpness" in res.stderr
 

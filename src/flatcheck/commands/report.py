@@ -95,7 +95,7 @@ def report_cmd(
         plotted = None
         if plot is not None:
             plotted = _plot(plot, records, table, columns, xf, ys, correlate, logx or figure.get("logx", False),
-                            logy or figure.get("logy", False), labels, lr or [], figure)
+                            logy or figure.get("logy", False), labels, lr or [], figure, say)
         summary = {"models": table, "fields": columns, "correlations": corrs,
                    "plot": None if plot is None else {"path": str(plot), "points": plotted}}
         if csv_out is not None:
@@ -299,7 +299,7 @@ def _stderr(row, field) -> float | None:
     return se if isinstance(se, float) else None
 
 
-def _plot(path, records, table, columns, xf, ys, correlate, logx, logy, labels, lrs, figure) -> int:
+def _plot(path, records, table, columns, xf, ys, correlate, logx, logy, labels, lrs, figure, say) -> int:
     from ..errors import ConfigError
     from ..workflows.results_io import TRAJECTORY_FIELDS, field_label
 
@@ -318,6 +318,15 @@ def _plot(path, records, table, columns, xf, ys, correlate, logx, logy, labels, 
             points.append(Point(r["model"], r["family"], u, v, _stderr(r, xf), _stderr(r, yf)))
     if not points:
         raise ConfigError(f"--plot: no model has finite values of both {xf} and {yf}")
+    # a log axis cannot show a value ≤ 0 (a random-init model's adaptive sharpness, zero within
+    # noise, often is): say which are left out rather than draw an empty or thinned figure
+    off = [p for p in points if (logx and p.x <= 0) or (logy and p.y <= 0)]
+    if off:
+        which = ", ".join(f"{p.model} ({p.x:.3g}, {p.y:.3g})" for p in off[:5]) + (" …" if len(off) > 5 else "")
+        if len(off) == len(points):
+            raise ConfigError(f"--plot: every model has {xf} or {yf} ≤ 0, which the log axes cannot show: {which}")
+        say(f"--plot: {len(off)} of {len(points)} models have {xf} or {yf} ≤ 0 and are not drawn on the log "
+            f"axes: {which}")
     return write_scatter(path, points, xlabel=figure.get("xlabel") or _axis(records, xf),
                          ylabel=figure.get("ylabel") or _axis(records, yf), logx=logx, logy=logy,
                          densities=_densities(records, Density), labels=labels)

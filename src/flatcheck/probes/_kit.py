@@ -86,6 +86,17 @@ def budget_stop(ctx: "ProbeContext") -> Callable[[], bool] | None:
     return lambda: time.monotonic() >= deadline
 
 
+# With --budget the per-sample probes take their samples this many at a time, so that the
+# budget can end the loop: a chunk sized by memory alone is often the whole sample set, and a
+# budget checked only between chunks would then never be checked.
+BUDGET_CHUNK = 8
+
+
+def budget_chunk(should_stop: Callable[[], bool] | None, chunk: int) -> int:
+    """The samples per chunk of a per-sample loop: `chunk`, capped at BUDGET_CHUNK under a budget."""
+    return chunk if should_stop is None else max(1, min(chunk, BUDGET_CHUNK))
+
+
 def out_of_budget(should_stop: Callable[[], bool] | None, done: int) -> bool:
     """Whether a loop over samples ends here: the budget is spent and at least one chunk is in
     (a mean needs one; a Lanczos run cut short still finishes its chunk)."""

@@ -22,7 +22,7 @@ from ..report.result import ProbeResult
 from ..errors import ConfigError
 from ._jacfree import LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks, \
     lanczos_sigma, plan, rademacher
-from ._kit import budget_stop, cut_short, option, out_of_budget, progress_reporter
+from ._kit import budget_chunk, budget_stop, cut_short, option, out_of_budget, progress_reporter
 from ..backends.base import ExactGGN, model_mode
 from .registry import ProbeContext, register_probe
 
@@ -128,8 +128,7 @@ class DecompositionProbe:
             layers, n_total, passes, extra = self._estimate(ctx, options, taps, route)
             ggn_result = ctx.backend.ggn_trace(options.class_samples, ctx.generator())
         else:
-            layers, n_total, passes = self._exact(ctx, taps, route)
-            extra = {}
+            layers, n_total, passes, extra = self._exact(ctx, taps, route)
             ggn_result = ctx.backend.ggn_trace()
         ggn = ggn_result.per_param.cpu()
         ggn_by_name = dict(zip(layout.names, ggn.tolist()))
@@ -175,12 +174,14 @@ class DecompositionProbe:
             label="Σ_l s·centered", notes=notes, details=details, resolved="unresolved_reason" not in extra,
         )
 
-    def _exact(self, ctx: ProbeContext, taps, route) -> tuple[dict, int, int]:
+    def _exact(self, ctx: ProbeContext, taps, route) -> tuple[dict, int, int, dict]:
         problem = ctx.backend.problem
         layers: dict[str, _Layer] = {}
-        n_total, passes = 0, 0
+        n_total, passes, extra = 0, 0, {}
+        should_stop = budget_stop(ctx)
         progress = progress_reporter(ctx, "decomposition")
-        for _, y, rows in iter_rows(problem, "logits", taps, tap_outputs=True, progress=progress, chunk=route.chunk):
+        for _, y, rows in iter_rows(problem, "logits", taps, tap_outputs=True, progress=progress,
+                                    chunk=budget_chunk(should_stop, route.chunk)):
             U, lam = output_hessian_factors(rows.logits, y, problem.loss)
             U, lam = U.to(torch.float64), lam.to(torch.float64)
             A = torch.einsum("bck,bk,bdk->bcd", U, lam, U)
@@ -198,7 +199,10 @@ class DecompositionProbe:
                 layers.setdefault(tap.call.key, _Layer(tap.call.module, exact)).add(s, lam_max, centered, factor)
             n_total += y.shape[0]
             passes += rows.out.shape[1]
-        return layers, n_total, passes
+            if n_total < problem.samples.n and out_of_budget(should_stop, n_total):
+                extra = cut_short(n_total, problem.samples.n)
+                break
+        return layers, n_total, passes, extra
 
     def _estimate(self, ctx: ProbeContext, options: DecompositionOptions, taps, route) -> tuple[dict, int, int, dict]:
         """Matrix-free: λmax(M_l) = σ_max(∂f/∂z_l)² by Lanczos on M_l; centered = Tr(A M_l) =
@@ -211,7 +215,7 @@ class DecompositionProbe:
         layers: dict[str, _Layer] = {}
         n_total, passes, unconverged, worst, total_var = 0, 0, 0, 0.0, 0.0
         cut = None
-        for index, x, y, batch_no in iter_chunks(problem, route.chunk):
+        for index, x, y, batch_no in iter_chunks(problem, budget_chunk(should_stop, route.chunk)):
             if out_of_budget(should_stop, index):
                 cut = cut_short(index, problem.samples.n)
                 break

@@ -16,7 +16,7 @@ from ._inputjac import (AUTO_MAX_CLASSES, ROW_BYTES, jacobian_rows, power_spectr
 from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
 from ._jacfree import plan
-from ._kit import budget_stop, cut_short, option, out_of_budget, progress_reporter
+from ._kit import budget_chunk, budget_stop, cut_short, option, out_of_budget, progress_reporter
 from .registry import ProbeContext, register_probe
 
 
@@ -119,35 +119,43 @@ class JacobianProbe:
         should_stop, used, cut = budget_stop(ctx), 0, None
         with model_mode(model, problem.bn_mode):
             for batch in problem.samples:
-                if out_of_budget(should_stop, used):
-                    cut = cut_short(used, problem.samples.n)
+                # under --budget a batch is taken in pieces the budget can end between (on the
+                # estimate route the projections are then drawn piece by piece: other draws
+                # from the same seed than without a budget)
+                piece = budget_chunk(should_stop, batch.x.shape[0])
+                for lo in range(0, batch.x.shape[0], piece):
+                    if out_of_budget(should_stop, used):
+                        cut = cut_short(used, problem.samples.n)
+                        break
+                    xb = batch.x[lo:lo + piece]
+                    used += xb.shape[0]
+                    if method == "exact":
+                        for first_row in range(0, xb.shape[0], memory["chunk_samples"]):
+                            rows = jacobian_rows(model, xb[first_row:first_row + memory["chunk_samples"]],
+                                                 options.output)
+                            stats = spectral_stats(rows.dx, eps)
+                            fro.append(stats.frobenius)
+                            spec.append(stats.spectral)
+                            if mask is not None:
+                                sq = rows.dx.to(torch.float64).pow(2) * mask.to(rows.dx.device)
+                                outside.append(sq.flatten(1).sum(1))
+                            passes += num_classes
+                    else:
+                        sq, sq_out = projected_sqnorms(model, xb, options.output, options.projections, generator, mask)
+                        est, var = sq.mean(1), sq.var(1) / options.projections
+                        fro.append(est.sqrt())
+                        fro_se.append(var.sqrt() / (2 * est.sqrt()).clamp_min(torch.finfo(torch.float64).tiny))
+                        if sq_out is not None:
+                            outside.append(sq_out.mean(1))
+                            outside_se.append(sq_out.var(1) / options.projections)
+                        power = power_spectral(model, xb, options.output, generator, options.power_iters,
+                                               options.power_tol)
+                        spec.append(power.sigma)
+                        resid.append(power.residual)
+                        passes += options.projections + power.passes
+                        iters = max(iters, power.iterations)
+                if cut is not None:
                     break
-                used += batch.x.shape[0]
-                if method == "exact":
-                    for first_row in range(0, batch.x.shape[0], memory["chunk_samples"]):
-                        sl = slice(first_row, first_row + memory["chunk_samples"])
-                        rows = jacobian_rows(model, batch.x[sl], options.output)
-                        stats = spectral_stats(rows.dx, eps)
-                        fro.append(stats.frobenius)
-                        spec.append(stats.spectral)
-                        if mask is not None:
-                            sq = rows.dx.to(torch.float64).pow(2) * mask.to(rows.dx.device)
-                            outside.append(sq.flatten(1).sum(1))
-                        passes += num_classes
-                else:
-                    sq, sq_out = projected_sqnorms(model, batch.x, options.output, options.projections, generator, mask)
-                    est, var = sq.mean(1), sq.var(1) / options.projections
-                    fro.append(est.sqrt())
-                    fro_se.append(var.sqrt() / (2 * est.sqrt()).clamp_min(torch.finfo(torch.float64).tiny))
-                    if sq_out is not None:
-                        outside.append(sq_out.mean(1))
-                        outside_se.append(sq_out.var(1) / options.projections)
-                    power = power_spectral(model, batch.x, options.output, generator, options.power_iters,
-                                           options.power_tol)
-                    spec.append(power.sigma)
-                    resid.append(power.residual)
-                    passes += options.projections + power.passes
-                    iters = max(iters, power.iterations)
                 done += 1
                 if progress is not None:
                     progress(done, problem.samples.num_batches)
@@ -156,6 +164,7 @@ class JacobianProbe:
         n = fro_t.numel()
         details = {
             "method": method,
+            "route": method,  # as mls and decomposition name it
             "output": options.output,
             "num_classes": num_classes,
             "input_dim": input_dim,

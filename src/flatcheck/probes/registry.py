@@ -161,5 +161,6 @@ def _coerce(where: str, value: Any, hint: Any) -> Any:
         if hint is float:
             return float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"option {where} must be {hint.__name__}, got {value!r}") from None
+        kind = "true or false (also 1/0, yes/no)" if hint is bool else f"{'an' if hint is int else 'a'} {hint.__name__}"
+        raise ConfigError(f"option {where} must be {kind}, got {value!r}") from None
     return value

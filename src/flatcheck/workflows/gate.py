@@ -238,6 +238,12 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
 
 
 def _number(value: Any, name: str, fail: Callable) -> float:
+    if isinstance(value, str):
+        # YAML 1.1 (PyYAML) reads 1e9 — no dot — as a string; a threshold written so is still a number
+        try:
+            value = float(value.strip())
+        except ValueError:
+            pass
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise fail(name, f"must be a finite number, got {value!r}")
     return float(value)

@@ -22,9 +22,9 @@ aten = torch.ops.aten
 # second derivative nor a forward-mode one through its backward. A normalisation left whole
 # would be wrong, not slow: its forward-mode formula reads the batch statistics it saved as
 # outputs that carry no tangent, so the nested jvp of the generic rule drops every term of the
-# second derivative that runs through them (cuDNN's training-mode batch norm on CUDA was 15 %
-# off). The CUDA kernels are named apart from the CPU ones, so both are listed; rules.py
-# refuses any normalisation that still reaches it.
+# second derivative that runs through them. The CUDA kernels are named apart from the CPU
+# ones (cuDNN's training-mode batch norm), so both are listed; rules.py refuses any
+# normalisation that still reaches it.
 _DECOMPOSE = tuple(op for op in (
     aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
     aten._native_batch_norm_legit_functional, aten.cudnn_batch_norm, aten.native_layer_norm,
