@@ -230,3 +230,18 @@ def test_a_bool_option_that_is_neither_says_what_it_accepts():
 
     with pytest.raises(ConfigError, match=r"mls.nmls .*must be true or false .*got 'maybe'"):
         parse_options("mls", {"nmls": "maybe"})
+
+
+@pytest.mark.parametrize("probe, opts", [("mls", {"method": "estimate"}), ("jacobian", {"method": "estimate"}),
+                                         ("decomposition", {"method": "exact"})])
+def test_budget_ends_a_loop_whose_samples_are_one_batch(probe, opts):
+    """All 23 samples in one batch (a memory-sized chunk can hold them all): under a budget the
+    probe still takes them at most BUDGET_CHUNK at a time, so the budget can end the loop."""
+    import time
+
+    from flatcheck.probes._kit import BUDGET_CHUNK
+
+    case = make_case("cnn", batch_size=23)
+    ctx = ProbeContext(case.backend(), seed=0, deadline=time.monotonic() - 1)
+    r = create_probe(probe).run(ctx, parse_options(probe, opts))
+    assert r.resolved is False and r.details["samples_used"] == BUDGET_CHUNK < 23
