@@ -247,7 +247,10 @@ def traced(values, seed=0, offset=0.0, estimator="hutchinson", **top):
     n = len(values)
     mean = sum(values) / n
     se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-    details = {"probe_values": list(values), "offset": offset, "estimator": estimator, "matrix": "hessian"}
+    from flatcheck.linalg.random import SIGN_STREAM
+
+    details = {"probe_values": list(values), "offset": offset, "estimator": estimator, "matrix": "hessian",
+               "sign_stream": SIGN_STREAM}
     return ProbeResult("trace", offset + mean, se, n, 0.0, seed=seed, details=details, dof=n - 1, **top).to_dict()
 
 
@@ -283,6 +286,12 @@ def test_pairing_takes_the_common_first_probes_and_hutchpp_only_at_equal_counts(
     old = {"trace": {k: v for k, v in traced(values).items() if k != "details"}}
     (c,) = evaluate(cfg, {"trace": traced(values)}, old)
     assert c.paired is None and "no per-probe values" in c.message
+    # a report of a flatcheck that drew one int8 per sign (no sign_stream) holds other vectors
+    # for the same seed: compared unpaired, saying why
+    earlier = traced(values)
+    del earlier["details"]["sign_stream"]
+    (c,) = evaluate(cfg, {"trace": traced(values)}, {"trace": earlier})
+    assert c.paired is None and "random stream" in c.message
 
 
 def test_student_t_for_few_draws_and_welch_for_two_sides():

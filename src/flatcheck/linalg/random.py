@@ -6,6 +6,13 @@ import torch
 from torch import Tensor
 
 
+# Which way rademacher_signs turns a seed into signs, stored beside the per-probe values a
+# gate pairs: two reports pair only when their probes are the same vectors, and a report of a
+# flatcheck that drew one int8 per sign (no such field: stream 1) holds other vectors for the
+# same seed than this one (stream 2, packed bits).
+SIGN_STREAM = 2
+
+
 def rademacher_signs(k: int, dim: int, generator: torch.Generator, *, device) -> Tensor:
     """k Rademacher vectors of length dim as int8 ±1, shape (k, dim).
 

@@ -11,6 +11,7 @@ from ..linalg import hutchinson, hutchpp
 from ..linalg.memory import gib
 from ..linalg.trace import plan_block
 from ..operators import CurvatureOperator, LayoutParts
+from ..linalg.random import SIGN_STREAM
 from ..report.result import ProbeResult
 from ._kit import budget_stop, option, progress_reporter
 from ._memory import limit_products, memory_note, probe_limit
@@ -203,6 +204,7 @@ class TraceProbe:
                 "probes": probes,
                 # value = offset + mean(probe_values): what a gate pairs two runs on
                 "probe_values": None if est is None else list(est.samples),
+                "sign_stream": None if est is None else SIGN_STREAM,  # which vectors a seed gives
                 "offset": None if est is None else est.offset,
                 "stop_reason": stop,
                 "block_size": options.block_size,

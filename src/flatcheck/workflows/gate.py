@@ -735,6 +735,11 @@ def _other_probes(base: Mapping[str, Any], seed: Any, estimator: Any, matrix: An
             return f"{key} differs (baseline {details.get(key)}, now {now})"
     if base.get("seed") != seed:
         return f"seeds differ (baseline {base.get('seed')}, now {seed})"
+    from ..linalg.random import SIGN_STREAM
+
+    if details.get("sign_stream", 1) != SIGN_STREAM:
+        return (f"the baseline's probe vectors come from another flatcheck's random stream (sign stream "
+                f"{details.get('sign_stream', 1)}, now {SIGN_STREAM}): the same seed gave other vectors")
     return ""
 
 
