@@ -245,3 +245,27 @@ def test_budget_ends_a_loop_whose_samples_are_one_batch(probe, opts):
     ctx = ProbeContext(case.backend(), seed=0, deadline=time.monotonic() - 1)
     r = create_probe(probe).run(ctx, parse_options(probe, opts))
     assert r.resolved is False and r.details["samples_used"] == BUDGET_CHUNK < 23
+
+
+def test_a_budget_stop_is_told_to_the_progress_display():
+    """The display's end line says "stopped by the budget" (ProgressRenderer.stopped), as for
+    the iterative probes, instead of an ordinary "done"."""
+    import time
+
+    class Listener:
+        def __init__(self):
+            self.stops = []
+
+        def __call__(self, *_a, **_k):
+            pass
+
+        def stopped(self, desc, reason):
+            self.stops.append((desc, reason))
+
+    for probe, opts, desc in (("mls", {"method": "estimate"}, "mls (estimate)"), ("mls", {"method": "exact"}, "mls"),
+                              ("jacobian", {"method": "exact"}, "jacobian (exact)"),
+                              ("decomposition", {"method": "exact"}, "decomposition")):
+        listener = Listener()
+        ctx = ProbeContext(make_case("cnn").backend(), seed=0, progress=listener, deadline=time.monotonic() - 1)
+        create_probe(probe).run(ctx, parse_options(probe, opts))
+        assert listener.stops == [(desc, "budget")], probe

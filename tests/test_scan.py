@@ -362,6 +362,7 @@ def test_preset_runs_the_mls_vs_sharpness_protocol(tmp_path):
                  "16", "-o", "adaptive-sharpness.probes_max=4", "-o", "adaptive-sharpness.noise_draws=2", "-q",
                  "--out", out)
     assert res.exit_code == 0, res.stderr
+    assert "mls.normalized_mls" in res.stdout  # the table shows the field the figure plots
     (a, b) = lines(out)
     probes = dict(a["settings"]["probes"])
     assert list(probes) == ["adaptive-sharpness", "mls"] and a["settings"]["samples"] == 16  # the user's flag wins

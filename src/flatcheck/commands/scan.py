@@ -128,7 +128,7 @@ def scan_cmd(
                     target = shard_path(out, placement.rank, placement.world_size)
                     _say(f"interrupted; every finished model is in {target}; continue with --resume", quiet=False)
                     raise
-        _print_summary(summary)
+        _print_summary(summary, chosen.figure if chosen is not None else {})
         return _exit_code(summary, allow_errors)
 
     guarded(debug, body)
@@ -257,7 +257,7 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in counts.items())
 
 
-def _print_summary(summary) -> None:
+def _print_summary(summary, figure: dict | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -272,11 +272,18 @@ def _print_summary(summary) -> None:
         return
     table = Table(title=f"scan → {summary.out}: {_counts(summary.counts())}{kept}", title_justify="left")
     probes = list(dict.fromkeys(p for r in summary.records for p in r.get("results", {})))
-    for col in ("model", "status", "seconds", *probes):
+    # a preset's figure may plot a detail rather than the headline (mls-vs-sharpness: the
+    # normalized MLS): that field gets its own column, so the table shows what the figure will
+    extra = [f for f in ((figure or {}).get("x"), (figure or {}).get("y")) if isinstance(f, str) and "." in f]
+    for col in ("model", "status", "seconds", *probes, *extra):
         table.add_column(col, justify="left" if col in ("model", "status") else "right")
     for r in summary.records:
         res = r.get("results", {})
         cells = [fmt_pm(res[p]["value"], res[p]["stderr"]) if p in res else "—" for p in probes]
+        for f in extra:
+            probe, _, key = f.partition(".")
+            value = ((res.get(probe) or {}).get("details") or {}).get(key)
+            cells.append(fmt_pm(value, None) if isinstance(value, (int, float)) else "—")
         table.add_row(r["model"], r["status"] if not r["error"] else f"{r['status']}: {r['error']}"[:60],
                       f"{r['seconds']:.1f}", *cells)
     Console().print(table)

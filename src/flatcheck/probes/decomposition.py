@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ._hooks import is_linear_like, named_matching
 from ._inputjac import iter_rows, require_independent
 from ..losses import output_hessian_factors
+from ..report.progress import report_stop
 from ..report.result import ProbeResult
 from ..errors import ConfigError
 from ._jacfree import LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks, \
@@ -201,6 +202,7 @@ class DecompositionProbe:
             passes += rows.out.shape[1]
             if n_total < problem.samples.n and out_of_budget(should_stop, n_total):
                 extra = cut_short(n_total, problem.samples.n)
+                report_stop(ctx.progress, "decomposition", "budget")
                 break
         return layers, n_total, passes, extra
 
@@ -218,6 +220,7 @@ class DecompositionProbe:
         for index, x, y, batch_no in iter_chunks(problem, budget_chunk(should_stop, route.chunk)):
             if out_of_budget(should_stop, index):
                 cut = cut_short(index, problem.samples.n)
+                report_stop(ctx.progress, "decomposition (estimate)", "budget")
                 break
             with model_mode(model, problem.bn_mode):
                 jp = JacobianProducts(model, x, "logits", taps, tap_outputs=True)

@@ -13,6 +13,7 @@ from ..backends.base import Outputs, model_mode
 from ..errors import ConfigError
 from ._inputjac import (AUTO_MAX_CLASSES, ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
                         require_independent, spectral_stats, summarise)
+from ..report.progress import report_stop
 from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
 from ._jacfree import plan
@@ -126,6 +127,7 @@ class JacobianProbe:
                 for lo in range(0, batch.x.shape[0], piece):
                     if out_of_budget(should_stop, used):
                         cut = cut_short(used, problem.samples.n)
+                        report_stop(ctx.progress, f"jacobian ({method})", "budget")
                         break
                     xb = batch.x[lo:lo + piece]
                     used += xb.shape[0]

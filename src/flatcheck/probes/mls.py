@@ -14,6 +14,7 @@ from torch import nn
 
 from ._hooks import is_linear_like, named_matching
 from ._inputjac import iter_rows, require_independent, spectral_stats
+from ..report.progress import report_stop
 from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
 from ._jacfree import (LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks,
@@ -136,6 +137,7 @@ class MLSProbe:
             # after the chunk, before the generator reads the next one's rows
             if done < problem.samples.n and out_of_budget(should_stop, done):
                 cut = cut_short(done, problem.samples.n)
+                report_stop(ctx.progress, "mls", "budget")
                 break
 
         mls = torch.cat(spec).mean().item()
@@ -191,6 +193,7 @@ class MLSProbe:
         for index, x, _, batch_no in iter_chunks(problem, budget_chunk(should_stop, route.chunk)):
             if out_of_budget(should_stop, index):
                 cut = cut_short(index, problem.samples.n)
+                report_stop(ctx.progress, "mls (estimate)", "budget")
                 break
             with model_mode(model, problem.bn_mode):
                 jp = JacobianProducts(model, x, options.output, taps, tap_outputs=True)
