@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from ..backends.base import model_mode
 from ..errors import ConfigError
 from ._hooks import Call, record
+from ._kit import SampleBudget
 
 Output = Literal["logits", "softmax", "sigmoid"]
 # Rows of all samples of one chunk together; a single sample larger than this still runs.
@@ -231,13 +232,15 @@ def summarise(values: Tensor) -> dict:
 
 def iter_rows(problem, output: Output, taps: list[tuple[str, nn.Module]], tap_outputs: bool,
               progress: Callable[[int, int], None] | None = None,
-              chunk: int | None = None) -> Iterator[tuple[Tensor, Tensor, Rows]]:
+              chunk: int | None = None, budget: SampleBudget | None = None) -> Iterator[tuple[Tensor, Tensor, Rows]]:
     """(x, y, Rows) for chunks of every batch: `chunk` samples (sized by the caller's memory
-    plan), or without one sized from the first chunk's row count.
+    plan), or without one sized from the first chunk's row count; `budget` caps the chunk and
+    may end the loop before a chunk's rows are taken.
 
     Runs under the problem's model mode; the caller has checked `require_independent`.
     """
     per_sample = None
+    done = 0
     for i, batch in enumerate(problem.samples):
         start = 0
         while start < batch.x.shape[0]:
@@ -246,6 +249,10 @@ def iter_rows(problem, output: Output, taps: list[tuple[str, nn.Module]], tap_ou
                 step = chunk
             else:
                 step = 1 if per_sample is None else next(sample_chunks(batch.x.shape[0] - start, per_sample, 8)).stop
+            if budget is not None:
+                if budget.ends(done, problem.samples.n):
+                    return
+                step = budget.chunk(step)
             x, y = batch.x[start:start + step], batch.y[start:start + step]
             # held for the forward only, not across the yield (see AutogradBackend.outputs)
             with model_mode(problem.model, problem.bn_mode):
@@ -255,5 +262,6 @@ def iter_rows(problem, output: Output, taps: list[tuple[str, nn.Module]], tap_ou
                     t.dh[0].numel() + (t.dz[0].numel() if t.dz is not None else 0) for t in rows.taps)
             yield x, y, rows
             start += step
+            done += x.shape[0]
         if progress is not None:
             progress(i + 1, problem.samples.num_batches)

@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..linalg.memory import chunk_size, memory_limit
 from ._hooks import Call, record
 from ._inputjac import AUTO_MAX_CLASSES, ROW_BYTES, Output, apply_output
-from ._kit import option
+from ._kit import SampleBudget, option
 
 # streams of the per-sample generators
 LANCZOS_STREAM, PROBE_STREAM = 1, 2
@@ -300,12 +300,15 @@ def plan(model: nn.Module, x1: Tensor, output: Output, taps: list[tuple[str, nn.
     return Plan(method, chunk, num_classes, limit, per_sample, graph)
 
 
-def iter_chunks(problem, chunk: int):
+def iter_chunks(problem, chunk: int, budget: SampleBudget | None = None):
     """(index of the chunk's first sample in the sample set, x, y, batch number) for chunks of at
-    most `chunk` samples of every batch, in order."""
+    most `chunk` samples of every batch, in order; `budget` caps the chunk and may end it early."""
     first = 0
+    chunk = chunk if budget is None else budget.chunk(chunk)
     for b, batch in enumerate(problem.samples):
         for start in range(0, batch.x.shape[0], chunk):
+            if budget is not None and budget.ends(first + start, problem.samples.n):
+                return
             x, y = batch.x[start:start + chunk], batch.y[start:start + chunk]
             yield first + start, x, y, b
         first += batch.x.shape[0]

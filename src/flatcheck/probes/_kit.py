@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..losses import per_sample_loss
+from ..report.progress import report_stop
 
 if TYPE_CHECKING:  # the registry imports nothing from here at run time either way
     from .registry import ProbeContext
@@ -92,24 +93,32 @@ def budget_stop(ctx: "ProbeContext") -> Callable[[], bool] | None:
 BUDGET_CHUNK = 8
 
 
-def budget_chunk(should_stop: Callable[[], bool] | None, chunk: int) -> int:
-    """The samples per chunk of a per-sample loop: `chunk`, capped at BUDGET_CHUNK under a budget."""
-    return chunk if should_stop is None else max(1, min(chunk, BUDGET_CHUNK))
+class SampleBudget:
+    """--budget over the loop of a per-sample probe (jacobian, mls, decomposition): chunks of
+    at most BUDGET_CHUNK samples under a budget, and the loop ends before its next chunk once
+    the budget is spent, with at least one chunk in. `cut` then holds the details that say so
+    (the means are over the samples used: an estimate of the same quantity that no gate may
+    compare with a run over all of them, so the result is not resolved), and the progress
+    display's end line says "stopped by the budget" for `desc`."""
 
+    def __init__(self, ctx: "ProbeContext", desc: str):
+        self.should_stop = budget_stop(ctx)
+        self.progress, self.desc = ctx.progress, desc
+        self.cut: dict[str, Any] | None = None
 
-def out_of_budget(should_stop: Callable[[], bool] | None, done: int) -> bool:
-    """Whether a loop over samples ends here: the budget is spent and at least one chunk is in
-    (a mean needs one; a Lanczos run cut short still finishes its chunk)."""
-    return should_stop is not None and done > 0 and should_stop()
+    def chunk(self, chunk: int) -> int:
+        """Samples per chunk: `chunk`, capped at BUDGET_CHUNK under a budget."""
+        return chunk if self.should_stop is None else max(1, min(chunk, BUDGET_CHUNK))
 
-
-def cut_short(done: int, requested: int) -> dict[str, Any]:
-    """The details of a sample loop that --budget ended after `done` of `requested` samples: its
-    means are over those, an estimate of the same quantity that no gate may compare with a run
-    over all of them (ProbeResult.resolved is False, with this reason)."""
-    return {"stop_reason": "budget", "samples_used": done, "samples_requested": requested,
-            "unresolved_reason": f"stopped by --budget after {done} of {requested} samples (the means are "
-                                 "over those); raise --budget or lower --samples"}
+    def ends(self, done: int, requested: int) -> bool:
+        """Whether the loop ends before its next chunk, `done` of `requested` samples in."""
+        if self.should_stop is None or not 0 < done < requested or not self.should_stop():
+            return False
+        self.cut = {"stop_reason": "budget", "samples_used": done, "samples_requested": requested,
+                    "unresolved_reason": f"stopped by --budget after {done} of {requested} samples (the means "
+                                         "are over those); raise --budget or lower --samples"}
+        report_stop(self.progress, self.desc, "budget")
+        return True
 
 
 Statistic = Callable[[Tensor, Tensor], Tensor]  # (logits, labels) → (B,) per-sample values

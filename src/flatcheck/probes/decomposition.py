@@ -18,12 +18,11 @@ from torch import Tensor, nn
 from ._hooks import is_linear_like, named_matching
 from ._inputjac import iter_rows, require_independent
 from ..losses import output_hessian_factors
-from ..report.progress import report_stop
 from ..report.result import ProbeResult
 from ..errors import ConfigError
 from ._jacfree import LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks, \
     lanczos_sigma, plan, rademacher
-from ._kit import budget_chunk, budget_stop, cut_short, option, out_of_budget, progress_reporter
+from ._kit import SampleBudget, option, progress_reporter
 from ..backends.base import ExactGGN, model_mode
 from .registry import ProbeContext, register_probe
 
@@ -178,11 +177,11 @@ class DecompositionProbe:
     def _exact(self, ctx: ProbeContext, taps, route) -> tuple[dict, int, int, dict]:
         problem = ctx.backend.problem
         layers: dict[str, _Layer] = {}
-        n_total, passes, extra = 0, 0, {}
-        should_stop = budget_stop(ctx)
+        n_total, passes = 0, 0
+        budget = SampleBudget(ctx, "decomposition")
         progress = progress_reporter(ctx, "decomposition")
         for _, y, rows in iter_rows(problem, "logits", taps, tap_outputs=True, progress=progress,
-                                    chunk=budget_chunk(should_stop, route.chunk)):
+                                    chunk=route.chunk, budget=budget):
             U, lam = output_hessian_factors(rows.logits, y, problem.loss)
             U, lam = U.to(torch.float64), lam.to(torch.float64)
             A = torch.einsum("bck,bk,bdk->bcd", U, lam, U)
@@ -200,11 +199,7 @@ class DecompositionProbe:
                 layers.setdefault(tap.call.key, _Layer(tap.call.module, exact)).add(s, lam_max, centered, factor)
             n_total += y.shape[0]
             passes += rows.out.shape[1]
-            if n_total < problem.samples.n and out_of_budget(should_stop, n_total):
-                extra = cut_short(n_total, problem.samples.n)
-                report_stop(ctx.progress, "decomposition", "budget")
-                break
-        return layers, n_total, passes, extra
+        return layers, n_total, passes, budget.cut or {}
 
     def _estimate(self, ctx: ProbeContext, options: DecompositionOptions, taps, route) -> tuple[dict, int, int, dict]:
         """Matrix-free: λmax(M_l) = σ_max(∂f/∂z_l)² by Lanczos on M_l; centered = Tr(A M_l) =
@@ -212,16 +207,12 @@ class DecompositionProbe:
         ξ Rademacher over the loss's output-Hessian factors A = Σ_k λ_k U_k U_kᵀ."""
         problem = ctx.backend.problem
         model, k = problem.model, options.projections
-        should_stop = budget_stop(ctx)
+        budget = SampleBudget(ctx, "decomposition (estimate)")
+        should_stop = budget.should_stop
         progress = progress_reporter(ctx, "decomposition (estimate)")
         layers: dict[str, _Layer] = {}
         n_total, passes, unconverged, worst, total_var = 0, 0, 0, 0.0, 0.0
-        cut = None
-        for index, x, y, batch_no in iter_chunks(problem, budget_chunk(should_stop, route.chunk)):
-            if out_of_budget(should_stop, index):
-                cut = cut_short(index, problem.samples.n)
-                report_stop(ctx.progress, "decomposition (estimate)", "budget")
-                break
+        for index, x, y, batch_no in iter_chunks(problem, route.chunk, budget):
             with model_mode(model, problem.bn_mode):
                 jp = JacobianProducts(model, x, "logits", taps, tap_outputs=True)
             b = x.shape[0]
@@ -264,8 +255,7 @@ class DecompositionProbe:
                                                "unconverged": unconverged, "max_relative_residual": worst}}
         if should_stop is not None and should_stop():
             extra["stop_reason"] = "budget"
-        if cut is not None:
-            extra.update(cut)
+        extra.update(budget.cut or {})
         return layers, n_total, passes, extra
 
 

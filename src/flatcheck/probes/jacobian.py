@@ -13,11 +13,10 @@ from ..backends.base import Outputs, model_mode
 from ..errors import ConfigError
 from ._inputjac import (AUTO_MAX_CLASSES, ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
                         require_independent, spectral_stats, summarise)
-from ..report.progress import report_stop
 from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
-from ._jacfree import plan
-from ._kit import budget_chunk, budget_stop, cut_short, option, out_of_budget, progress_reporter
+from ._jacfree import iter_chunks, plan
+from ._kit import SampleBudget, option, progress_reporter
 from .registry import ProbeContext, register_probe
 
 
@@ -115,52 +114,38 @@ class JacobianProbe:
 
         fro, fro_se, spec, resid, outside, outside_se = [], [], [], [], [], []
         passes, iters = 0, 0
-        done = 0
         progress = progress_reporter(ctx, f"jacobian ({method})")
-        should_stop, used, cut = budget_stop(ctx), 0, None
+        # whole batches, or under --budget pieces the budget can end between (on the estimate
+        # route the projections are then drawn piece by piece: other draws from the same seed)
+        budget = SampleBudget(ctx, f"jacobian ({method})")
         with model_mode(model, problem.bn_mode):
-            for batch in problem.samples:
-                # under --budget a batch is taken in pieces the budget can end between (on the
-                # estimate route the projections are then drawn piece by piece: other draws
-                # from the same seed than without a budget)
-                piece = budget_chunk(should_stop, batch.x.shape[0])
-                for lo in range(0, batch.x.shape[0], piece):
-                    if out_of_budget(should_stop, used):
-                        cut = cut_short(used, problem.samples.n)
-                        report_stop(ctx.progress, f"jacobian ({method})", "budget")
-                        break
-                    xb = batch.x[lo:lo + piece]
-                    used += xb.shape[0]
-                    if method == "exact":
-                        for first_row in range(0, xb.shape[0], memory["chunk_samples"]):
-                            rows = jacobian_rows(model, xb[first_row:first_row + memory["chunk_samples"]],
-                                                 options.output)
-                            stats = spectral_stats(rows.dx, eps)
-                            fro.append(stats.frobenius)
-                            spec.append(stats.spectral)
-                            if mask is not None:
-                                sq = rows.dx.to(torch.float64).pow(2) * mask.to(rows.dx.device)
-                                outside.append(sq.flatten(1).sum(1))
-                            passes += num_classes
-                    else:
-                        sq, sq_out = projected_sqnorms(model, xb, options.output, options.projections, generator, mask)
-                        est, var = sq.mean(1), sq.var(1) / options.projections
-                        fro.append(est.sqrt())
-                        fro_se.append(var.sqrt() / (2 * est.sqrt()).clamp_min(torch.finfo(torch.float64).tiny))
-                        if sq_out is not None:
-                            outside.append(sq_out.mean(1))
-                            outside_se.append(sq_out.var(1) / options.projections)
-                        power = power_spectral(model, xb, options.output, generator, options.power_iters,
-                                               options.power_tol)
-                        spec.append(power.sigma)
-                        resid.append(power.residual)
-                        passes += options.projections + power.passes
-                        iters = max(iters, power.iterations)
-                if cut is not None:
-                    break
-                done += 1
+            for _, xb, _, batch_no in iter_chunks(problem, problem.samples.batch_size, budget):
+                if method == "exact":
+                    for first_row in range(0, xb.shape[0], memory["chunk_samples"]):
+                        rows = jacobian_rows(model, xb[first_row:first_row + memory["chunk_samples"]], options.output)
+                        stats = spectral_stats(rows.dx, eps)
+                        fro.append(stats.frobenius)
+                        spec.append(stats.spectral)
+                        if mask is not None:
+                            sq = rows.dx.to(torch.float64).pow(2) * mask.to(rows.dx.device)
+                            outside.append(sq.flatten(1).sum(1))
+                        passes += num_classes
+                else:
+                    sq, sq_out = projected_sqnorms(model, xb, options.output, options.projections, generator, mask)
+                    est, var = sq.mean(1), sq.var(1) / options.projections
+                    fro.append(est.sqrt())
+                    fro_se.append(var.sqrt() / (2 * est.sqrt()).clamp_min(torch.finfo(torch.float64).tiny))
+                    if sq_out is not None:
+                        outside.append(sq_out.mean(1))
+                        outside_se.append(sq_out.var(1) / options.projections)
+                    power = power_spectral(model, xb, options.output, generator, options.power_iters,
+                                           options.power_tol)
+                    spec.append(power.sigma)
+                    resid.append(power.residual)
+                    passes += options.projections + power.passes
+                    iters = max(iters, power.iterations)
                 if progress is not None:
-                    progress(done, problem.samples.num_batches)
+                    progress(batch_no + 1, problem.samples.num_batches)
 
         fro_t, spec_t = torch.cat(fro).cpu(), torch.cat(spec).cpu()
         n = fro_t.numel()
@@ -199,13 +184,14 @@ class JacobianProbe:
             notes += f"; excluded-region ‖J‖_F mean {details['excluded']['mean']:.4g}"
         if method == "estimate" and details["spectral"]["unconverged"]:
             notes += f"; power iteration: {details['spectral']['unconverged']} samples above residual tol"
-        if cut is not None:
-            details.update(cut)
-            notes += f"; {cut['unresolved_reason']}"
+        if budget.cut is not None:
+            details.update(budget.cut)
+            notes += f"; {budget.cut['unresolved_reason']}"
         return ProbeResult(
             probe=self.name, value=details["frobenius"]["mean"], stderr=stderr, matvecs=0,
             seconds=time.perf_counter() - start, seed=ctx.seed if method == "estimate" else None,
-            label=f"mean ‖J_x‖_F ({options.output})", notes=notes, details=details, resolved=cut is None,
+            label=f"mean ‖J_x‖_F ({options.output})", notes=notes, details=details,
+            resolved=budget.cut is None,
         )
 
     @staticmethod

@@ -14,12 +14,11 @@ from torch import nn
 
 from ._hooks import is_linear_like, named_matching
 from ._inputjac import iter_rows, require_independent, spectral_stats
-from ..report.progress import report_stop
 from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
 from ._jacfree import (LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks,
                        lanczos_sigma, local_dimension, plan, rademacher)
-from ._kit import budget_chunk, budget_stop, cut_short, option, out_of_budget, progress_reporter
+from ._kit import SampleBudget, option, progress_reporter
 from ..backends.base import Outputs, model_mode
 from .registry import ProbeContext, register_probe
 
@@ -105,12 +104,11 @@ class MLSProbe:
         layers: dict[str, _Layer] = {}
         first_is_input = True
         first_key = None
-        passes, done, cut = 0, 0, None
-        should_stop = budget_stop(ctx)
+        passes = 0
+        budget = SampleBudget(ctx, "mls")
         progress = progress_reporter(ctx, "mls")
         for x, _, rows in iter_rows(problem, options.output, taps, tap_outputs=True, progress=progress,
-                                   chunk=budget_chunk(should_stop, route.chunk)):
-            done += x.shape[0]
+                                   chunk=route.chunk, budget=budget):
             eps = torch.finfo(x.dtype).eps
             passes += rows.out.shape[1]
             stats = spectral_stats(rows.dx, eps)
@@ -134,11 +132,6 @@ class MLSProbe:
                 if dense:
                     dz_sq = tap.dz.flatten(2).to(torch.float64).pow(2).sum((1, 2))
                     layer.grad_w_sq.append(dz_sq * h_sq)
-            # after the chunk, before the generator reads the next one's rows
-            if done < problem.samples.n and out_of_budget(should_stop, done):
-                cut = cut_short(done, problem.samples.n)
-                report_stop(ctx.progress, "mls", "budget")
-                break
 
         mls = torch.cat(spec).mean().item()
         per_layer = {}
@@ -172,29 +165,26 @@ class MLSProbe:
         notes = (f"MLS {mls:.4g} (bound {fmt(mls_bound)}), {nmls_note}, "
                  f"normalized MLS {details['normalized_mls']:.4g}, log-vol {details['log_volume']:.4g}, "
                  f"local dim {details['local_dimensionality']:.4g}")
-        if cut is not None:
-            details.update(cut)
-            notes += f"; {cut['unresolved_reason']}"
+        if budget.cut is not None:
+            details.update(budget.cut)
+            notes += f"; {budget.cut['unresolved_reason']}"
         return ProbeResult(probe=self.name, value=mls, stderr=None, matvecs=0, seconds=0.0,
-                           label=f"MLS ({options.output})", notes=notes, details=details, resolved=cut is None)
+                           label=f"MLS ({options.output})", notes=notes, details=details,
+                           resolved=budget.cut is None)
 
     def _estimate(self, ctx: ProbeContext, options: MLSOptions, taps, route) -> ProbeResult:
         """The matrix-free route: per sample, σ_max of J_x and of every ∂f/∂h_l by Lanczos on
         JJᵀ, Tr(JJᵀ) and Tr((JJᵀ)²) of J_x and ‖∂f/∂z_l‖²_F of the dense layers by Hutchinson."""
         problem = ctx.backend.problem
         model, k = problem.model, options.projections
-        should_stop = budget_stop(ctx)
+        budget = SampleBudget(ctx, "mls (estimate)")
+        should_stop = budget.should_stop
         progress = progress_reporter(ctx, "mls (estimate)")
         sig, sig_err, norm_sig, norm_err, t1s, t2s = [], [], [], [], [], []
         layers: dict[str, dict] = {}
         iters, unconverged, worst = [], 0, 0.0
         first_key, first_is_input, passes = None, True, 0
-        cut = None
-        for index, x, _, batch_no in iter_chunks(problem, budget_chunk(should_stop, route.chunk)):
-            if out_of_budget(should_stop, index):
-                cut = cut_short(index, problem.samples.n)
-                report_stop(ctx.progress, "mls (estimate)", "budget")
-                break
+        for index, x, _, batch_no in iter_chunks(problem, route.chunk, budget):
             with model_mode(model, problem.bn_mode):
                 jp = JacobianProducts(model, x, options.output, taps, tap_outputs=True)
             b, c = jp.out.shape
@@ -286,6 +276,7 @@ class MLSProbe:
         }
         if details["lanczos"]["stop_reason"] == "budget":
             details["stop_reason"] = "budget"
+        cut = budget.cut
         if cut is not None:
             details.update(cut)
         fmt = lambda b: "n/a" if b is None else f"{b:.4g}"  # noqa: E731

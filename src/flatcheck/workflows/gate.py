@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping
 from scipy.stats import norm, t as student_t
 
 from ..errors import ConfigError, InputError
+from ..linalg.random import SIGN_STREAM
 from ..probes.registry import get_probe_class, parse_options
 from ..report.result import ProbeResult
 from .results_io import FieldMissing, as_number, resolve_field
@@ -735,8 +736,6 @@ def _other_probes(base: Mapping[str, Any], seed: Any, estimator: Any, matrix: An
             return f"{key} differs (baseline {details.get(key)}, now {now})"
     if base.get("seed") != seed:
         return f"seeds differ (baseline {base.get('seed')}, now {seed})"
-    from ..linalg.random import SIGN_STREAM
-
     if details.get("sign_stream", 1) != SIGN_STREAM:
         return (f"the baseline's probe vectors come from another flatcheck's random stream (sign stream "
                 f"{details.get('sign_stream', 1)}, now {SIGN_STREAM}): the same seed gave other vectors")
