@@ -249,23 +249,31 @@ def test_budget_ends_a_loop_whose_samples_are_one_batch(probe, opts):
 
 def test_a_budget_stop_is_told_to_the_progress_display():
     """The display's end line says "stopped by the budget" (ProgressRenderer.stopped), as for
-    the iterative probes, instead of an ordinary "done"."""
+    the iterative probes, instead of an ordinary "done": the stop is told, and no report before
+    it says the loop complete (the display would end the line there). One batch holds every
+    sample, so a report per chunk of "batch 1 of 1" would have."""
     import time
 
     class Listener:
         def __init__(self):
-            self.stops = []
+            self.events = []
 
-        def __call__(self, *_a, **_k):
-            pass
+        def __call__(self, desc, done, total, **_k):
+            self.events.append(("progress", desc, done, total))
 
         def stopped(self, desc, reason):
-            self.stops.append((desc, reason))
+            self.events.append(("stopped", desc, reason))
 
     for probe, opts, desc in (("mls", {"method": "estimate"}, "mls (estimate)"), ("mls", {"method": "exact"}, "mls"),
                               ("jacobian", {"method": "exact"}, "jacobian (exact)"),
-                              ("decomposition", {"method": "exact"}, "decomposition")):
+                              ("jacobian", {"method": "estimate"}, "jacobian (estimate)"),
+                              ("decomposition", {"method": "exact"}, "decomposition"),
+                              ("decomposition", {"method": "estimate"}, "decomposition (estimate)")):
         listener = Listener()
-        ctx = ProbeContext(make_case("cnn").backend(), seed=0, progress=listener, deadline=time.monotonic() - 1)
+        ctx = ProbeContext(make_case("cnn", batch_size=23).backend(), seed=0, progress=listener,
+                           deadline=time.monotonic() - 1)
         create_probe(probe).run(ctx, parse_options(probe, opts))
-        assert listener.stops == [(desc, "budget")], probe
+        stops = [e for e in listener.events if e[0] == "stopped"]
+        assert stops == [("stopped", desc, "budget")], (probe, opts)
+        before = listener.events[:listener.events.index(stops[0])]
+        assert not [e for e in before if e[1] == desc and e[3] and e[2] >= e[3]], (probe, opts, before)

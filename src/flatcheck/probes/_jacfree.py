@@ -300,15 +300,19 @@ def plan(model: nn.Module, x1: Tensor, output: Output, taps: list[tuple[str, nn.
     return Plan(method, chunk, num_classes, limit, per_sample, graph)
 
 
-def iter_chunks(problem, chunk: int, budget: SampleBudget | None = None):
-    """(index of the chunk's first sample in the sample set, x, y, batch number) for chunks of at
-    most `chunk` samples of every batch, in order; `budget` caps the chunk and may end it early."""
+def iter_chunks(problem, chunk: int, budget: SampleBudget | None = None,
+                progress: Callable[[int, int], None] | None = None):
+    """(index of the chunk's first sample in the sample set, x, y) for chunks of at most
+    `chunk` samples of every batch, in order; `budget` caps the chunk and may end the loop
+    before a chunk. `progress(batches done, batches)` once a batch's last chunk is through, as
+    iter_rows reports, so that a loop the budget ends is not first reported complete."""
     first = 0
     chunk = chunk if budget is None else budget.chunk(chunk)
     for b, batch in enumerate(problem.samples):
         for start in range(0, batch.x.shape[0], chunk):
             if budget is not None and budget.ends(first + start, problem.samples.n):
                 return
-            x, y = batch.x[start:start + chunk], batch.y[start:start + chunk]
-            yield first + start, x, y, b
+            yield first + start, batch.x[start:start + chunk], batch.y[start:start + chunk]
         first += batch.x.shape[0]
+        if progress is not None:
+            progress(b + 1, problem.samples.num_batches)

@@ -212,7 +212,7 @@ class DecompositionProbe:
         progress = progress_reporter(ctx, "decomposition (estimate)")
         layers: dict[str, _Layer] = {}
         n_total, passes, unconverged, worst, total_var = 0, 0, 0, 0.0, 0.0
-        for index, x, y, batch_no in iter_chunks(problem, route.chunk, budget):
+        for index, x, y in iter_chunks(problem, route.chunk, budget, progress):
             with model_mode(model, problem.bn_mode):
                 jp = JacobianProducts(model, x, "logits", taps, tap_outputs=True)
             b = x.shape[0]
@@ -249,8 +249,6 @@ class DecompositionProbe:
             n_total += b
             passes += jp.backward_passes
             jp.close()
-            if progress is not None:
-                progress(batch_no + 1, problem.samples.num_batches)
         extra = {"total_stderr": math.sqrt(total_var) / n_total, "projections": k, "lanczos": {"max_iters": options.lanczos_iters, "tol": options.lanczos_tol,
                                                "unconverged": unconverged, "max_relative_residual": worst}}
         if should_stop is not None and should_stop():

@@ -119,7 +119,7 @@ class JacobianProbe:
         # route the projections are then drawn piece by piece: other draws from the same seed)
         budget = SampleBudget(ctx, f"jacobian ({method})")
         with model_mode(model, problem.bn_mode):
-            for _, xb, _, batch_no in iter_chunks(problem, problem.samples.batch_size, budget):
+            for _, xb, _ in iter_chunks(problem, problem.samples.batch_size, budget, progress):
                 if method == "exact":
                     for first_row in range(0, xb.shape[0], memory["chunk_samples"]):
                         rows = jacobian_rows(model, xb[first_row:first_row + memory["chunk_samples"]], options.output)
@@ -144,8 +144,6 @@ class JacobianProbe:
                     resid.append(power.residual)
                     passes += options.projections + power.passes
                     iters = max(iters, power.iterations)
-                if progress is not None:
-                    progress(batch_no + 1, problem.samples.num_batches)
 
         fro_t, spec_t = torch.cat(fro).cpu(), torch.cat(spec).cpu()
         n = fro_t.numel()

@@ -184,7 +184,7 @@ class MLSProbe:
         layers: dict[str, dict] = {}
         iters, unconverged, worst = [], 0, 0.0
         first_key, first_is_input, passes = None, True, 0
-        for index, x, _, batch_no in iter_chunks(problem, route.chunk, budget):
+        for index, x, _ in iter_chunks(problem, route.chunk, budget, progress):
             with model_mode(model, problem.bn_mode):
                 jp = JacobianProducts(model, x, options.output, taps, tap_outputs=True)
             b, c = jp.out.shape
@@ -231,8 +231,6 @@ class MLSProbe:
                     layer["grad_w_sq"].append(dz_sq[i] * h_sq.unsqueeze(1))  # draws of ‖∇_W f‖²_F
             passes += jp.backward_passes
             jp.close()
-            if progress is not None:
-                progress(batch_no + 1, problem.samples.num_batches)
 
         n = sum(len(v) for v in sig)
         sig_t, err_t = torch.cat(sig), torch.cat(sig_err)
