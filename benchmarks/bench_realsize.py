@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,7 +55,7 @@ RUNS = (
     ("relative-flatness", "relative-flatness", ()),
     ("spectrum", "spectrum", ()),
     ("trace", "trace", ()),
-    ("trace exact GGN, 8 classes", "trace", ("trace.estimator=exact", "trace.class_samples=8")),
+    ("trace exact GGN (8 classes)", "trace", ("trace.estimator=exact", "trace.class_samples=8")),
 )
 
 
@@ -293,7 +294,8 @@ def child(model_name: str, samples: int, batch: int, device: str, wanted: set[st
         start = time.perf_counter()
         row = {"model": model_name, "row": name, "samples": samples, "device": device}
         try:
-            res = flatcheck.measure(model, (x, y), probes={probe: opts}, batch_size=batch, device=dev,
+            res = flatcheck.measure(model, (x, y), probes={probe: opts}, batch_size=batch,
+                                    device="cpu" if dev.type == "cpu" else dev,
                                     test_data=(x_test, y_test)).results[probe]
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
@@ -330,31 +332,48 @@ def run_children(args, rows: list[dict], done: set) -> None:
             start = time.perf_counter()
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                     start_new_session=True)
-            got = []
-            try:
-                out, err = proc.communicate(timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, err = proc.communicate()
-            for line in out.splitlines():
-                if line.startswith("{"):
-                    got.append(json.loads(line))
-            seen = {r["row"] for r in got}
-            for n in names:  # what the child did not reach: timed out, or the child died
-                if n not in seen:
-                    got.append({"model": model, "row": n, "samples": samples, "device": args.device,
-                                "seconds": time.perf_counter() - start, "peak_rss_bytes": 0, "exit": proc.returncode,
-                                "timed_out": proc.returncode == -signal.SIGKILL,
-                                "error": (err.strip().splitlines() or ["not reached"])[-1][:200]})
-                    break
-            for row in got:
+            # rows are kept as the child prints them, so an outer time limit that ends this process
+            # (SIGTERM from `timeout`) still leaves every finished probe's row, and takes the child along
+            got: list[dict] = []
+            errs: list[str] = []
+
+            def keep(row: dict) -> None:
                 row.update(budget=None, max_memory=None)
+                got.append(row)
                 rows.append(row)
                 with args.jsonl.open("a") as fh:
                     fh.write(json.dumps(row, default=str) + "\n")
+                write_table(rows, args.out, args)
                 print(f"{model} {row['row']} n={samples}: {row['seconds']:.1f} s, "
                       f"{row.get('peak_device_bytes', 0) / 1e9:.2f} GB device, exit {row['exit']}", flush=True)
-            write_table(rows, args.out, args)
+
+            def stop(signum, frame):  # noqa: ARG001
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise SystemExit(128 + signum)
+
+            old = signal.signal(signal.SIGTERM, stop)
+            reader = threading.Thread(target=lambda: [keep(json.loads(line)) for line in proc.stdout
+                                                      if line.startswith("{")], daemon=True)
+            drain = threading.Thread(target=lambda: errs.extend(proc.stderr), daemon=True)
+            reader.start()
+            drain.start()
+            try:
+                proc.wait(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            finally:
+                signal.signal(signal.SIGTERM, old)
+            reader.join()
+            drain.join()
+            seen = {r["row"] for r in got}
+            for n in names:  # what the child did not reach: timed out, or the child died
+                if n not in seen:
+                    keep({"model": model, "row": n, "samples": samples, "device": args.device,
+                          "seconds": time.perf_counter() - start, "peak_rss_bytes": 0, "exit": proc.returncode,
+                          "timed_out": proc.returncode == -signal.SIGKILL,
+                          "error": ("".join(errs).strip().splitlines() or ["not reached"])[-1][:200]})
+                    break
 
 
 def main() -> None:
