@@ -274,3 +274,27 @@ def test_jacobian_exact_route_is_planned_as_mls_is():
             assert math.isclose(a[key], b[key], rel_tol=1e-12, abs_tol=1e-300), key
     with pytest.raises(ConfigError, match="probe jacobian \\(exact route.*needs about .* GiB even one at a time"):
         run(case, "jacobian", max_memory=need - 1, method="exact")
+
+
+def test_measuring_a_graph_keeps_none_of_it():
+    # sigmoid saves its own output for backward: a pack hook that kept that tensor would tie
+    # it to its grad_fn through autograd's C++ nodes, which Python's collector cannot free,
+    # so every probe that plans its micro-batches would leave one sample's graph behind
+    import gc
+    import weakref
+
+    from flatcheck.engines.microbatch import saved_bytes
+
+    lin = nn.Linear(5, 4)
+    x = torch.randn(3, 5)
+    kept = []
+
+    def run():
+        h = torch.sigmoid(lin(x))
+        kept.append(weakref.ref(h))
+        return h.sum()
+
+    # linear saves x, sigmoid its output (float32); lin's weight and bias are the model's own
+    assert saved_bytes(run, lin) == x.numel() * 4 + x.shape[0] * 4 * 4
+    gc.collect()
+    assert kept[0]() is None

@@ -42,9 +42,15 @@ def saved_bytes(run: Callable[[], Any], model: nn.Module | None = None) -> int:
                 seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
         except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. functional wrappers)
             seen[(id(t),)] = t.numel() * t.element_size()
-        return t
+        # nothing is kept: `run` is never differentiated, and packing the tensor itself would
+        # tie an op's saved output to its own grad_fn, a cycle through autograd's C++ nodes
+        # that Python's collector cannot see, so every measured graph would outlive the call
+        return None
 
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(_):
+        raise RuntimeError("saved_bytes measures a forward pass; it cannot be differentiated")
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         run()
     return sum(seen.values())
 
