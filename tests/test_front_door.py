@@ -148,3 +148,30 @@ def test_a_resize_is_said_once_on_stderr_and_recorded(tmp_path):
     # at the data's own size nothing is resized, and nothing said
     report = run_json("trace", DEMO, "--spec", DEMO_SPEC, "--data", "digits", *FAST)
     assert "resized" not in report["data"]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: tmp / "absent.safetensors", "error: checkpoint not found: {}"),
+    (lambda tmp: (tmp / "weights.pt").mkdir() or tmp / "weights.pt", "error: checkpoint {} is a folder, not a file"),
+])
+def test_a_missing_checkpoint_is_refused_before_torch_is_imported(tmp_path, make, message):
+    """The front door's commonest mistake, a mistyped file name, costs no import of torch: the
+    line and exit 2 the loader itself gives, said at once."""
+    import subprocess
+
+    path = str(make(tmp_path))
+    code = ("import sys, atexit; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
+            f"sys.argv = ['flatcheck', 'trace', {path!r}, '--data', 'synthetic']; "
+            "from flatcheck.entry import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message.format(path)), proc.stderr
+    assert proc.stdout.strip() == "torch imported: False"
+
+
+def test_the_early_check_knows_every_checkpoint_suffix_the_loader_reads():
+    from flatcheck.models.checkpoint import SAFETENSORS_EXTS, TORCH_EXTS
+    from flatcheck.report.progress import CHECKPOINT_SUFFIXES
+
+    assert set(CHECKPOINT_SUFFIXES) == set(SAFETENSORS_EXTS + TORCH_EXTS)

@@ -96,7 +96,14 @@ def test_run_config_parses_it():
     assert config.max_memory == 2**30
 
 
-def test_cli_exit_2_with_the_size_needed():
+@pytest.fixture
+def nothing_held(monkeypatch):
+    """The process's own memory read as 0, so a tiny --max-memory reaches the probe's planning
+    whole (that the process's memory counts is tested on its own)."""
+    monkeypatch.setattr("flatcheck.linalg.memory.resident_bytes", lambda device: 0)
+
+
+def test_cli_exit_2_with_the_size_needed(nothing_held):
     result = invoke("mls", CKPT, "--spec", SPEC, "--samples", "4", "--batch-size", "4", "--max-memory", "1K")
     err = bad(result, "--max-memory", "needs about")
     assert "probe mls" in err
@@ -256,7 +263,7 @@ def test_auto_drops_the_basis_that_cannot_fit_and_says_so(probe):
     assert cut.matvecs == full.matvecs
 
 
-def test_cli_spectrum_refused_up_front_with_the_steps_that_fit():
+def test_cli_spectrum_refused_up_front_with_the_steps_that_fit(nothing_held):
     result = invoke("spectrum", CKPT, "--spec", SPEC, "--samples", "4", "--max-memory", "64K", "--reorth", "full")
     err = bad(result, "--max-memory", "--lanczos-steps")
     assert "probe spectrum (SLQ): a Lanczos basis of 100 steps" in err and "bytes" in err
@@ -298,3 +305,24 @@ def test_measuring_a_graph_keeps_none_of_it():
     assert saved_bytes(run, lin) == x.numel() * 4 + x.shape[0] * 4 * 4
     gc.collect()
     assert kept[0]() is None
+
+
+def test_the_cap_counts_what_the_process_holds(monkeypatch):
+    """--max-memory caps the process: what it holds when a probe starts (torch, the model, the
+    samples) is taken off, and each probe is left the rest, read again as it starts."""
+    from flatcheck.api import measure
+
+    held = iter([3 * 2**30, 3 * 2**30 + 2**20])
+    monkeypatch.setattr("flatcheck.linalg.memory.resident_bytes", lambda device: next(held))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    data = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
+    report = measure(model, data, probes={"lmax": None, "spectrum": {"lanczos_steps": 5}}, max_memory="4G")
+    assert report.results["lmax"].details["memory"]["limit_bytes"] == 2**30
+    assert report.results["spectrum"].details["memory"]["limit_bytes"] == 2**30 - 2**20
+
+
+def test_a_cap_the_process_is_already_over_is_one_line_exit_2():
+    result = invoke("gini", CKPT, "--spec", SPEC, "--samples", "4", "--max-memory", "1K")
+    err = bad(result, "--max-memory 9.54e-07 GiB leaves no room", "already holds")
+    assert "GiB of resident memory" in err

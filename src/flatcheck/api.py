@@ -30,6 +30,7 @@ from .backends._dist import launched, local_cuda_device
 from .data.preprocess import Preprocess
 from .data.registry import create_dataset
 from .errors import ConfigError, DataError, InputError, ModelError, SpecError, first_line
+from .linalg.memory import process_allowance
 from .losses import per_sample_loss
 from .models.checkpoint import LoadedCheckpoint
 from .models.load import build_with_weights
@@ -225,6 +226,8 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
         if end is not None:  # an equal share of what is left, so one probe's overrun is not the next's loss
             now = time.monotonic()
             ctx.deadline = now + max(end - now, 0.0) / (len(config.probes) - i)
+        if config.max_memory is not None:  # the cap is the process's; what it holds now is taken
+            ctx.max_memory = process_allowance(session.backend.problem.device, config.max_memory)
         probe = create_probe(request.name)
         missing = missing_capabilities(session.backend, requirements(probe, request.options))
         if missing:
@@ -289,7 +292,7 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
             test_data: Any = None, head: str | None = None, num_classes: int | None = None,
             device: "str | torch.device | None" = None, dtype: "str | torch.dtype | None" = None,
             bn_mode: str = "eval", seed: int = 0, budget: float | None = None,
-            progress: ProgressFn | None = None) -> Report:
+            max_memory: "int | str | None" = None, progress: ProgressFn | None = None) -> Report:
     """The probes on a model and data the caller holds: the Report the CLI prints.
 
     model: an nn.Module returning logits (batch, classes). data: a DataLoader, an (x, y) pair
@@ -305,7 +308,10 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     way are validated alike; one probe's options given both ways is an error. test_data: the test split, for `gap`. head: the final layer's
     module name (head-trace, relative-flatness; default: detected). device ('auto', 'cpu',
     'cuda', 'cuda:N' or a torch.device; checked as the CLI's --device) and dtype: default the
-    model's; another one is measured on a copy. budget: seconds for all the probes.
+    model's; another one is measured on a copy. budget: seconds for all the probes. max_memory:
+    bytes, or a size such as "8G", this process may hold while a probe runs (--max-memory; what
+    it holds already — the caller's own tensors included — counts); None: each probe's working
+    set takes at most half of what is free.
 
     The caller's model is left bitwise as it was — weights, buffers, .grad, requires_grad,
     train/eval mode, device and dtype — and so are the global CPU and CUDA random states.
@@ -320,7 +326,7 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
         session = open_live_session(model, data, loss=loss, probes=probes, options=options, samples=samples,
                                     batch_size=batch_size, params=params, test_data=test_data, head=head,
                                     num_classes=num_classes, device=target, dtype=dtype, bn_mode=bn_mode,
-                                    seed=seed, budget=budget)
+                                    seed=seed, budget=budget, max_memory=max_memory)
         return run(session.config, progress, session)
 
 
@@ -329,7 +335,7 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
                       batch_size: int | None = None, params: Any = None, test_data: Any = None,
                       head: str | None = None, num_classes: int | None = None, device: Any = None,
                       dtype: Any = None, bn_mode: str = "eval", seed: int = 0, budget: float | None = None,
-                      extra_meta: dict[str, Any] | None = None) -> Session:
+                      extra_meta: dict[str, Any] | None = None, max_memory: "int | str | None" = None) -> Session:
     """measure's Session, for callers that run it more than once (the Tracker): the model
     itself when it is on `device` in `dtype` already, else a copy there (session.model)."""
     _check_module(model)
@@ -350,7 +356,7 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
         data=source.source, samples=n, batch_size=batch_size or default_batch_size(data) or DEFAULT_BATCH_SIZE,
         device=str(target_device), dtype=target_dtype, bn_mode=bn_mode, seed=seed,
         params=tuple(_names(params, "params")) if params is not None else (), budget=budget,
-        extra_meta=dict(extra_meta or {}),
+        max_memory=max_memory, extra_meta=dict(extra_meta or {}),
     )
     work = model
     if any(t.device != target_device or t.dtype != config.torch_dtype

@@ -143,9 +143,11 @@ _COMMON: list[tuple[str, Any, Any]] = [
     ("seed", Annotated[int, typer.Option("--seed", help="seed of every random draw: "
                                                                     "probe vectors, samples, and a --random-init "
                                                                     "model's weights")], 0),
-    ("max_memory", Annotated[Optional[str], typer.Option("--max-memory", help="memory the probes' working sets "
-                             "may take, e.g. 8G or 512M: samples, classes and vectors are chunked to fit, and a "
-                             "probe that cannot fit exits 2 [default: half the free RAM, or free VRAM on CUDA]")],
+    ("max_memory", Annotated[Optional[str], typer.Option("--max-memory", help="memory this process may hold "
+                             "while a probe runs, e.g. 8G or 512M (on CUDA, device memory), what it holds already "
+                             "(torch, the model, the samples) included: samples, classes and vectors are chunked to "
+                             "fit, and a probe that cannot fit exits 2 [default: each probe's working set takes at "
+                             "most half the free RAM, or half the free VRAM on CUDA]")],
      None),
     ("params", Annotated[Optional[str], typer.Option("--params", help="comma-separated globs of parameter names "
                                                      "to probe, e.g. 'head.*' [default: all trainable]")], None),

@@ -50,8 +50,9 @@ class RunConfig:
     # seconds for all the probes of the run (--budget); each probe gets an equal share of what is
     # left when it starts, and iterative ones stop there (details.stop_reason "budget")
     budget: float | None = None
-    # bytes the probes' working sets may take (--max-memory: 8G, 512M, or bytes); None: half of
-    # the free memory when each probe runs
+    # bytes this process may hold while a probe runs (--max-memory: 8G, 512M, or bytes), what it
+    # holds already included (api.run leaves each probe the rest); None: a probe's working set
+    # takes at most half of the free memory when it runs
     max_memory: int | str | None = None
     # packages a `source: python` spec may import beyond flatcheck.zoo, timm, torchvision
     trust_packages: tuple[str, ...] = ()

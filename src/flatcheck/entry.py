@@ -25,6 +25,10 @@ def main() -> None:
 
     mark_fresh_process()
     try:
+        missing = _missing_checkpoint(sys.argv)
+        if missing is not None:  # before the seconds of importing torch that loading it would cost
+            sys.stderr.write(f"error: {missing}\n")
+            sys.exit(2)
         _say_what_loads()
         from .cli import main as cli_main
 
@@ -63,6 +67,22 @@ def _say_what_loads() -> None:
     if line is not None:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
+
+
+def _missing_checkpoint(argv: list[str]) -> str | None:
+    """The checkpoint-not-found message (models/checkpoint.py's own words) when a command that
+    loads a model names as its first argument a checkpoint file that is not there; None
+    otherwise, and the command's own checks decide."""
+    from .report.progress import CHECKPOINT_SUFFIXES, run_commands
+
+    if len(argv) < 3 or argv[1] not in run_commands():
+        return None
+    first = argv[2]
+    if first.startswith("-") or not first.lower().endswith(CHECKPOINT_SUFFIXES):
+        return None
+    if os.path.isdir(first):
+        return f"checkpoint {first} is a folder, not a file; give the checkpoint file inside it"
+    return None if os.path.isfile(first) else f"checkpoint not found: {first}"
 
 
 def _on_interrupt(signum: int, frame) -> None:

@@ -33,8 +33,15 @@ def saved_bytes(run: Callable[[], Any], model: nn.Module | None = None) -> int:
     if model is not None:
         own = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     seen: dict[tuple, int] = {}
+    # every saved tensor is held until `run` returns, so none is freed midway and its storage
+    # handed to a later tensor (whose pointer would then be counted once); the hook itself
+    # returns nothing: `run` is never differentiated, and returning the tensor would tie an
+    # op's saved output to its own grad_fn, a cycle through autograd's C++ nodes that Python's
+    # collector cannot see, so every measured graph would outlive the call
+    held: list[Tensor] = []
 
     def pack(t: Tensor):
+        held.append(t)
         try:
             ptr = t.untyped_storage().data_ptr()
             if ptr not in own:
@@ -42,16 +49,16 @@ def saved_bytes(run: Callable[[], Any], model: nn.Module | None = None) -> int:
                 seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
         except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. functional wrappers)
             seen[(id(t),)] = t.numel() * t.element_size()
-        # nothing is kept: `run` is never differentiated, and packing the tensor itself would
-        # tie an op's saved output to its own grad_fn, a cycle through autograd's C++ nodes
-        # that Python's collector cannot see, so every measured graph would outlive the call
         return None
 
     def unpack(_):
         raise RuntimeError("saved_bytes measures a forward pass; it cannot be differentiated")
 
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        run()
+    try:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            run()
+    finally:
+        held.clear()
     return sum(seen.values())
 
 

@@ -55,6 +55,33 @@ def parse_bytes(text: "str | int | float", flag: str = "--max-memory") -> int:
     return size
 
 
+def resident_bytes(device: torch.device) -> int:
+    """What this process holds now on `device`: its resident set on the host (/proc/self/statm),
+    or the tensors torch has allocated on a CUDA device; 0 where it cannot be read."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def process_allowance(device: torch.device, cap: int) -> int:
+    """The bytes a probe's working set may take when the whole process may hold `cap`
+    (--max-memory): what the process does not hold already — torch itself, the model and the
+    samples (about 1.25 GB for a ViT-B/16 at batch 8) count against the cap, as a user who
+    sizes the flag to the machine expects. Refuses (exit 2) a cap the process is already over."""
+    from ..errors import ConfigError
+
+    held = resident_bytes(device)
+    if held >= cap:
+        where = "device memory" if device.type == "cuda" else "resident memory"
+        raise ConfigError(f"--max-memory {gib(cap)} leaves no room: this process already holds {gib(held)} of "
+                          f"{where} (torch, the model, the samples) before the probe starts; give more than that")
+    return cap - held
+
+
 def memory_limit(device: torch.device, requested: int | None) -> int | None:
     """The bytes a probe's working set may take: --max-memory when given, else half of what is
     free now (MemAvailable, or CUDA's free VRAM) — the other half is left to the model's own

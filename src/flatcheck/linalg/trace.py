@@ -64,7 +64,9 @@ class TraceEstimate:
     value: float
     stderr: float | None  # None only when fewer than two probe values exist
     matvecs: int
-    probes: int  # random probe vectors drawn (Hutch++: those in its residual part)
+    # random probe vectors drawn; Hutch++ draws k for its sketch and k for its residual part,
+    # and only the residual's k are `samples` (the sketch's part is the exact `offset`)
+    probes: int
     stop_reason: str
     groups: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     samples: tuple[float, ...] = ()

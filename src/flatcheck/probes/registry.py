@@ -39,8 +39,9 @@ class ProbeContext:
     # state a probe may keep from one run to the next on the same model (a Tracker's warm
     # starts: lmax keeps its Ritz vectors here); None: every run starts cold
     warm: dict[Any, Any] | None = None
-    # bytes a probe's working set may take (--max-memory); None: half of what is free when it
-    # runs (linalg.memory.memory_limit). Probes chunk samples/classes/vectors to fit, or refuse
+    # bytes a probe's working set may take (what --max-memory leaves of the process's cap when
+    # the probe starts); None: half of what is free when it runs (linalg.memory.memory_limit).
+    # Probes chunk samples/classes/vectors to fit, or refuse
     max_memory: int | None = None
 
     def generator(self) -> torch.Generator:

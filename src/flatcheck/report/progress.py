@@ -298,6 +298,10 @@ def counted(progress: Callable[..., None] | None) -> Callable[..., None] | None:
     return report
 
 
+# what a checkpoint's file name ends with (models/checkpoint.py reads these)
+CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+
+
 def starting_line(argv: list[str]) -> str | None:
     """The first line of a run command, written before anything heavy is imported (entry.py):
     what is being loaded. None for commands that load no model (help, list-probes, report …),
@@ -309,7 +313,7 @@ def starting_line(argv: list[str]) -> str | None:
     command = argv[1]
     if command not in run_commands():
         return None
-    models = [a for a in argv[2:] if a.lower().endswith((".safetensors", ".pt", ".pth", ".bin", ".ckpt"))]
+    models = [a for a in argv[2:] if a.lower().endswith(CHECKPOINT_SUFFIXES)]
     what = ", ".join(models[:3]) + (" …" if len(models) > 3 else "") if models else "the model"
     return f"{PREFIX} {command}: starting · importing torch, then loading {what} and the data"
 
