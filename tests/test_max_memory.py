@@ -121,6 +121,7 @@ from conftest import DenseOperator, dense  # noqa: E402
 from flatcheck.engines.microbatch import GRAPH_FACTOR, forward_bytes_per_sample  # noqa: E402
 from flatcheck.linalg.lanczos import Lanczos, lanczos_bytes, plan_steps  # noqa: E402
 from flatcheck.linalg.trace import hutchinson, plan_block  # noqa: E402
+from flatcheck.linalg.thick_restart import restart_bytes  # noqa: E402
 
 
 def per_sample_graph(case) -> int:
@@ -207,16 +208,49 @@ def test_stored_vectors_that_cannot_fit_are_refused_up_front(probe, opts, flag):
         run(case, probe, max_memory=stored - 1, **opts)
 
 
-def test_lmax_default_max_iter_is_lowered_to_the_basis_that_fits():
+def test_lmax_default_basis_that_does_not_fit_is_thick_restarted():
     case = make_case("mlp")
     P = case.problem.layout.dim
-    per, fixed = lanczos_bytes(0, P, torch.float64, k=1)
-    # a default is lowered to the basis that fits half the limit: the graphs get the other half
-    result = run(case, "lmax", max_memory=2 * (fixed + 40 * per) + 1, k=1)
-    assert result.details["max_iter"] == 40 and result.details["max_iter_lowered_to_fit"]
-    assert "lowered to 40" in result.notes
+    per, fixed = restart_bytes(0, P, torch.float64)
+    # the basis gets half the limit (the graphs the other half): 12 rows; the steps stay the
+    # default's, and the values are the full basis's
+    result = run(case, "lmax", max_memory=2 * (fixed + 12 * per) + 1, k=2, tol=1e-9)
+    full = run(case, "lmax", max_memory=2**40, k=2, tol=1e-9)
+    d = result.details
+    assert d["basis"] == "thick-restart" and d["basis_rows"] == 12 and d["restarts"] > 0
+    assert d["max_iter"] == 300 and not d["max_iter_lowered_to_fit"]  # the full basis: min(300, P)
+    assert d["memory"]["stored_vector_bytes"] == fixed + 12 * per
+    assert full.details["basis"] == "full" and full.details["restarts"] is None
+    assert "thick-restarted in a basis of 12 vectors" in result.notes and all(d["converged"])
     H, _ = dense(case)
-    assert math.isclose(result.value, torch.linalg.eigvalsh(H)[-1].item(), rel_tol=1e-6)
+    ev = torch.linalg.eigvalsh(H).flip(0)
+    gap = (ev[1] - ev[2]).item()
+    for value, r, truth in zip(d["eigenvalues"], d["residuals"], ev[:2].tolist()):
+        assert abs(value - truth) <= r * r / gap + 1e-12 * abs(truth)
+    assert d["eigenvalues"] == pytest.approx(full.details["eigenvalues"], rel=1e-9)
+
+
+def test_lmax_restarted_basis_takes_what_one_samples_graph_leaves_when_half_is_too_little():
+    case = make_case("mlp")
+    per, fixed = restart_bytes(0, case.problem.layout.dim, torch.float64)
+    graph = GRAPH_FACTOR * forward_bytes_per_sample(case.problem)
+    # half the limit holds fewer rows than min_rows(k) + k: the basis takes all but one graph
+    limit = fixed + 7 * per + graph
+    assert (limit // 2 - fixed) // per < 5
+    result = run(case, "lmax", max_memory=limit, k=1, tol=1e-9)
+    assert result.details["basis_rows"] == 7 and result.details["memory"]["microbatch_samples"] == 1
+    H, _ = dense(case)
+    assert abs(result.value - torch.linalg.eigvalsh(H)[-1].item()) <= result.details["residuals"][0]
+    with pytest.raises(ConfigError, match=r"thick-restarted Lanczos basis of 3 vectors.*need [0-9,]+ bytes.*"
+                                          r"--max-memory\); raise --max-memory or lower --k"):
+        run(case, "lmax", max_memory=fixed + 2 * per + graph, k=1)
+
+
+def test_lmax_given_max_iter_keeps_its_whole_basis():
+    case = make_case("mlp")
+    per, fixed = lanczos_bytes(0, case.problem.layout.dim, torch.float64, k=1)
+    with pytest.raises(ConfigError, match="--max-iter"):
+        run(case, "lmax", max_memory=fixed + 40 * per, k=1, max_iter=60)
 
 
 def test_plan_steps_names_the_largest_that_fits():

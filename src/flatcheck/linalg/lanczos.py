@@ -334,13 +334,9 @@ def lanczos_top(
         if np.all(np.abs(lz.beta_next * S[-1, top]) <= tol * np.abs(theta[top])):
             previous = measured
             measured = (lz.size, measure(lz, S[:, top]))
-            if _all_within(measured[1], tol):
-                stop = "converged"
-                break
-            if previous is not None and _worst(measured[1]) > STALL_FACTOR * _worst(previous[1]):
-                # the recurrence says converged, the products disagree and more steps do not
-                # help: the products' own round-off (float32) is above tol·|λ|
-                stop = "stalled"
+            verdict = check_verdict(measured, previous, tol)
+            if verdict is not None:
+                stop = verdict
                 break
             next_check = lz.size + max(1, lz.size // 4)
     if measured is None or measured[0] != lz.size:
@@ -349,20 +345,40 @@ def lanczos_top(
         # k fresh products of a large model would overrun it by k steps' time
         final = Lanczos.residuals if stop == "budget" else measure
         measured = (lz.size, final(lz, S[:, np.argsort(theta)[::-1][:k]]))
-    values, res, _ = measured[1]
-    if stop == "max_iter" and _all_within(measured[1], tol):
+    return eigen_result(measured[1], stop, tol, op.matvecs - start_matvecs, lz.size)
+
+
+def check_verdict(measured, previous, tol: float) -> str | None:
+    """What a residual check ends in: "converged" when every true residual is within tol,
+    "stalled" when it has not halved the worst of the previous check's — the recurrence says
+    converged, the products disagree and more steps do not help: their own round-off
+    (float32) is above tol·|λ| — else None (go on)."""
+    if _all_within(measured[1], tol):
+        return "converged"
+    if previous is not None and _worst(measured[1]) > STALL_FACTOR * _worst(previous[1]):
+        return "stalled"
+    return None
+
+
+def eigen_result(measured, stop: str, tol: float, matvecs: int, iterations: int,
+                 method: str = "lanczos") -> EigenResult:
+    """The EigenResult of a check's (values, residuals, vectors), largest first."""
+    values, res, vectors = measured
+    if stop == "max_iter" and _all_within(measured, tol):
         stop = "converged"
     order = sorted(range(len(values)), key=lambda i: -values[i])
     values, res = [values[i] for i in order], [res[i] for i in order]
     return EigenResult(
         values=[float(v) for v in values],
-        vectors=measured[1][2][order],
+        # a view stays a view when already in order: a copy of k parameter-sized rows would be
+        # memory the run's plan did not count
+        vectors=vectors if order == sorted(order) else vectors[order],
         residuals=res,
         converged=[r <= tol * abs(v) for r, v in zip(res, values)],
-        matvecs=op.matvecs - start_matvecs,
-        iterations=lz.size,
+        matvecs=matvecs,
+        iterations=iterations,
         stop_reason=stop,
-        method="lanczos",
+        method=method,
     )
 
 

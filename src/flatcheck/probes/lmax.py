@@ -11,6 +11,8 @@ import torch
 
 from ..errors import ConfigError
 from ..linalg.lanczos import default_max_iter, lanczos_bytes, lanczos_top, plan_steps
+from ..linalg.memory import gib
+from ..linalg.thick_restart import lanczos_top_restarted, min_rows, restart_bytes
 from ..linalg.power import power_top
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
@@ -91,11 +93,16 @@ class LmaxProbe:
         max_iter = options.resolved_max_iter
         limit = probe_limit(ctx)
         what = f"probe lmax: {options.method} for k={options.k} over {op.dim:,} parameters"
-        if options.method == "lanczos":
-            # a default --max-iter only caps convergence: lowered to the basis that fits; one
-            # the user gave is run or refused
+        rows = None  # a thick-restarted basis of this many vectors instead of one per step
+        if options.method == "lanczos" and options.max_iter is None and not _full_basis_fits(op, max_iter, limit, options.k):
+            # a default --max-iter only caps convergence: a basis that cannot hold its steps is
+            # thick-restarted (the steps stay the default's) rather than cut short
+            rows, stored = _restart_rows(ctx, op, min(max_iter, op.dim), limit, options.k, what)
+            planned = max_iter
+        elif options.method == "lanczos":
+            # the steps the user gave are run in a basis that holds them, or refused
             planned, stored = plan_steps(max_iter, op.dim, op.dtype, limit, what=f"{what}, a basis of {max_iter} steps",
-                                         flag="--max-iter", k=options.k, given=options.max_iter is not None)
+                                         flag="--max-iter", k=options.k, given=True)
         else:  # power iteration holds the k vectors it deflates against, no basis
             planned, stored = max_iter, sum(lanczos_bytes(0, op.dim, op.dtype, options.k))
         memory = limit_products(ctx, limit, stored, "lmax")
@@ -108,8 +115,14 @@ class LmaxProbe:
         warm_key = (self.name, options.matrix, options.k)
         warm = ctx.warm.get(warm_key) if ctx.warm is not None and options.method == "lanczos" else None
         extra = {"start": warm} if warm is not None else {}
-        res = solve(op, options.k, generator=ctx.generator(), tol=tol, max_iter=max_iter, progress=progress,
-                    should_stop=budget_stop(ctx), **extra)
+        restarts = None
+        if rows is not None:
+            res, restarts = lanczos_top_restarted(op, options.k, rows=rows, generator=ctx.generator(), tol=tol,
+                                                  max_iter=max_iter, progress=progress, should_stop=budget_stop(ctx),
+                                                  **extra)
+        else:
+            res = solve(op, options.k, generator=ctx.generator(), tol=tol, max_iter=max_iter, progress=progress,
+                        should_stop=budget_stop(ctx), **extra)
         if ctx.warm is not None and getattr(res, "vectors", None) is not None:
             ctx.warm[warm_key] = res.vectors
         bn_mode = ctx.backend.problem.bn_mode
@@ -141,8 +154,9 @@ class LmaxProbe:
                       f"or --tol {worst * 2:.0e}")
         elif not all(res.converged):
             notes += f"; raise --max-iter (now {max_iter}) or --tol, or use --dtype float64"
-        if capped:
-            notes += f"; the default --max-iter lowered to {max_iter}, the Lanczos basis that fits --max-memory"
+        if rows is not None:
+            notes += (f"; thick-restarted in a basis of {rows} vectors, the most that fit --max-memory "
+                      f"({restarts} restarts)")
         notes += memory_note(memory)
         return ProbeResult(
             probe=self.name,
@@ -163,6 +177,11 @@ class LmaxProbe:
                 "tol": tol,
                 "max_iter": max_iter,
                 "max_iter_lowered_to_fit": capped,
+                # the basis held: every step's vector (full), or `basis_rows` restarted
+                # (Wu & Simon 2000) when the default's did not fit --max-memory
+                "basis": None if options.method != "lanczos" else ("full" if rows is None else "thick-restart"),
+                "basis_rows": rows,
+                "restarts": restarts,
                 "order": "largest algebraic first" if options.method == "lanczos"
                          else "power: each the largest |λ| left after deflating the ones before",
                 "eigenvalues": res.values,
@@ -184,3 +203,36 @@ class LmaxProbe:
                 "memory": memory,
             },
         )
+
+
+def _full_basis_fits(op, steps: int, limit: int | None, k: int) -> bool:
+    """Whether a basis of every step fits half the limit (the products' graphs get the rest)."""
+    if limit is None:
+        return True
+    per, fixed = lanczos_bytes(0, op.dim, op.dtype, k)
+    return min(steps, op.dim) * per + fixed <= limit // 2
+
+
+def _restart_rows(ctx: ProbeContext, op, steps: int, limit: int, k: int, what: str) -> tuple[int, int]:
+    """(rows, bytes held) of a thick-restarted basis under `limit`: half of it, as a full basis
+    gets, when that holds room for k new vectors a cycle beside the kept ones; else what the
+    graph of one sample leaves (the products then run a sample at a time, as memory forces).
+    Refused up front (exit 2, with the bytes needed) when not even min_rows(k) fit."""
+    from ..engines.microbatch import GRAPH_FACTOR, batch_sizes, forward_bytes_per_sample
+
+    per, fixed = restart_bytes(0, op.dim, op.dtype)
+    useful = min_rows(k) + k
+    rows = (limit // 2 - fixed) // per
+    if rows < useful:
+        problem = ctx.backend.problem
+        graph = GRAPH_FACTOR * forward_bytes_per_sample(problem)
+        if getattr(ctx.backend, "limit_memory", None) is None:  # batches run whole
+            graph *= max(batch_sizes(problem.samples))
+        rows = (limit - graph - fixed) // per
+        if rows < min_rows(k):
+            need = fixed + min_rows(k) * per + graph
+            raise ConfigError(f"{what}: a thick-restarted Lanczos basis of {min_rows(k)} vectors, its working "
+                              f"vectors and one sample's graph need {need:,} bytes ({gib(need)}), more than the "
+                              f"{limit:,} bytes allowed (--max-memory); raise --max-memory or lower --k")
+    rows = int(min(rows, steps))
+    return rows, fixed + rows * per
