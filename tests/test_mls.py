@@ -236,15 +236,33 @@ def test_a_bool_option_that_is_neither_says_what_it_accepts():
                                          ("decomposition", {"method": "exact"})])
 def test_budget_ends_a_loop_whose_samples_are_one_batch(probe, opts):
     """All 23 samples in one batch (a memory-sized chunk can hold them all): under a budget the
-    probe still takes them at most BUDGET_CHUNK at a time, so the budget can end the loop."""
+    probe still takes them in chunks, the first of one sample, so the budget can end the loop."""
     import time
-
-    from flatcheck.probes._kit import BUDGET_CHUNK
 
     case = make_case("cnn", batch_size=23)
     ctx = ProbeContext(case.backend(), seed=0, deadline=time.monotonic() - 1)
     r = create_probe(probe).run(ctx, parse_options(probe, opts))
-    assert r.resolved is False and r.details["samples_used"] == BUDGET_CHUNK < 23
+    assert r.resolved is False and r.details["samples_used"] == 1
+
+
+def test_budget_chunks_are_sized_to_the_time_left(monkeypatch):
+    """A sample of a large model can take minutes: after a first chunk of one sample, which
+    times it, each chunk holds what the time left takes at that rate, never none and never
+    more than BUDGET_CHUNK, so the budget is overrun by about one sample, not a chunk."""
+    from flatcheck.probes import _kit
+
+    clock = [100.0]
+    monkeypatch.setattr(_kit.time, "monotonic", lambda: clock[0])
+    backend = make_case("mlp").backend()
+    budget = _kit.SampleBudget(ProbeContext(backend, seed=0, deadline=130.0), "x")
+    assert budget.chunk(64, 0) == 1
+    clock[0] = 105.0  # 5 s a sample, 25 s left
+    assert budget.chunk(64, 1) == 5
+    clock[0] = 129.0  # 1 s left, less than a sample: one more, never none
+    assert budget.chunk(64, 6) == 1
+    clock[0] = 100.5  # a fast sample: the cap
+    assert budget.chunk(64, 1) == _kit.BUDGET_CHUNK and budget.chunk(3, 1) == 3
+    assert _kit.SampleBudget(ProbeContext(backend, seed=0), "x").chunk(64, 0) == 64
 
 
 def test_a_budget_stop_is_told_to_the_progress_display():

@@ -252,7 +252,7 @@ def iter_rows(problem, output: Output, taps: list[tuple[str, nn.Module]], tap_ou
             if budget is not None:
                 if budget.ends(done, problem.samples.n):
                     return
-                step = budget.chunk(step)
+                step = budget.chunk(step, done)
             x, y = batch.x[start:start + step], batch.y[start:start + step]
             # held for the forward only, not across the yield (see AutogradBackend.outputs)
             with model_mode(problem.model, problem.bn_mode):

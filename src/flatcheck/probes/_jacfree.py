@@ -307,12 +307,16 @@ def iter_chunks(problem, chunk: int, budget: SampleBudget | None = None,
     before a chunk. `progress(batches done, batches)` once a batch's last chunk is through, as
     iter_rows reports, so that a loop the budget ends is not first reported complete."""
     first = 0
-    chunk = chunk if budget is None else budget.chunk(chunk)
     for b, batch in enumerate(problem.samples):
-        for start in range(0, batch.x.shape[0], chunk):
-            if budget is not None and budget.ends(first + start, problem.samples.n):
-                return
-            yield first + start, batch.x[start:start + chunk], batch.y[start:start + chunk]
+        start = 0
+        while start < batch.x.shape[0]:
+            step = chunk
+            if budget is not None:
+                if budget.ends(first + start, problem.samples.n):
+                    return
+                step = budget.chunk(chunk, first + start)
+            yield first + start, batch.x[start:start + step], batch.y[start:start + step]
+            start += step
         first += batch.x.shape[0]
         if progress is not None:
             progress(b + 1, problem.samples.num_batches)

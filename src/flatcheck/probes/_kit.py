@@ -87,15 +87,16 @@ def budget_stop(ctx: "ProbeContext") -> Callable[[], bool] | None:
     return lambda: time.monotonic() >= deadline
 
 
-# With --budget the per-sample probes take their samples this many at a time, so that the
-# budget can end the loop: a chunk sized by memory alone is often the whole sample set, and a
-# budget checked only between chunks would then never be checked.
+# With --budget the per-sample probes take their samples at most this many at a time (fewer
+# as the time left shrinks: SampleBudget.chunk), so that the budget can end the loop: a chunk
+# sized by memory alone is often the whole sample set, and a budget checked only between
+# chunks would then never be checked.
 BUDGET_CHUNK = 8
 
 
 class SampleBudget:
-    """--budget over the loop of a per-sample probe (jacobian, mls, decomposition): chunks of
-    at most BUDGET_CHUNK samples under a budget, and the loop ends before its next chunk once
+    """--budget over the loop of a per-sample probe (jacobian, mls, decomposition): chunks sized
+    to the time left (`chunk`) under a budget, and the loop ends before its next chunk once
     the budget is spent, with at least one chunk in. `cut` then holds the details that say so
     (the means are over the samples used: an estimate of the same quantity that no gate may
     compare with a run over all of them, so the result is not resolved), and the progress
@@ -103,12 +104,28 @@ class SampleBudget:
 
     def __init__(self, ctx: "ProbeContext", desc: str):
         self.should_stop = budget_stop(ctx)
+        self.deadline = ctx.deadline
         self.progress, self.desc = ctx.progress, desc
         self.cut: dict[str, Any] | None = None
+        self.started: float | None = None
 
-    def chunk(self, chunk: int) -> int:
-        """Samples per chunk: `chunk`, capped at BUDGET_CHUNK under a budget."""
-        return chunk if self.should_stop is None else max(1, min(chunk, BUDGET_CHUNK))
+    def chunk(self, chunk: int, done: int) -> int:
+        """Samples in the next chunk, `done` samples in: `chunk` without a budget. Under one, the
+        first chunk is one sample, which times a sample, and each later one as many as the
+        time left takes at that rate (at least one, at most BUDGET_CHUNK): a sample of a large
+        model can take minutes, and a fixed chunk would overrun the budget by all of its
+        samples where this overruns it by about one."""
+        if self.should_stop is None:
+            return chunk
+        now = time.monotonic()
+        if done == 0 or self.started is None:
+            self.started = now
+            return 1
+        fit = BUDGET_CHUNK
+        if self.deadline is not None:
+            per_sample = (now - self.started) / done
+            fit = int(max(0.0, self.deadline - now) // per_sample) if per_sample > 0 else BUDGET_CHUNK
+        return max(1, min(chunk, BUDGET_CHUNK, fit))
 
     def ends(self, done: int, requested: int) -> bool:
         """Whether the loop ends before its next chunk, `done` of `requested` samples in."""
