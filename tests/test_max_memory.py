@@ -100,7 +100,7 @@ def test_run_config_parses_it():
 def nothing_held(monkeypatch):
     """The process's own memory read as 0, so a tiny --max-memory reaches the probe's planning
     whole (that the process's memory counts is tested on its own)."""
-    monkeypatch.setattr("flatcheck.linalg.memory.resident_bytes", lambda device: 0)
+    monkeypatch.setattr("flatcheck.api.resident_bytes", lambda device: 0)
 
 
 def test_cli_exit_2_with_the_size_needed(nothing_held):
@@ -197,7 +197,6 @@ def test_curvature_probes_chunk_batches_with_the_same_values(probe, opts):
 
 @pytest.mark.parametrize("probe,opts,flag", [("spectrum", {"lanczos_steps": 20, "reorth": "full"}, "--lanczos-steps"),
                                              ("rank", {"lanczos_steps": 20, "reorth": "full"}, "--lanczos-steps"),
-                                             ("lmax", {"k": 2, "max_iter": 20}, "--max-iter"),
                                              ("trace", {"block_size": 8}, "--block-size"),
                                              ("trace", {"estimator": "hutchpp", "probes_max": 30}, "--probes-max")])
 def test_stored_vectors_that_cannot_fit_are_refused_up_front(probe, opts, flag):
@@ -246,11 +245,14 @@ def test_lmax_restarted_basis_takes_what_one_samples_graph_leaves_when_half_is_t
         run(case, "lmax", max_memory=fixed + 2 * per + graph, k=1)
 
 
-def test_lmax_given_max_iter_keeps_its_whole_basis():
+def test_lmax_given_max_iter_is_thick_restarted_when_its_basis_does_not_fit():
     case = make_case("mlp")
     per, fixed = lanczos_bytes(0, case.problem.layout.dim, torch.float64, k=1)
-    with pytest.raises(ConfigError, match="--max-iter"):
-        run(case, "lmax", max_memory=fixed + 40 * per, k=1, max_iter=60)
+    result = run(case, "lmax", max_memory=fixed + 40 * per, k=1, max_iter=60, tol=1e-9)
+    d = result.details
+    assert d["basis"] == "thick-restart" and d["max_iter"] == 60 and d["basis_rows"] < 40
+    H, _ = dense(case)
+    assert abs(result.value - torch.linalg.eigvalsh(H)[-1].item()) <= d["residuals"][0]
 
 
 def test_plan_steps_names_the_largest_that_fits():
@@ -342,21 +344,26 @@ def test_measuring_a_graph_keeps_none_of_it():
 
 
 def test_the_cap_counts_what_the_process_holds(monkeypatch):
-    """--max-memory caps the process: what it holds when a probe starts (torch, the model, the
-    samples) is taken off, and each probe is left the rest, read again as it starts."""
+    """--max-memory caps the process: what it holds with the model and samples loaded is taken
+    off once, and every probe is left the same rest, whatever ran before it (a probe's plan,
+    and so a restarted basis's values, must not depend on the probes before it)."""
     from flatcheck.api import measure
 
-    held = iter([3 * 2**30, 3 * 2**30 + 2**20])
-    monkeypatch.setattr("flatcheck.linalg.memory.resident_bytes", lambda device: next(held))
+    reads = []
+    monkeypatch.setattr("flatcheck.api.resident_bytes", lambda device: reads.append(1) or 3 * 2**30)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
     data = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
     report = measure(model, data, probes={"lmax": None, "spectrum": {"lanczos_steps": 5}}, max_memory="4G")
-    assert report.results["lmax"].details["memory"]["limit_bytes"] == 2**30
-    assert report.results["spectrum"].details["memory"]["limit_bytes"] == 2**30 - 2**20
+    assert len(reads) == 1
+    for probe in ("lmax", "spectrum"):
+        memory = report.results[probe].details["memory"]
+        assert memory["limit_bytes"] == 2**30
+        assert memory["max_memory_bytes"] == 4 * 2**30 and memory["process_held_bytes"] == 3 * 2**30
+    assert "max_memory_bytes" not in measure(model, data, probes="lmax").results["lmax"].details["memory"]
 
 
 def test_a_cap_the_process_is_already_over_is_one_line_exit_2():
     result = invoke("gini", CKPT, "--spec", SPEC, "--samples", "4", "--max-memory", "1K")
-    err = bad(result, "--max-memory 9.54e-07 GiB leaves no room", "already holds")
-    assert "GiB of resident memory" in err
+    err = bad(result, "--max-memory 1,024 bytes", "leaves no room", "already holds")
+    assert "give that much more than the probes need" in err

@@ -338,3 +338,46 @@ def test_cli_spectrum_under_a_budget_ends_with_the_products_it_made():
     assert result["details"]["stop_reason"] == "budget"
     last = proc.stderr.splitlines()[-1]
     assert last.startswith(f"flatcheck spectrum (SLQ): stopped by the budget · {result['matvecs']}/200 · "), last
+
+
+@pytest.mark.parametrize("probe, options, desc", [
+    ("trace", {"probes_max": 40}, "trace (hutchinson)"),
+    ("lmax", {"k": 1}, "lmax (lanczos)"),
+    ("adaptive-sharpness", {"method": "second-order", "probes_max": 40}, "adaptive-sharpness (second order)"),
+])
+def test_a_budget_stop_of_an_iterative_probe_is_told_to_the_display(probe, options, desc):
+    """trace, lmax and adaptive sharpness stopped by --budget end their line "stopped by the
+    budget", as spectrum does, not as though they had run their course."""
+    import time as _time
+
+    from flatcheck.probes.registry import ProbeContext, create_probe, parse_options
+    from conftest import make_case
+
+    events = []
+
+    class Listener:
+        def __call__(self, desc, done, total, **_k):
+            events.append(("progress", desc))
+
+        def stopped(self, desc, reason):
+            events.append(("stopped", desc, reason))
+
+    ctx = ProbeContext(make_case("mlp").backend(), seed=0, progress=Listener(), deadline=_time.monotonic() - 1)
+    result = create_probe(probe).run(ctx, parse_options(probe, options))
+    assert result.details["stop_reason"] == "budget"
+    assert events[-1] == ("stopped", desc, "budget")
+
+
+def test_adaptive_sharpness_progress_shows_the_headline_units():
+    """The second-order route estimates Tr(diag|w| H diag|w|); the headline is ρ²/2 times it,
+    and so is the running estimate on the progress line."""
+    from flatcheck.probes.registry import ProbeContext, create_probe, parse_options
+    from conftest import make_case
+
+    seen = []
+    ctx = ProbeContext(make_case("mlp").backend(), seed=0,
+                       progress=lambda desc, done, total, value=None, stderr=None: seen.append((desc, value)))
+    result = create_probe("adaptive-sharpness").run(ctx, parse_options("adaptive-sharpness", {
+        "method": "second-order", "probes_max": 12, "rho": 0.01}))
+    last = [v for d, v in seen if d == "adaptive-sharpness (second order)" and v is not None][-1]
+    assert last == pytest.approx(result.value, rel=1e-12)

@@ -30,7 +30,7 @@ from .backends._dist import launched, local_cuda_device
 from .data.preprocess import Preprocess
 from .data.registry import create_dataset
 from .errors import ConfigError, DataError, InputError, ModelError, SpecError, first_line
-from .linalg.memory import process_allowance
+from .linalg.memory import process_allowance, resident_bytes
 from .losses import per_sample_loss
 from .models.checkpoint import LoadedCheckpoint
 from .models.load import build_with_weights
@@ -221,13 +221,18 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
                        split_samples=session.split_samples, warm=session.warm,
                        max_memory=config.max_memory)
     results = {}
+    if config.max_memory is not None:
+        # the cap is the process's: what it holds with the model and samples loaded is taken off
+        # once, so every probe is left the same and its plan (micro-batches, a restarted basis)
+        # does not depend on which probes ran before it
+        ctx.memory_held = resident_bytes(session.backend.problem.device)
+        ctx.max_memory = process_allowance(config.max_memory, ctx.memory_held)
+        ctx.memory_cap = config.max_memory
     end = None if config.budget is None else time.monotonic() + config.budget
     for i, request in enumerate(config.probes):
         if end is not None:  # an equal share of what is left, so one probe's overrun is not the next's loss
             now = time.monotonic()
             ctx.deadline = now + max(end - now, 0.0) / (len(config.probes) - i)
-        if config.max_memory is not None:  # the cap is the process's; what it holds now is taken
-            ctx.max_memory = process_allowance(session.backend.problem.device, config.max_memory)
         probe = create_probe(request.name)
         missing = missing_capabilities(session.backend, requirements(probe, request.options))
         if missing:

@@ -144,7 +144,7 @@ _COMMON: list[tuple[str, Any, Any]] = [
                                                                     "probe vectors, samples, and a --random-init "
                                                                     "model's weights")], 0),
     ("max_memory", Annotated[Optional[str], typer.Option("--max-memory", help="memory this process may hold "
-                             "while a probe runs, e.g. 8G or 512M (on CUDA, device memory), what it holds already "
+                             "while a probe runs, e.g. 8G or 512M (G, M: GiB, MiB; GB, MB: 10^9, 10^6 bytes; on CUDA, device memory), what it holds already "
                              "(torch, the model, the samples) included: samples, classes and vectors are chunked to "
                              "fit, and a probe that cannot fit exits 2 [default: each probe's working set takes at "
                              "most half the free RAM, or half the free VRAM on CUDA]")],

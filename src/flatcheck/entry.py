@@ -71,14 +71,15 @@ def _say_what_loads() -> None:
 
 def _missing_checkpoint(argv: list[str]) -> str | None:
     """The checkpoint-not-found message (models/checkpoint.py's own words) when a command that
-    loads a model names as its first argument a checkpoint file that is not there; None
+    takes a checkpoint names as its first argument one that is not there, or a folder; None
     otherwise, and the command's own checks decide."""
-    from .report.progress import CHECKPOINT_SUFFIXES, run_commands
+    from .report.progress import run_commands
 
-    if len(argv) < 3 or argv[1] not in run_commands():
+    # scan takes its models by name (--timm, --weights-dir): a positional there is typer's to refuse
+    if len(argv) < 3 or argv[1] not in run_commands() - {"scan"}:
         return None
     first = argv[2]
-    if first.startswith("-") or not first.lower().endswith(CHECKPOINT_SUFFIXES):
+    if first.startswith("-"):
         return None
     if os.path.isdir(first):
         return f"checkpoint {first} is a folder, not a file; give the checkpoint file inside it"

@@ -67,18 +67,17 @@ def resident_bytes(device: torch.device) -> int:
         return 0
 
 
-def process_allowance(device: torch.device, cap: int) -> int:
-    """The bytes a probe's working set may take when the whole process may hold `cap`
-    (--max-memory): what the process does not hold already — torch itself, the model and the
-    samples (about 1.25 GB for a ViT-B/16 at batch 8) count against the cap, as a user who
-    sizes the flag to the machine expects. Refuses (exit 2) a cap the process is already over."""
+def process_allowance(cap: int, held: int) -> int:
+    """The bytes the probes' working sets may take when the whole process may hold `cap`
+    (--max-memory) and holds `held` already — torch itself, the model and the samples (about
+    1.25 GB for a ViT-B/16 at batch 8) count against the cap, as a user who sizes the flag to
+    the machine expects. Refuses (exit 2) a cap the process is already over."""
     from ..errors import ConfigError
 
-    held = resident_bytes(device)
     if held >= cap:
-        where = "device memory" if device.type == "cuda" else "resident memory"
-        raise ConfigError(f"--max-memory {gib(cap)} leaves no room: this process already holds {gib(held)} of "
-                          f"{where} (torch, the model, the samples) before the probe starts; give more than that")
+        raise ConfigError(f"--max-memory {cap:,} bytes ({gib(cap)}) leaves no room: with the model and samples "
+                          f"loaded this process already holds {held:,} bytes ({gib(held)}); give that much more "
+                          "than the probes need")
     return cap - held
 
 

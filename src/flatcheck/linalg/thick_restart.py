@@ -71,7 +71,7 @@ class RestartedLanczos:
         self.T = np.zeros((self.rows + 1, self.rows + 1))
         self.n = 0  # basis vectors whose products are taken (T's order)
         self.steps = 0  # products taken by the recurrence
-        self.restarts = 0
+        self.restarts = 0  # restarts of a full basis
         self.beta = 0.0  # norm of the last product's part outside the basis
         self.scale = 0.0  # running max |T|: what a breakdown is judged against
         self.invariant = False
@@ -132,9 +132,10 @@ class RestartedLanczos:
         """‖H y − θ y‖ of the Ritz vectors y = V s for the columns s of S: β·|s[n−1]|."""
         return self.beta * np.abs(S[-1])
 
-    def restart(self, keep: int) -> None:
+    def restart(self, keep: int, full: bool = True) -> None:
         """Keep the `keep` largest Ritz vectors, largest first, and the next Lanczos vector (none
-        after a breakdown); T becomes the arrowhead diag(θ) bordered by β·s_i[n−1]."""
+        after a breakdown); T becomes the arrowhead diag(θ) bordered by β·s_i[n−1]. `full`: the
+        basis had no room left (what `restarts` counts), not a residual check's restart."""
         theta, S = self.ritz()
         keep = min(keep, self.n)
         top = np.argsort(theta)[::-1][:keep]
@@ -154,7 +155,7 @@ class RestartedLanczos:
         self.T[:keep, keep] = border
         self.T[keep, :keep] = border
         self.n = keep
-        self.restarts += 1
+        self.restarts += full
 
     def true_residuals(self, k: int) -> tuple[list[float], list[float], Tensor]:
         """Right after a restart the top k Ritz vectors are the basis's first rows: their
@@ -226,7 +227,7 @@ def lanczos_top_restarted(
             if np.all(lz.estimates(S[:, top]) <= tol * np.abs(theta[top])):
                 # the check restarts first, so the Ritz vectors it measures are basis rows, not
                 # k more vectors; the recurrence goes on from there if they fall short
-                lz.restart(keep)
+                lz.restart(keep, full=False)
                 previous = measured
                 measured = (lz.steps, lz.true_residuals(k))
                 verdict = check_verdict(measured, previous, tol)
@@ -238,7 +239,7 @@ def lanczos_top_restarted(
         if lz.full:
             lz.restart(keep)
     if measured is None or measured[0] != lz.steps:
-        lz.restart(keep)
+        lz.restart(keep, full=False)
         # no product past a budget: the recurrence's own residuals
         measured = (lz.steps, lz.estimated_residuals(k) if stop == "budget" else lz.true_residuals(k))
     result = eigen_result(measured[1], stop, tol, op.matvecs - start_matvecs, lz.steps)

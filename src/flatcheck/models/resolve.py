@@ -99,8 +99,10 @@ def _base(req: ModelRequest) -> _Base:
         raise ConfigError("no model: give a CHECKPOINT that says what it holds, --spec SPEC or --model REF "
                           f"({REF_FORMS})")
     if not req.checkpoint.is_file():  # before asking what it says: a missing file says nothing
-        what = "a folder, not a file" if req.checkpoint.is_dir() else "not found"
-        raise CheckpointError(f"checkpoint {what}: {req.checkpoint}")
+        if req.checkpoint.is_dir():
+            raise CheckpointError(f"checkpoint {req.checkpoint} is a folder, not a file; give the checkpoint file "
+                                  "inside it")
+        raise CheckpointError(f"checkpoint not found: {req.checkpoint}")
     found = find_spec(req.checkpoint)
     if found is None:
         raise ConfigError(nothing_found(req.checkpoint))

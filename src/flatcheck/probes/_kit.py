@@ -61,22 +61,31 @@ def layers_field(options_cls: type) -> str | None:
 Progress = Callable[..., None]  # (done, total, *, value=None, stderr=None)
 
 
-def progress_reporter(ctx: "ProbeContext", desc: str) -> Progress | None:
+def progress_reporter(ctx: "ProbeContext", desc: str, scale: float = 1.0) -> Progress | None:
     """The callback an estimator calls after each unit of work, forwarding to the context's
     renderer under this description; None when nothing listens (the estimators skip it then).
-    value/stderr are the running estimate where the estimator has one. Reports "0 done" of a
-    total 0 (not yet known) at once: the probe has begun."""
+    value/stderr are the running estimate where the estimator has one, times `scale` when the
+    probe's headline is a multiple of what the estimator estimates (the line shows the
+    headline's units). Reports "0 done" of a total 0 (not yet known) at once: the probe has begun."""
     listener = ctx.progress
     if listener is None:
         return None
 
     def report(done: int, total: int, *, value: float | None = None, stderr: float | None = None) -> None:
-        listener(desc, done, total, value=value, stderr=stderr)
+        listener(desc, done, total, value=None if value is None else value * scale,
+                 stderr=None if stderr is None else stderr * scale)
 
     # the start, total not yet known: the renderer names this probe from now on, not only after
     # its first unit of work (a block of products can take minutes)
     report(0, 0)
     return report
+
+
+def told_if_budget(ctx: "ProbeContext", desc: str, stop_reason: str) -> None:
+    """Tell the progress display that --budget ended the estimator behind `desc`, so its line
+    ends "stopped by the budget" rather than as though it had run its course."""
+    if stop_reason == "budget":
+        report_stop(ctx.progress, desc, "budget")
 
 
 def budget_stop(ctx: "ProbeContext") -> Callable[[], bool] | None:

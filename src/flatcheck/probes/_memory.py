@@ -20,7 +20,16 @@ def limit_products(ctx: ProbeContext, limit: int | None, stored: int, what: str)
     limit_memory = getattr(ctx.backend, "limit_memory", None)
     if limit_memory is not None:
         plan = limit_memory(None if limit is None else limit - stored, f"probe {what}")
-    return {"limit_bytes": limit, "stored_vector_bytes": stored, **(plan.details() if plan is not None else {})}
+    return {"limit_bytes": limit, "stored_vector_bytes": stored, **cap_details(ctx),
+            **(plan.details() if plan is not None else {})}
+
+
+def cap_details(ctx: ProbeContext) -> dict:
+    """--max-memory as given and what the process held when the probes started, which
+    `limit_bytes` is the difference of (empty without --max-memory)."""
+    if ctx.memory_cap is None:
+        return {}
+    return {"max_memory_bytes": ctx.memory_cap, "process_held_bytes": ctx.memory_held}
 
 
 def memory_note(memory: dict) -> str:
@@ -28,5 +37,6 @@ def memory_note(memory: dict) -> str:
     size = memory.get("microbatch_samples")
     if size is None:
         return ""
-    return (f"; batches cut into micro-batches of {size} samples ({memory['chunks_per_batch']} per batch) "
+    return (f"; batches cut into micro-batches of {size} sample{'' if size == 1 else 's'} "
+            f"({memory['chunks_per_batch']} per batch) "
             "to fit --max-memory")

@@ -16,7 +16,7 @@ from ..linalg.thick_restart import lanczos_top_restarted, min_rows, restart_byte
 from ..linalg.power import power_top
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
-from ._kit import budget_stop, option, progress_reporter
+from ._kit import budget_stop, option, progress_reporter, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import GGNVp, Hvp
 from .registry import ProbeContext, register_probe
@@ -94,13 +94,13 @@ class LmaxProbe:
         limit = probe_limit(ctx)
         what = f"probe lmax: {options.method} for k={options.k} over {op.dim:,} parameters"
         rows = None  # a thick-restarted basis of this many vectors instead of one per step
-        if options.method == "lanczos" and options.max_iter is None and not _full_basis_fits(op, max_iter, limit, options.k):
-            # a default --max-iter only caps convergence: a basis that cannot hold its steps is
-            # thick-restarted (the steps stay the default's) rather than cut short
+        given = options.max_iter is not None
+        if options.method == "lanczos" and not _full_basis_fits(op, max_iter, limit, options.k, given):
+            # a basis that cannot hold every step is thick-restarted in the rows that fit, and
+            # the steps stay: cutting them short would end the run before it converges
             rows, stored = _restart_rows(ctx, op, min(max_iter, op.dim), limit, options.k, what)
             planned = max_iter
         elif options.method == "lanczos":
-            # the steps the user gave are run in a basis that holds them, or refused
             planned, stored = plan_steps(max_iter, op.dim, op.dtype, limit, what=f"{what}, a basis of {max_iter} steps",
                                          flag="--max-iter", k=options.k, given=True)
         else:  # power iteration holds the k vectors it deflates against, no basis
@@ -109,7 +109,8 @@ class LmaxProbe:
         capped = planned < min(max_iter, op.dim)
         max_iter = planned
         tol = options.resolved_tol(op.dtype)
-        progress = progress_reporter(ctx, f"lmax ({options.method})")
+        desc = f"lmax ({options.method})"
+        progress = progress_reporter(ctx, desc)
         solve = lanczos_top if options.method == "lanczos" else power_top
         # a Tracker keeps the last eigenvectors (ctx.warm) and Lanczos starts from them
         warm_key = (self.name, options.matrix, options.k)
@@ -123,6 +124,7 @@ class LmaxProbe:
         else:
             res = solve(op, options.k, generator=ctx.generator(), tol=tol, max_iter=max_iter, progress=progress,
                         should_stop=budget_stop(ctx), **extra)
+        told_if_budget(ctx, desc, res.stop_reason)
         if ctx.warm is not None and getattr(res, "vectors", None) is not None:
             ctx.warm[warm_key] = res.vectors
         bn_mode = ctx.backend.problem.bn_mode
@@ -156,7 +158,7 @@ class LmaxProbe:
             notes += f"; raise --max-iter (now {max_iter}) or --tol, or use --dtype float64"
         if rows is not None:
             notes += (f"; thick-restarted in a basis of {rows} vectors, the most that fit --max-memory "
-                      f"({restarts} restarts)")
+                      f"({restarts} restart{'' if restarts == 1 else 's'})")
         notes += memory_note(memory)
         return ProbeResult(
             probe=self.name,
@@ -205,12 +207,14 @@ class LmaxProbe:
         )
 
 
-def _full_basis_fits(op, steps: int, limit: int | None, k: int) -> bool:
-    """Whether a basis of every step fits half the limit (the products' graphs get the rest)."""
+def _full_basis_fits(op, steps: int, limit: int | None, k: int, given: bool) -> bool:
+    """Whether a basis of every step fits: half the limit for the default steps (the products'
+    graphs get the rest), all of it for steps the user gave (the graphs are then cut to what
+    the basis leaves, as far as one sample)."""
     if limit is None:
         return True
     per, fixed = lanczos_bytes(0, op.dim, op.dtype, k)
-    return min(steps, op.dim) * per + fixed <= limit // 2
+    return min(steps, op.dim) * per + fixed <= (limit if given else limit // 2)
 
 
 def _restart_rows(ctx: ProbeContext, op, steps: int, limit: int, k: int, what: str) -> tuple[int, int]:

@@ -43,6 +43,10 @@ class ProbeContext:
     # the probe starts); None: half of what is free when it runs (linalg.memory.memory_limit).
     # Probes chunk samples/classes/vectors to fit, or refuse
     max_memory: int | None = None
+    # --max-memory as given and what the process held when the probes started (None without
+    # it): recorded in each result's details.memory, so a plan can be read back
+    memory_cap: int | None = None
+    memory_held: int | None = None
 
     def generator(self) -> torch.Generator:
         """A fresh generator per probe, so a probe's numbers do not depend on which ran before it."""

@@ -13,7 +13,7 @@ from ..linalg.trace import plan_block
 from ..operators import CurvatureOperator, LayoutParts
 from ..linalg.random import SIGN_STREAM
 from ..report.result import ProbeResult
-from ._kit import budget_stop, option, progress_reporter
+from ._kit import budget_stop, option, progress_reporter, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import ExactGGN, GGNVp, Hvp, Vhv
 from .registry import ProbeContext, register_probe
@@ -128,7 +128,8 @@ class TraceProbe:
         label = "Tr(H)" if matrix == "hessian" else "Tr(G)"
         start = time.perf_counter()
 
-        progress = progress_reporter(ctx, f"trace ({options.estimator})")
+        desc = f"trace ({options.estimator})"
+        progress = progress_reporter(ctx, desc)
         # module parts for the table, parameter parts for exact bookkeeping (e.g. invariance)
         split = LayoutParts(layout) if options.parts else None
 
@@ -172,6 +173,7 @@ class TraceProbe:
                 op = CurvatureOperator(ctx.backend, matrix)
                 est = estimate(op)
             value, stderr, probes, stop, parts = est.value, est.stderr, est.probes, est.stop_reason, est.groups
+            told_if_budget(ctx, desc, stop)
 
         route = _route(op, options, ctx.backend)
         sizes = layout.group_sizes()
