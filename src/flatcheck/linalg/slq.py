@@ -89,16 +89,18 @@ class ThreeTermLanczos:
     def step(self) -> None:
         if self.size:
             self.beta.append(self.beta_next)
+        # in place on the product (a fresh tensor): on a large model every temporary of the
+        # recurrence is a parameter-sized vector the memory plan would have to count
         w = self.op.matmat(self.q.unsqueeze(0))[0]
         alpha = torch.dot(self.q, w).item()
-        w = w - alpha * self.q
+        w.sub_(self.q, alpha=alpha)
         if self.q_prev is not None:
-            w = w - self.beta_next * self.q_prev
+            w.sub_(self.q_prev, alpha=self.beta_next)
         beta = torch.linalg.vector_norm(w).item()
         if record_step(self, alpha, beta):
             self.invariant, self.beta_next = True, 0.0
         else:
-            self.q_prev, self.q, self.beta_next = self.q, w / beta, beta
+            self.q_prev, self.q, self.beta_next = self.q, w.div_(beta), beta
 
     def ritz(self) -> tuple[np.ndarray, np.ndarray]:
         return tridiagonal_eigh(self.alpha, self.beta)

@@ -91,7 +91,7 @@ class RestartedLanczos:
         norm = torch.linalg.vector_norm(w).item()
         for _ in range(2):
             c = Q @ w
-            w = w - c @ Q
+            w.sub_(c @ Q)  # in place: `w` is the caller's fresh product or draw
             total += c.double().cpu().numpy()
             after = torch.linalg.vector_norm(w).item()
             if after > DGKS_ETA * norm:
@@ -113,7 +113,7 @@ class RestartedLanczos:
         self.steps += 1
         self.invariant = self.beta <= breakdown_threshold(self.op.dtype) * self.scale or self.n >= self.op.dim
         if not self.invariant:
-            self.V[self.n] = w / self.beta
+            self.V[self.n] = w.div_(self.beta)
 
     def fresh_direction(self, v: Tensor) -> None:
         """After a breakdown with too few Ritz values: go on from `v`, orthogonalised to the
