@@ -367,3 +367,27 @@ def test_a_cap_the_process_is_already_over_is_one_line_exit_2():
     result = invoke("gini", CKPT, "--spec", SPEC, "--samples", "4", "--max-memory", "1K")
     err = bad(result, "--max-memory 1,024 bytes", "leaves no room", "already holds")
     assert "give that much more than the probes need" in err
+
+
+def test_an_address_space_limit_bounds_the_default_and_the_cap(monkeypatch):
+    """Under `ulimit -v` an allocation past the limit fails however much memory is free, so
+    what the limit leaves bounds both the default (half of it) and a --max-memory above it."""
+    import resource
+
+    from flatcheck.api import measure
+    from flatcheck.linalg import memory
+
+    monkeypatch.setattr(memory, "_host_available", lambda: 20 * 2**30)
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (10 * 2**30, resource.RLIM_INFINITY))
+    mapped = int(open("/proc/self/statm").read().split()[0]) * __import__("os").sysconf("SC_PAGE_SIZE")
+    left = memory.address_space_left()
+    assert 0 <= 10 * 2**30 - mapped - left <= 64 * 2**20  # what the process maps moves a little
+    assert memory.memory_limit(torch.device("cpu"), None) <= (10 * 2**30 - mapped + 64 * 2**20) // 2
+    monkeypatch.setattr(memory, "address_space_left", lambda: 2**30)
+    monkeypatch.setattr("flatcheck.api.address_space_left", lambda: 2**30)
+    monkeypatch.setattr("flatcheck.api.resident_bytes", lambda device: 2**30)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    data = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
+    assert memory.available_bytes(torch.device("cpu")) == 2**30
+    got = measure(model, data, probes="lmax", max_memory="16G").results["lmax"].details["memory"]
+    assert got["limit_bytes"] == 2**30 and got["max_memory_bytes"] == 16 * 2**30

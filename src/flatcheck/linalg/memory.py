@@ -8,12 +8,35 @@ import os
 import torch
 
 
+def address_space_left() -> int | None:
+    """What an address-space limit (`ulimit -v`, RLIMIT_AS) leaves this process to map: an
+    allocation past it fails however much memory is free. None without such a limit."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+    return max(0, soft - mapped)
+
+
 def available_bytes(device: torch.device) -> int | None:
     """Free memory on `device` now: CUDA's free VRAM, or the host's MemAvailable (Linux), or
-    None where neither can be read (then nothing is refused)."""
+    None where neither can be read (then nothing is refused); on the host, no more than an
+    address-space limit leaves."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
+    free = _host_available()
+    left = address_space_left()
+    return left if free is None else free if left is None else min(free, left)
+
+
+def _host_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
             for line in fh:
