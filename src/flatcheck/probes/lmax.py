@@ -106,7 +106,6 @@ class LmaxProbe:
         else:  # power iteration holds the k vectors it deflates against, no basis
             planned, stored = max_iter, sum(lanczos_bytes(0, op.dim, op.dtype, options.k))
         memory = limit_products(ctx, limit, stored, "lmax")
-        capped = planned < min(max_iter, op.dim)
         max_iter = planned
         tol = options.resolved_tol(op.dtype)
         desc = f"lmax ({options.method})"
@@ -178,9 +177,8 @@ class LmaxProbe:
                 "k": options.k,
                 "tol": tol,
                 "max_iter": max_iter,
-                "max_iter_lowered_to_fit": capped,
                 # the basis held: every step's vector (full), or `basis_rows` restarted
-                # (Wu & Simon 2000) when the default's did not fit --max-memory
+                # (Wu & Simon 2000) when a basis of every step did not fit --max-memory
                 "basis": None if options.method != "lanczos" else ("full" if rows is None else "thick-restart"),
                 "basis_rows": rows,
                 "restarts": restarts,
