@@ -124,8 +124,9 @@ def plan_batches(per_sample: int, allowance: int, sizes: list[int], splittable: 
     fits = allowance // max(1, per_sample)
     if fits < 1:
         raise ConfigError(f"{what}: one sample's graph needs about {per_sample:,} bytes ({gib(per_sample)}), more than "
-                          f"the {allowance:,} bytes ({gib(allowance)}) left for it under --max-memory (default "
-                          "half the free memory) after the stored vectors; raise --max-memory or free memory")
+                          f"the {allowance:,} bytes ({gib(allowance)}) left for it under --max-memory (less what the "
+                          "process holds; without it, half the free memory) after the stored vectors; raise "
+                          "--max-memory or free memory")
     if fits >= largest:
         return BatchPlan(per_sample, allowance, None, largest)
     if not splittable:

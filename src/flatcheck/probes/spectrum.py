@@ -57,7 +57,7 @@ def plan_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, desc: str, re
         reorth = "full" if fits else "none"
         if not fits:
             reason = (f"a {min(steps, op.dim)}-step basis needs {gib(need)}, more than the {gib(limit)} "
-                      "--max-memory allows (default half the free memory)")
+                      "--max-memory leaves the probe (without it, half the free memory)")
     if reorth == "full":
         _steps, stored = plan_steps(steps, op.dim, op.dtype, limit, flag="--lanczos-steps", what=what)
     else:
