@@ -384,7 +384,6 @@ def test_an_address_space_limit_bounds_the_default_and_the_cap(monkeypatch):
     assert 0 <= 10 * 2**30 - mapped - left <= 64 * 2**20  # what the process maps moves a little
     assert memory.memory_limit(torch.device("cpu"), None) <= (10 * 2**30 - mapped + 64 * 2**20) // 2
     monkeypatch.setattr(memory, "address_space_left", lambda: 2**30)
-    monkeypatch.setattr("flatcheck.api.address_space_left", lambda: 2**30)
     monkeypatch.setattr("flatcheck.api.resident_bytes", lambda device: 2**30)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
     data = (torch.randn(8, 4), torch.randint(0, 3, (8,)))

@@ -30,7 +30,7 @@ from .backends._dist import launched, local_cuda_device
 from .data.preprocess import Preprocess
 from .data.registry import create_dataset
 from .errors import ConfigError, DataError, InputError, ModelError, SpecError, first_line
-from .linalg.memory import address_space_left, process_allowance, resident_bytes
+from .linalg.memory import process_allowance, resident_bytes
 from .losses import per_sample_loss
 from .models.checkpoint import LoadedCheckpoint
 from .models.load import build_with_weights
@@ -227,11 +227,8 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
         # does not depend on which probes ran before it
         device = session.backend.problem.device
         ctx.memory_held = resident_bytes(device)
-        ctx.max_memory = process_allowance(config.max_memory, ctx.memory_held)
+        ctx.max_memory = process_allowance(device, config.max_memory, ctx.memory_held)
         ctx.memory_cap = config.max_memory
-        left = address_space_left() if device.type == "cpu" else None
-        if left is not None:  # `ulimit -v` may be the tighter cap: an allocation past it fails
-            ctx.max_memory = min(ctx.max_memory, left)
     end = None if config.budget is None else time.monotonic() + config.budget
     for i, request in enumerate(config.probes):
         if end is not None:  # an equal share of what is left, so one probe's overrun is not the next's loss

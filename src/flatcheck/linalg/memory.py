@@ -15,13 +15,21 @@ def address_space_left() -> int | None:
         import resource
 
         soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
-        if soft == resource.RLIM_INFINITY:
-            return None
-        with open("/proc/self/statm", encoding="ascii") as fh:
-            mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (ImportError, OSError, ValueError, IndexError):
+    except ImportError:
+        return None
+    mapped = _statm(0)
+    if soft == resource.RLIM_INFINITY or mapped is None:
         return None
     return max(0, soft - mapped)
+
+
+def _statm(field: int) -> int | None:
+    """Bytes of /proc/self/statm's `field` (0: mapped, 1: resident); None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[field]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -83,25 +91,23 @@ def resident_bytes(device: torch.device) -> int:
     or the tensors torch has allocated on a CUDA device; 0 where it cannot be read."""
     if device.type == "cuda":
         return int(torch.cuda.memory_allocated(device))
-    try:
-        with open("/proc/self/statm", encoding="ascii") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+    return _statm(1) or 0
 
 
-def process_allowance(cap: int, held: int) -> int:
+def process_allowance(device: torch.device, cap: int, held: int) -> int:
     """The bytes the probes' working sets may take when the whole process may hold `cap`
     (--max-memory) and holds `held` already — torch itself, the model and the samples (about
     1.25 GB for a ViT-B/16 at batch 8) count against the cap, as a user who sizes the flag to
-    the machine expects. Refuses (exit 2) a cap the process is already over."""
+    the machine expects; on the host no more than an address-space limit (`ulimit -v`) leaves,
+    as for the default. Refuses (exit 2) a cap the process is already over."""
     from ..errors import ConfigError
 
     if held >= cap:
         raise ConfigError(f"--max-memory {cap:,} bytes ({gib(cap)}) leaves no room: with the model and samples "
                           f"loaded this process already holds {held:,} bytes ({gib(held)}); give that much more "
                           "than the probes need")
-    return cap - held
+    left = address_space_left() if device.type == "cpu" else None
+    return cap - held if left is None else min(cap - held, left)
 
 
 def memory_limit(device: torch.device, requested: int | None) -> int | None:
