@@ -436,6 +436,12 @@ def main() -> None:
                 write_table(rows, args.out, args)
                 print(f"{model} {name} n={samples}: {row['seconds']:.1f} s, {row['peak_rss_bytes'] / 1e9:.2f} GB, "
                       f"exit {row['exit']}", flush=True)
+    # another run may append to the same --jsonl (two cores, two streams of rows): the table ends
+    # with every row the file holds, not only this run's
+    rows = [json.loads(line) for line in args.jsonl.read_text().splitlines() if line.strip()] \
+        if args.jsonl.exists() else rows
+    if rows:
+        write_table(rows, args.out, args)
 
 
 if __name__ == "__main__":
