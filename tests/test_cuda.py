@@ -20,6 +20,8 @@ from conftest import dense, make_case
 from flatcheck.backends import ParamLayout, Problem, create_backend, list_backends
 from flatcheck.cli import app
 from flatcheck.data.batches import SampleSet
+from flatcheck.linalg.thick_restart import restart_bytes
+from flatcheck.probes import ProbeContext, create_probe, parse_options
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -146,3 +148,49 @@ def test_cli_on_cuda_equals_cpu(tmp_path, backend):
     assert gpu["device"].startswith("cuda")
     assert abs(a - b) <= 1e6 * EPS64 * abs(a)
     assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+
+
+def _probe_on_cuda(case, probe: str, max_memory: int, **opts):
+    ctx = ProbeContext(create_backend("func", _on_cuda(case)), seed=0, max_memory=max_memory)
+    return create_probe(probe).run(ctx, parse_options(probe, opts))
+
+
+def test_restarted_lmax_on_cuda_matches_dense():
+    """The thick-restarted basis (a --max-memory too small for the full one) on the GPU: the top
+    two eigenvalues within the Kato–Temple bound of their reported residuals."""
+    case = make_case("mlp")
+    H, _ = dense(case)
+    per, fixed = restart_bytes(0, H.shape[0], torch.float64)
+    res = _probe_on_cuda(case, "lmax", 2 * (fixed + 12 * per) + 1, k=2, tol=1e-9)
+    d = res.details
+    assert d["basis"] == "thick-restart" and d["basis_rows"] == 12 and all(d["converged"])
+    ev = torch.linalg.eigvalsh(H).flip(0)
+    gap = (ev[1] - ev[2]).item()
+    for value, r, truth in zip(d["eigenvalues"], d["residuals"], ev[:2].tolist()):
+        assert abs(value - truth) <= r * r / gap + 1e-12 * abs(truth)
+
+
+@pytest.mark.parametrize("probe,opts", [("trace", {"rtol": "none", "probes_max": 12, "block_size": 4}),
+                                        ("spectrum", {"lanczos_steps": 12})])
+def test_a_small_max_memory_on_cuda_gives_the_unchunked_values(probe, opts):
+    """Micro-batches planned against a small device allowance change no value (float64, 1e-12)."""
+    case = make_case("mlp")
+    whole = _probe_on_cuda(case, probe, 2**40, **opts)
+    memory = whole.details["memory"]
+    assert memory["microbatch_samples"] is None
+    cut = _probe_on_cuda(case, probe, memory["stored_vector_bytes"] + 2 * memory["graph_bytes_per_sample"] + 1,
+                         **opts)
+    assert cut.details["memory"]["microbatch_samples"] == 2
+    assert abs(cut.value - whole.value) <= 1e-12 * abs(whole.value)
+
+
+def test_max_memory_on_cuda_caps_what_the_device_holds(tmp_path):
+    """--max-memory on a GPU is device memory: what torch holds there (model, samples) is taken
+    off it, and a cap the device already holds more than is one line, exit 2."""
+    report = _trace_json(tmp_path, "cuda", "--max-memory", "2G")
+    memory = report["results"]["trace"]["details"]["memory"]
+    assert memory["max_memory_bytes"] == 2 * 2**30 and 0 < memory["process_held_bytes"] < 2**30
+    args = ["trace", str(ROOT / "demo/digits_cnn.safetensors"), "--spec", str(ROOT / "model_specs/demo_digits.yaml"),
+            "--data", "digits", "--samples", "200", "--device", "cuda", "--max-memory", "1000", "-q"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "--max-memory 1,000 bytes" in res.output and "leaves no room" in res.output
