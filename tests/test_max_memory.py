@@ -390,3 +390,43 @@ def test_an_address_space_limit_bounds_the_default_and_the_cap(monkeypatch):
     assert memory.available_bytes(torch.device("cpu")) == 2**30
     got = measure(model, data, probes="lmax", max_memory="16G").results["lmax"].details["memory"]
     assert got["limit_bytes"] == 2**30 and got["max_memory_bytes"] == 16 * 2**30
+
+
+def test_cuda_free_memory_counts_what_torchs_allocator_holds_unused(monkeypatch):
+    """An earlier probe's freed blocks stay reserved by torch's caching allocator, which the
+    driver counts as taken; they are this process's to reuse, so the next probe's default
+    limit (half the free memory) must count them."""
+    from flatcheck.linalg import memory
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 30 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2 * 2**30)
+    assert memory.available_bytes(torch.device("cuda")) == 38 * 2**30
+    assert memory.memory_limit(torch.device("cuda"), None) == 19 * 2**30
+
+
+@pytest.mark.parametrize("probe", ["trace", "mls", "gap"])
+def test_a_finished_measurement_leaves_no_tensor_to_the_garbage_collector(probe):
+    """Whatever a measurement held (the model's copy, kept graphs, stored vectors) is freed when
+    it returns, not when Python's collector next runs: a backend and the ModelState that drops
+    its caches referred to each other, so every measure() left its session in a cycle, and
+    the next probe in a process (a scan's child, a notebook) planned against memory it held."""
+    import gc
+
+    from flatcheck.api import measure
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    data = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
+    gc.collect()
+    gc.disable()
+    try:
+        measure(model, data, probes=probe, test_data=data)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cyclic == []

@@ -13,6 +13,7 @@ every cache registers with a `ModelState` and calls `check()` before reusing any
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Callable, Hashable
 
 from torch import nn
@@ -36,12 +37,15 @@ class ModelState:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self._drops: list[Callable[[], None]] = []
+        self._drops: list[Callable[[], Callable[[], None] | None]] = []
         self._seen: tuple[Hashable, ...] | None = None
 
     def register(self, drop: Callable[[], None]) -> None:
-        """`drop()` empties one cache; it runs on every change `check()` finds."""
-        self._drops.append(drop)
+        """`drop()` empties one cache; it runs on every change `check()` finds. A bound method
+        is held weakly: its owner (a backend, a kept prefix) holds this state, and a strong
+        reference back would make a cycle that only the garbage collector frees, keeping the
+        owner's graphs and vectors alive after the last reference to it is gone."""
+        self._drops.append(weakref.WeakMethod(drop) if hasattr(drop, "__self__") else (lambda: drop))
 
     def check(self) -> None:
         """Call before reading any cached item and before building new ones; empties the
@@ -52,5 +56,7 @@ class ModelState:
         changed = self._seen is not None
         self._seen = now
         if changed:
-            for drop in self._drops:
-                drop()
+            for ref in self._drops:
+                drop = ref()
+                if drop is not None:
+                    drop()

@@ -33,12 +33,15 @@ def _statm(field: int) -> int | None:
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Free memory on `device` now: CUDA's free VRAM, or the host's MemAvailable (Linux), or
-    None where neither can be read (then nothing is refused); on the host, no more than an
-    address-space limit leaves."""
+    """Free memory on `device` now: CUDA's free VRAM plus what torch's allocator holds unused,
+    or the host's MemAvailable (Linux), or None where neither can be read (then nothing is
+    refused); on the host, no more than an address-space limit leaves."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
+        # blocks torch's caching allocator reserved and no tensor uses (an earlier probe's) are
+        # this process's to reuse, though the driver counts them as taken
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free) + max(int(cached), 0)
     free = _host_available()
     left = address_space_left()
     return left if free is None else free if left is None else min(free, left)
