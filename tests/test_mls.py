@@ -223,6 +223,11 @@ def test_budget_ends_the_other_sample_loops_too(probe, opts):
     assert 1 <= r.details["samples_used"] < 23 and "of 23 samples" in r.notes
     full = create_probe(probe).run(ProbeContext(case.backend(), seed=0), parse_options(probe, opts))
     assert full.resolved is True and "samples_used" not in full.details
+    if probe == "decomposition":
+        # its comparison with Tr(G), which is over every sample, is not made on fewer
+        assert r.details["relative_difference"] is None and "not compared" in r.notes
+        assert f"first {r.details['samples_used']} of 23 samples" in r.details["relative_difference_null_reason"]
+        assert full.details["relative_difference"] is not None
 
 
 def test_a_bool_option_that_is_neither_says_what_it_accepts():

@@ -148,10 +148,12 @@ class DecompositionProbe:
         ggn_total = sum(ggn_by_name[w] for w in weights)
         bound = sum(v["bound"] for v in per_layer.values())
         exact = bool(per_layer) and all(v["exact"] for v in per_layer.values()) and len(weights) == len(per_layer)
-        rel = abs(total - ggn_total) / abs(ggn_total) if ggn_total else None
+        # under --budget the terms cover the first samples only, Tr(G) every one: no comparison
+        cut = extra.get("samples_used")
+        rel = abs(total - ggn_total) / abs(ggn_total) if ggn_total and cut is None else None
         dense_terms = sum(v["term"] for v in per_layer.values() if v["exact"])
         dense_ggn = sum(v["ggn_weight"] for v in per_layer.values() if v["exact"])
-        rel_text = "n/a" if rel is None else f"{rel:.3g}"
+        rel_text = "not compared" if cut is not None else "n/a" if rel is None else f"{rel:.3g}"
         estimate = route.route == "estimate"
         ggn_name = f"Tr(G) ({options.class_samples} sampled classes)" if estimate else "exact Tr(G)"
         notes = (f"{route.route}: Σ terms {total:.4g}{_pm(extra.get('total_stderr'))} vs {ggn_name} of the same "
@@ -166,6 +168,10 @@ class DecompositionProbe:
             # the comparison's Tr(G) is class-sampled; its stderr covers every probed parameter
             details["ggn_class_samples"] = options.class_samples
             details["ggn_trace_stderr_all_parameters"] = ggn_result.stderr
+        if cut is not None:
+            details["relative_difference_null_reason"] = (
+                f"the terms are over the first {cut} of {extra['samples_requested']} samples (--budget) "
+                "and Tr(G) over all of them")
         if "unresolved_reason" in extra:
             notes += f"; {extra['unresolved_reason']}, while Tr(G) is over all of them"
         return ProbeResult(
