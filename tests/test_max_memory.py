@@ -229,6 +229,18 @@ def test_lmax_default_basis_that_does_not_fit_is_thick_restarted():
     assert d["eigenvalues"] == pytest.approx(full.details["eigenvalues"], rel=1e-9)
 
 
+def test_lmax_restarted_under_the_default_limit_says_which_limit(monkeypatch):
+    """Without --max-memory the limit is half the free memory; the note must not name the flag."""
+    from flatcheck.linalg import memory
+
+    case = make_case("mlp")
+    per, fixed = restart_bytes(0, case.problem.layout.dim, torch.float64)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2 * (2 * (fixed + 12 * per) + 1))
+    result = run(case, "lmax", k=2, tol=1e-9)
+    assert result.details["basis_rows"] == 12
+    assert "basis of 12 vectors, the most that fit the default limit, half the free memory" in result.notes
+
+
 def test_lmax_restarted_basis_takes_what_one_samples_graph_leaves_when_half_is_too_little():
     case = make_case("mlp")
     per, fixed = restart_bytes(0, case.problem.layout.dim, torch.float64)

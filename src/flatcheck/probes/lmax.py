@@ -156,7 +156,8 @@ class LmaxProbe:
         elif not all(res.converged):
             notes += f"; raise --max-iter (now {max_iter}) or --tol, or use --dtype float64"
         if rows is not None:
-            notes += (f"; thick-restarted in a basis of {rows} vectors, the most that fit --max-memory "
+            limit = "--max-memory" if ctx.max_memory is not None else "the default limit, half the free memory"
+            notes += (f"; thick-restarted in a basis of {rows} vectors, the most that fit {limit} "
                       f"({restarts} restart{'' if restarts == 1 else 's'})")
         notes += memory_note(memory)
         return ProbeResult(
