@@ -253,7 +253,8 @@ def test_lmax_restarted_basis_takes_what_one_samples_graph_leaves_when_half_is_t
     H, _ = dense(case)
     assert abs(result.value - torch.linalg.eigvalsh(H)[-1].item()) <= result.details["residuals"][0]
     with pytest.raises(ConfigError, match=r"thick-restarted Lanczos basis of 3 vectors.*need [0-9,]+ bytes.*"
-                                          r"--max-memory\); raise --max-memory or lower --k"):
+                                          r"\(--max-memory less what the process holds; without it, half the free memory\); "
+                                          r"raise --max-memory or lower --k"):
         run(case, "lmax", max_memory=fixed + 2 * per + graph, k=1)
 
 
