@@ -443,3 +443,19 @@ def test_a_finished_measurement_leaves_no_tensor_to_the_garbage_collector(probe)
         gc.garbage.clear()
         gc.enable()
     assert cyclic == []
+
+
+def test_a_refusal_under_ulimit_v_says_what_the_limit_leaves(monkeypatch):
+    """Under `ulimit -v` a larger --max-memory cannot help past what the limit leaves the
+    process (ViT-B/16's lmax under a 10 GB limit), so the refusal says how much that is."""
+    from flatcheck.linalg import memory
+
+    monkeypatch.setattr(memory, "address_space_left", lambda: None)
+    with pytest.raises(ConfigError) as plain:
+        memory.refuse_count(4, 100, 0, 300, "probe x", "--steps")
+    assert "ulimit" not in str(plain.value)
+    monkeypatch.setattr(memory, "address_space_left", lambda: 2**30)
+    with pytest.raises(ConfigError, match=r"allowed \(--max-memory less what the process holds; without it, half "
+                                          r"the free memory; ulimit -v leaves this process 1,073,741,824 bytes "
+                                          r"\(1 GiB\)\); --steps 3 fits"):
+        memory.refuse_count(4, 100, 0, 300, "probe x", "--steps")

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError
-from ..linalg.memory import LIMIT_WORDS, gib
+from ..linalg.memory import gib, limit_words
 
 # what a product over a sample holds, in units of its forward's saved tensors: the forward
 # graph, the create_graph reverse pass over it (about twice as much), and the allocator's slack
@@ -124,7 +124,7 @@ def plan_batches(per_sample: int, allowance: int, sizes: list[int], splittable: 
     fits = allowance // max(1, per_sample)
     if fits < 1:
         raise ConfigError(f"{what}: one sample's graph needs about {per_sample:,} bytes ({gib(per_sample)}), more than "
-                          f"the {allowance:,} bytes ({gib(allowance)}) left for it ({LIMIT_WORDS}) after the stored vectors; "
+                          f"the {allowance:,} bytes ({gib(allowance)}) left for it ({limit_words()}) after the stored vectors; "
                           "raise --max-memory or free memory")
     if fits >= largest:
         return BatchPlan(per_sample, allowance, None, largest)

@@ -8,8 +8,12 @@ import os
 import torch
 
 
-# how every refusal names the limit it was held to
-LIMIT_WORDS = "--max-memory less what the process holds; without it, half the free memory"
+def limit_words() -> str:
+    """How every refusal names the limit it was held to; under `ulimit -v` also what that
+    leaves, which a larger --max-memory cannot raise."""
+    left = address_space_left()
+    words = "--max-memory less what the process holds; without it, half the free memory"
+    return words if left is None else f"{words}; ulimit -v leaves this process {left:,} bytes ({gib(left)})"
 
 
 def address_space_left() -> int | None:
@@ -136,7 +140,7 @@ def chunk_size(per_item: int, limit: int | None, what: str, total: int | None = 
         return total or 1 << 30
     if per_item > limit:
         raise ConfigError(f"{what} needs about {gib(per_item)} even one at a time, more than the "
-                          f"{gib(limit)} allowed ({LIMIT_WORDS}); "
+                          f"{gib(limit)} allowed ({limit_words()}); "
                           f"raise --max-memory or free memory")
     n = max(1, limit // max(1, per_item))
     return n if total is None else min(n, total)
@@ -164,5 +168,5 @@ def refuse_count(count: int, per_item: int, fixed: int, limit: int | None, what:
     fix = (f"{flag} {most} fits" if most >= least else f"no {flag} ≥ {least} fits")
     working = f" and {fixed:,} bytes of working vectors" if fixed else ""
     raise ConfigError(f"{what} would hold {count} vectors of {per_item:,} bytes{working}, {need:,} bytes "
-                      f"({gib(need)}) in all, more than the {limit:,} bytes ({gib(limit)}) allowed ({LIMIT_WORDS}); "
+                      f"({gib(need)}) in all, more than the {limit:,} bytes ({gib(limit)}) allowed ({limit_words()}); "
                       f"{fix}, or raise --max-memory")

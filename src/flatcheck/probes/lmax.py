@@ -11,7 +11,7 @@ import torch
 
 from ..errors import ConfigError
 from ..linalg.lanczos import default_max_iter, lanczos_bytes, lanczos_top, plan_steps
-from ..linalg.memory import LIMIT_WORDS, gib
+from ..linalg.memory import gib, limit_words
 from ..linalg.thick_restart import lanczos_top_restarted, min_rows, restart_bytes
 from ..linalg.power import power_top
 from ..operators import CurvatureOperator
@@ -236,6 +236,6 @@ def _restart_rows(ctx: ProbeContext, op, steps: int, limit: int, k: int, what: s
             need = fixed + min_rows(k) * per + graph
             raise ConfigError(f"{what}: a thick-restarted Lanczos basis of {min_rows(k)} vectors, its working "
                               f"vectors and one sample's graph need {need:,} bytes ({gib(need)}), more than the "
-                              f"{limit:,} bytes ({gib(limit)}) allowed ({LIMIT_WORDS}); raise --max-memory or lower --k")
+                              f"{limit:,} bytes ({gib(limit)}) allowed ({limit_words()}); raise --max-memory or lower --k")
     rows = int(min(rows, steps))
     return rows, fixed + rows * per

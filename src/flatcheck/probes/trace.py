@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from ..errors import ConfigError, ModelError
 from ..linalg import hutchinson, hutchpp
-from ..linalg.memory import LIMIT_WORDS, gib
+from ..linalg.memory import gib, limit_words
 from ..linalg.trace import plan_block
 from ..operators import CurvatureOperator, LayoutParts
 from ..linalg.random import SIGN_STREAM
@@ -266,5 +266,5 @@ def _check_hutchpp_memory(op: CurvatureOperator, matvecs: int, limit: int | None
         fix = f"--probes-max {most} fits" if most >= 6 else "no --probes-max ≥ 6 fits"
         raise ConfigError(f"probe trace: --probes-max {matvecs}: Hutch++ would hold {need:,} bytes ({gib(need)}) of "
                           f"(k, P) blocks for {op.dim:,} parameters, more than the {limit:,} bytes ({gib(limit)}) "
-                          f"allowed ({LIMIT_WORDS}); {fix}, or raise --max-memory")
+                          f"allowed ({limit_words()}); {fix}, or raise --max-memory")
     return need
