@@ -32,7 +32,7 @@ def _relu_mlp():
 
 @pytest.mark.parametrize("probe,kind,opts", [
     ("jacobian", "cnn", {"method": "exact"}),
-    ("jacobian", "mlp", {"method": "estimate", "projections": 3, "power_iters": 5}),
+    ("jacobian", "mlp", {"method": "estimate", "projections": 3, "lanczos_iters": 5}),
     ("mls", "cnn", {}),
     ("decomposition", "relu_mlp", {}),
 ])

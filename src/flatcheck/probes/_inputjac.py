@@ -10,9 +10,8 @@ depends on the batching.
 Two routes:
 - `jacobian_rows` materialises the C rows per sample (exact; memory C·D per sample, bounded
   by processing the batch in chunks of samples);
-- `projected_sqnorms` and `power_spectral` never hold more than one D-vector per sample:
-  ‖Jᵀr‖² with Rademacher r is an unbiased estimate of ‖J‖²_F, and power iteration on JᵀJ
-  (one JVP and one VJP per step) gives σ_max with a residual to judge convergence.
+- `projected_sqnorms` never holds more than one D-vector per sample: ‖Jᵀr‖² with Rademacher
+  r is an unbiased estimate of ‖J‖²_F (σ_max comes from Lanczos on JJᵀ, flatcheck.probes._jacfree).
 """
 
 from __future__ import annotations
@@ -176,51 +175,6 @@ def projected_sqnorms(model: nn.Module, x: Tensor, output: Output, projections: 
             if mask is not None:
                 outside.append((g * mask.to(g.device)).flatten(1).sum(1))
     return torch.stack(full, 1), (torch.stack(outside, 1) if mask is not None else None)
-
-
-@dataclass
-class PowerResult:
-    sigma: Tensor  # (B,) Rayleigh-quotient estimate of σ_max (a lower bound up to rounding)
-    residual: Tensor  # (B,) ‖JᵀJv − σ²v‖ / σ² at the returned v
-    iterations: int
-    passes: int  # batched JVP + VJP passes
-
-
-def power_spectral(model: nn.Module, x: Tensor, output: Output, generator: torch.Generator,
-                   max_iters: int, tol: float) -> PowerResult:
-    """σ_max(J_n) for every sample of the batch by power iteration on J_nᵀJ_n.
-
-    J v comes from the double-VJP trick: g(w) = Jᵀw is linear in w, so ∂⟨g(w), v⟩/∂w = J v;
-    that needs only reverse mode, which every op of a model supports. Stops when every
-    sample's relative residual is below `tol`.
-    """
-    x = x.detach().requires_grad_(True)
-    with torch.enable_grad():
-        out = apply_output(model(x), output)
-        w = torch.zeros_like(out, requires_grad=True)
-        (jt_w,) = torch.autograd.grad(out, x, w, create_graph=True)
-        v = torch.randn(x.shape, generator=generator, dtype=torch.float64).to(x)
-        v = v / _norms(v).clamp_min(torch.finfo(v.dtype).tiny).view(-1, *[1] * (x.ndim - 1))
-        sigma = residual = None
-        iters = 0
-        for iters in range(1, max_iters + 1):
-            (jv,) = torch.autograd.grad(jt_w, w, v, retain_graph=True)
-            (jtjv,) = torch.autograd.grad(out, x, jv, retain_graph=True)
-            lam = (v * jtjv).flatten(1).sum(1)
-            shape = (-1, *[1] * (x.ndim - 1))
-            residual = _norms(jtjv - lam.view(shape) * v) / lam.abs().clamp_min(torch.finfo(lam.dtype).tiny)
-            sigma = lam.clamp_min(0).sqrt()
-            norm = _norms(jtjv)
-            zero = norm == 0  # J = 0 at this sample: σ = 0 exactly, nothing to iterate
-            residual = torch.where(zero, torch.zeros_like(residual), residual)
-            if bool((residual < tol).all()):
-                break
-            v = torch.where(zero.view(shape), v, jtjv / norm.clamp_min(torch.finfo(norm.dtype).tiny).view(shape))
-    return PowerResult(sigma.detach().to(torch.float64), residual.detach().to(torch.float64), iters, 1 + 2 * iters)
-
-
-def _norms(t: Tensor) -> Tensor:
-    return t.flatten(1).norm(dim=1)
 
 
 def summarise(values: Tensor) -> dict:

@@ -11,11 +11,11 @@ import torch
 
 from ..backends.base import Outputs, model_mode
 from ..errors import ConfigError
-from ._inputjac import (AUTO_MAX_CLASSES, ROW_BYTES, jacobian_rows, power_spectral, projected_sqnorms, region_mask,
+from ._inputjac import (AUTO_MAX_CLASSES, ROW_BYTES, jacobian_rows, projected_sqnorms, region_mask,
                         require_independent, spectral_stats, summarise)
 from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
-from ._jacfree import iter_chunks, plan
+from ._jacfree import LANCZOS_STREAM, JacobianProducts, gaussian, iter_chunks, lanczos_sigma, plan
 from ._kit import SampleBudget, option, progress_reporter
 from .registry import ProbeContext, register_probe
 
@@ -27,18 +27,20 @@ class JacobianOptions:
     exclude_region: str | None = option(  # "y,x,h,w" in pixels
         None, "y,x,h,w: also the Frobenius norm outside this pixel box, rescaled to its area")
     method: Literal["auto", "exact", "estimate"] = option(
-        "auto", "auto, exact (C backward passes) or estimate (random projections + power iteration)")
+        "auto", "auto, exact (C backward passes) or estimate (random projections + Lanczos)")
     projections: int = option(64, "random output projections per sample (estimate)")
-    power_iters: int = option(300, "most power iterations per sample for the spectral norm (estimate)")
-    power_tol: float = option(1e-4, "power iteration stops at relative residual ‖JᵀJv − σ²v‖/σ² ≤ TOL (estimate)")
+    lanczos_iters: int = option(300, "most Lanczos iterations per sample for the spectral norm (estimate)")
+    lanczos_tol: float = option(1e-4, "Lanczos stops at relative residual ‖JJᵀy − θy‖/θ ≤ TOL, a bound on the "
+                                      "relative error of σ_max (estimate)")
 
     def __post_init__(self):
         if self.exclude_region is not None:
             parse_region(self.exclude_region)
         if self.projections < 2:
             raise ConfigError(f"--projections must be at least 2 (a standard error needs two draws), got {self.projections}")
-        if self.power_iters < 1 or not self.power_tol > 0:
-            raise ConfigError("jacobian.power_iters must be ≥ 1 and jacobian.power_tol > 0")
+        if self.lanczos_iters < 1 or not (math.isfinite(self.lanczos_tol) and self.lanczos_tol > 0):
+            raise ConfigError(f"jacobian.lanczos_iters must be ≥ 1 and jacobian.lanczos_tol > 0, got "
+                              f"{self.lanczos_iters} and {self.lanczos_tol}")
 
     @property
     def region(self) -> tuple[int, int, int, int] | None:
@@ -72,8 +74,10 @@ class JacobianProbe:
     method exact: the C rows of every J_n (C batched backward passes), norms from its singular
     values. method estimate (auto picks it when C > 128 or C·D is large): ‖J_n‖²_F from K
     Rademacher projections, unbiased, with standard error; ‖J_n‖_F = its square root (bias
-    O(se²), delta-method stderr); ‖J_n‖_2 by power iteration on J_nᵀJ_n with the relative
-    residual ‖JᵀJv − σ²v‖/σ² reported.
+    O(se²), delta-method stderr); ‖J_n‖_2 by Lanczos on the C×C J_nJ_nᵀ, with the relative
+    residual and the error bound r/σ it gives, as mls and decomposition take theirs (from the
+    same start vectors as mls's for x, so the two report the same σ): fewer products than a
+    power iteration on JᵀJ for the same residual, and exact once C steps exhaust the space.
 
     --exclude-region y,x,h,w: per sample √(‖J_out‖²_F / n_out) · √n_region, J_out the columns of
     J at pixels outside the region (all channels). n counts spatial positions only
@@ -112,14 +116,14 @@ class JacobianProbe:
         eps = torch.finfo(first.dtype).eps
         generator = ctx.generator()
 
-        fro, fro_se, spec, resid, outside, outside_se = [], [], [], [], [], []
+        fro, fro_se, spec, resid, spec_err, outside, outside_se = [], [], [], [], [], [], []
         passes, iters = 0, 0
         progress = progress_reporter(ctx, f"jacobian ({method})")
         # whole batches, or under --budget pieces the budget can end between (on the estimate
         # route the projections are then drawn piece by piece: other draws from the same seed)
         budget = SampleBudget(ctx, f"jacobian ({method})")
         with model_mode(model, problem.bn_mode):
-            for _, xb, _ in iter_chunks(problem, problem.samples.batch_size, budget, progress):
+            for index, xb, _ in iter_chunks(problem, problem.samples.batch_size, budget, progress):
                 if method == "exact":
                     for first_row in range(0, xb.shape[0], memory["chunk_samples"]):
                         rows = jacobian_rows(model, xb[first_row:first_row + memory["chunk_samples"]], options.output)
@@ -138,12 +142,16 @@ class JacobianProbe:
                     if sq_out is not None:
                         outside.append(sq_out.mean(1))
                         outside_se.append(sq_out.var(1) / options.projections)
-                    power = power_spectral(model, xb, options.output, generator, options.power_iters,
-                                           options.power_tol)
-                    spec.append(power.sigma)
-                    resid.append(power.residual)
-                    passes += options.projections + power.passes
-                    iters = max(iters, power.iterations)
+                    jp = JacobianProducts(model, xb, options.output, [])
+                    start_vectors = gaussian(ctx.seed, index, xb.shape[0], jp.num_classes, (LANCZOS_STREAM, 0))
+                    norms = lanczos_sigma(jp.gram(0), start_vectors, options.lanczos_iters, options.lanczos_tol,
+                                          budget.should_stop)
+                    jp.close()
+                    spec.append(norms.sigma)
+                    resid.append(norms.residual)
+                    spec_err.append(norms.error)
+                    passes += options.projections + jp.backward_passes
+                    iters = max(iters, int(norms.iterations.max()))
 
         fro_t, spec_t = torch.cat(fro).cpu(), torch.cat(spec).cpu()
         n = fro_t.numel()
@@ -169,8 +177,9 @@ class JacobianProbe:
             details["frobenius_sq_mean_stderr"] = (se_t * 2 * fro_t).pow(2).sum().sqrt().item() / n
             details["projections"] = options.projections
             r_t = torch.cat(resid).cpu()
-            details["spectral"].update(max_residual=r_t.max().item(), power_iterations=iters,
-                                       unconverged=int((r_t >= options.power_tol).sum()), power_tol=options.power_tol)
+            details["spectral"].update(max_residual=r_t.max().item(), max_error_bound=torch.cat(spec_err).max().item(),
+                                       lanczos_iterations=iters, unconverged=int((r_t > options.lanczos_tol).sum()),
+                                       lanczos_tol=options.lanczos_tol)
         else:
             details["frobenius_sq_mean"] = fro_t.pow(2).mean().item()
         if mask is not None:
@@ -181,7 +190,7 @@ class JacobianProbe:
         if mask is not None:
             notes += f"; excluded-region ‖J‖_F mean {details['excluded']['mean']:.4g}"
         if method == "estimate" and details["spectral"]["unconverged"]:
-            notes += f"; power iteration: {details['spectral']['unconverged']} samples above residual tol"
+            notes += f"; Lanczos: {details['spectral']['unconverged']} samples above residual tol"
         if budget.cut is not None:
             details.update(budget.cut)
             notes += f"; {budget.cut['unresolved_reason']}"

@@ -9,7 +9,9 @@ from typing import Any
 # 2.0: `dof` of the standard error, and a Hutchinson/Hutch++ trace's per-probe values
 # (details.probe_values, details.offset) and route (details.route), which gates pair on
 # 2.1: jacobian, mls and decomposition report matvecs 0 and their backward passes in details.backward_passes
-SCHEMA_VERSION = "2.1"
+# 2.2: jacobian's estimate route takes ‖J‖₂ by Lanczos on JJᵀ: details.spectral.lanczos_iterations,
+#      lanczos_tol and max_error_bound replace power_iterations and power_tol
+SCHEMA_VERSION = "2.2"
 
 
 @dataclass(frozen=True)
