@@ -552,3 +552,51 @@ def test_a_threshold_in_e_notation_without_a_dot_is_a_number():
     for bad in ("abc", "nan", "inf"):
         with pytest.raises(InputError, match="finite number"):
             parse_gate_config({"rules": [{"field": "trace.value", "max": bad}]})
+
+
+# ---------------------------------------------------------------- values good to a stated bound
+
+
+def _lmax(value, residual, seed=0):
+    """A converged lmax result: its Ritz value lies within `residual` of an eigenvalue."""
+    return {"probe": "lmax", "value": value, "stderr": None, "resolved": True, "seed": seed, "matvecs": 40,
+            "details": {"eigenvalues": [value], "residuals": [residual], "converged": [True], "tol": 1e-3}}
+
+
+def test_an_lmax_that_moves_within_its_residual_does_not_fail_an_unchanged_model():
+    """At another seed (another start vector) an unchanged model's λmax moves within its
+    residual; a rule decided as if the value were exact failed it (13.664832 vs 13.664819)."""
+    cfg = gate({"field": "lmax.value", "max_increase": "1%"})
+    base = {"lmax": _lmax(13.664819, 0.004)}
+    [check] = evaluate(cfg, {"lmax": _lmax(13.664832, 0.004, seed=1)}, base)
+    assert check.verdict == "pass"
+    lo, hi = check.ci
+    assert math.isclose(hi - 13.664832, 0.004 + 1.01 * 0.004) and check.stderr is None
+    assert "stated error bound ±0.00804" in check.message
+    # a rise past the margin and both bounds fails, a rise inside them is inconclusive
+    assert verdicts(cfg, {"lmax": _lmax(13.664819 * 1.01 + 0.02, 0.004)}, base) == ["fail"]
+    assert verdicts(cfg, {"lmax": _lmax(13.664819 * 1.01 + 0.004, 0.004)}, base) == ["inconclusive"]
+
+
+def test_a_rule_tighter_than_lmax_is_good_to_is_refused_before_the_run():
+    from flatcheck.workflows.gate import check_baseline
+
+    base = _baseline({"lmax": _lmax(13.664819, 0.004)}, **META)
+    with pytest.raises(InputError, match=r"rule .* cannot pass an unchanged model: the baseline's lmax.value = "
+                                         r"13.6648 is good to ±0.004 .*margin 0; .*probes.lmax.tol"):
+        check_baseline(gate({"field": "lmax.value", "max_increase": "0%"}), base, META, seed=0)
+    # 2.01 · 0.004 = 0.00804 fits a 0.1 % margin (0.0137)
+    check_baseline(gate({"field": "lmax.value", "max_increase": "0.1%"}), base, META, seed=0)
+
+
+def test_a_fail_message_prints_value_and_threshold_apart():
+    cfg = gate({"field": "gini.value", "max": 13.664819})
+    [check] = evaluate(cfg, {"gini": {"probe": "gini", "value": 13.664832, "stderr": None, "details": {}}})
+    assert check.verdict == "fail" and "13.664832 needs ≤ 13.664819" in check.message
+
+
+def test_an_mls_estimate_is_compared_within_its_error_bound():
+    cfg = gate({"field": "mls.value", "max": 1.0})
+    mls = {"probe": "mls", "value": 0.999, "stderr": None, "details": {"mls": 0.999, "mls_error_bound": 0.01}}
+    assert verdicts(cfg, {"mls": mls}) == ["inconclusive"]
+    assert verdicts(cfg, {"mls": {**mls, "details": {"mls": 0.999, "mls_error_bound": 1e-4}}}) == ["pass"]

@@ -401,13 +401,17 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
             check.message = why if sigma > 0 and _headline(bound) else ""
     else:
         threshold, sigma = bound.limit, se
+    # a value good to ±h (an iteration's tolerance) widens the interval by h, the baseline's
+    # scaled with the threshold it sets
+    hard = error_bound(results, bound) + (abs(_slope(bound, check.baseline)) * error_bound(baseline, bound)
+                                          if bound.relative and baseline is not None else 0.0)
     check.threshold = threshold
     if not math.isfinite(value):
         check.verdict, check.message = "fail", f"value is {value}"
         return check
-    if sigma > 0:
-        half = quantile(confidence, dof) * sigma
-        check.stderr = sigma
+    if sigma > 0 or hard > 0:
+        half = (quantile(confidence, dof) * sigma if sigma > 0 else 0.0) + hard
+        check.stderr = sigma if sigma > 0 else None
         check.ci = (value - half, value + half)
         lo, hi = check.ci
     else:
@@ -416,14 +420,26 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
     inside = hi <= threshold if bound.upper else lo >= threshold
     check.verdict = "fail" if beyond else "pass" if inside else "inconclusive"
     side = "≤" if bound.upper else "≥"
+    shown_value, shown_threshold = _distinct(value, threshold)
     if check.verdict == "inconclusive":
-        said = f"interval straddles {threshold:.6g}; policy {bound.inconclusive}"
+        said = f"interval straddles {shown_threshold}; policy {bound.inconclusive}"
     elif check.verdict == "fail":
-        said = f"needs {side} {threshold:.6g}"
+        said = f"{shown_value} needs {side} {shown_threshold}"
     else:
         said = ""
-    check.message = "; ".join(m for m in (said, check.message) if m)
+    bounded = f"the interval counts the stated error bound ±{hard:.3g}" if hard > 0 else ""
+    check.message = "; ".join(m for m in (said, check.message, bounded) if m)
     return check
+
+
+def _distinct(a: float, b: float) -> tuple[str, str]:
+    """a and b to as many digits as tell them apart (6 at least), so that a verdict never reads
+    as a value compared with itself."""
+    for digits in (6, 8, 10, 12, 17):
+        sa, sb = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if sa != sb:
+            break
+    return sa, sb
 
 
 def unresolved(result: Mapping[str, Any]) -> str | None:
@@ -471,6 +487,32 @@ _SAME_DRAWS_PROBES = ("spectrum", "rank")
 
 def _headline(bound: Bound) -> bool:
     return bound.field in (bound.probe, f"{bound.probe}.value")
+
+
+def error_bound(results: Mapping[str, Any], bound: Bound) -> float:
+    """A hard bound on the error of the rule's value (0 where the result states none): an
+    iterative value is good to its tolerance, not to the last digit — lmax's Ritz value lies
+    within its residual ‖Hv − θv‖ of an eigenvalue, so at another seed (another start vector)
+    an unchanged model's λmax moves within it. Matrix-free norms state theirs as the sibling
+    `<name>_error_bound` (mls's estimate route)."""
+    result = results.get(bound.probe) or {}
+    details = result.get("details") or {}
+    if _headline(bound):
+        if bound.probe == "lmax":
+            residuals = details.get("residuals")
+            found = residuals[0] if isinstance(residuals, list) and residuals else None
+        else:
+            found = details.get(f"{bound.probe}_error_bound")
+    else:
+        parts = bound.field.split(".")
+        parent: Any = results
+        for part in parts[:-1]:
+            parent = parent.get(part) if isinstance(parent, Mapping) else None
+        if isinstance(parent, Mapping) and "details" in parent and parts[1] != "details":
+            parent = parent["details"]
+        found = parent.get(f"{parts[-1]}_error_bound") if isinstance(parent, Mapping) else None
+    value = as_number(found)
+    return abs(value) if value is not None and math.isfinite(value) else 0.0
 
 
 def _dof(results: Mapping[str, Any], bound: Bound) -> float | None:
@@ -611,6 +653,7 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
         if _headline(bound):
             _check_probe_values(bound, result, b, s_b, baseline.where)
         _check_decidable(bound, b, s_b, baseline, seed, level, gate)
+        _check_bounded(bound, b, baseline)
 
 
 def _planned(gate: GateConfig, probe: str) -> tuple[Any, Any]:
@@ -710,6 +753,24 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
     if unpaired and _headline(bound):
         msg += ", or with this gate file at this seed (flatcheck gate … --no-baseline --json) to compare paired"
     raise InputError(msg)
+
+
+def _check_bounded(bound: Bound, b: float, baseline: Baseline) -> None:
+    """Refuse a rule whose margin an iterative value's own error bound fills: an unchanged model
+    measured as tightly as the baseline is decided on an interval of ±(1 + slope)·h_b around a
+    value x·|b| inside the threshold, so it can pass only if that is less than x·|b|."""
+    h = error_bound(baseline.results, bound)
+    if h == 0:
+        return
+    margin = bound.limit * abs(b)
+    spread = (1 + abs(_slope(bound, b))) * h
+    if spread < margin:
+        return
+    raise InputError(f"{baseline.where}: rule {bound.name} cannot pass an unchanged model: the baseline's "
+                     f"{bound.field} = {b:.6g} is good to ±{h:.3g} (its stated error bound), so the comparison "
+                     f"is good to ±{spread:.3g}, not inside the rule's margin {margin:.3g}; widen the rule, or "
+                     f"remake the baseline with a smaller probes.{bound.probe}."
+                     f"{'tol' if bound.probe == 'lmax' else 'lanczos_tol'} (or --dtype float64)")
 
 
 def z_error_ok(level: float, dof: float | None, error: float, margin: float) -> bool:
