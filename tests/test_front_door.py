@@ -140,9 +140,11 @@ def test_a_resize_is_said_once_on_stderr_and_recorded(tmp_path):
                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     said = [line for line in proc.stderr.splitlines() if "images resized" in line]
-    # once, though gap reads both splits
+    # once, though gap reads both splits, and as a line of flatcheck's, not Python's file:line
+    # and source line
     assert said == [next(line for line in said)] and "data 'digits': images resized 8×8 → 16×16, bilinear, to " \
                                                       "the model's input size" in said[0], proc.stderr
+    assert said[0].startswith("flatcheck: warning: data 'digits'") and ".py:" not in proc.stderr
     assert json.loads(out.read_text())["data"]["resized"] == "8×8 → 16×16, bilinear"
     assert "(resized 8×8 → 16×16, bilinear)" in proc.stdout  # the table's header says it too
     # at the data's own size nothing is resized, and nothing said

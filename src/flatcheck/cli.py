@@ -340,7 +340,13 @@ def guarded(debug: bool, body: Callable[[], int | None]) -> None:
     fit probe_command (scan, report): its return value is the exit code (None = 0)."""
     code = 0
     try:
-        code = body() or 0
+        shown = warnings.formatwarning
+        if not debug:  # the text only: a recorder (pytest.warns, a notebook's) still gets the warning
+            warnings.formatwarning = _warning_line
+        try:
+            code = body() or 0
+        finally:
+            warnings.formatwarning = shown
     except FlatcheckError as exc:
         code = exc.exit_code
         if debug:
@@ -357,6 +363,14 @@ def guarded(debug: bool, body: Callable[[], int | None]) -> None:
         _error_line(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for a traceback)")
     if code:
         raise typer.Exit(code)
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:  # noqa: ARG001
+    """A warning as one line a person reads beside the progress lines ("flatcheck: warning:
+    …"), not Python's file:line and source line (those under --debug)."""
+    text = " ".join(str(message).split())
+    kind = "" if category is UserWarning else f" ({category.__name__})"
+    return f"flatcheck: warning{kind}: {text}\n"
 
 
 def _data_file(uri: str) -> list[tuple[str, str, bool]]:
