@@ -181,6 +181,27 @@ def test_hutchinson_budget_stops_after_two_probes_with_an_honest_error():
     assert first.probes == 2 and first.stderr is not None  # at once: still two probes
 
 
+def test_hutchpp_budget_sizes_its_thirds_from_a_timed_product(monkeypatch):
+    """Hutch++ cannot stop midway (its residual probes are projected off the finished sketch),
+    so a budget sizes k up front: the sketch's first product is timed (a stepped clock: 1 s)
+    and 3k products fit the time left. It ignored --budget: 11 s under --budget 2."""
+    import flatcheck.linalg.trace as trace_module
+
+    A = _sym(60, 1, rank=60) + 5 * torch.eye(60, dtype=torch.float64)
+    clock = iter(range(1000))
+    monkeypatch.setattr(trace_module.time, "monotonic", lambda: float(next(clock)))
+    est = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30, time_left=lambda: 11.0)
+    assert est.stop_reason == "budget" and est.matvecs == 12 and est.probes == 8 and len(est.samples) == 4
+    assert abs(est.value - A.trace().item()) <= Z * est.stderr
+    least = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30, time_left=lambda: 0.0)
+    assert least.matvecs == 6 and least.stderr is not None  # at least two residual probes
+    ample = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30,
+                    time_left=lambda: 1e6)
+    free = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30)
+    assert ample.stop_reason == free.stop_reason == "matvecs"
+    assert (ample.value, ample.stderr) == (free.value, free.stderr)  # the time only sizes, never draws
+
+
 def test_trace_probe_default_stops_at_5_percent_and_reports_it():
     case = make_case("mlp")
     _, G = dense(case)

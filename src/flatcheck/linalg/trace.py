@@ -8,6 +8,7 @@ per-group (per-layer) breakdown whose parts add up to the total exactly.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, runtime_checkable
 
@@ -229,8 +230,14 @@ def hutchpp(
     matvecs: int,
     split: Split | None = None,
     progress: Progress | None = None,
+    time_left: Callable[[], float] | None = None,
 ) -> TraceEstimate:
     """Hutch++ (Meyer, Musco, Musco, Woodruff 2021) with `matvecs` products, in thirds.
+
+    `time_left()` (seconds, a --budget) sizes the thirds: the sketch's first product is timed
+    and k is cut to what three times k products take in the time left (at least 2; stop_reason
+    "budget"). The estimator stays the same, with fewer vectors: Hutch++ cannot stop midway,
+    since its residual probes are projected off the finished sketch.
 
     Tr(A) = Tr(QᵀAQ) + Tr(P⊥AP⊥) with Q an orthonormal basis of A·S; the first term is
     exact, the second is Hutchinson on projected probes. The standard error is that of
@@ -245,7 +252,17 @@ def hutchpp(
     if k < 2:
         raise ValueError("Hutch++ needs at least 6 matrix-vector products")
     S = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
-    AS = op.matmat(S)
+    stop_reason = "matvecs"
+    if time_left is None:
+        AS = op.matmat(S)
+    else:
+        started = time.monotonic()
+        first = op.matmat(S[:1])
+        per_product = max(time.monotonic() - started, 1e-9)
+        fit = max(2, min(k, int((time_left() / per_product + 1) // 3)))
+        if fit < k:
+            k, S, stop_reason = fit, S[:fit], "budget"
+        AS = torch.cat([first, op.matmat(S[1:])]) if k > 1 else first
     Q, _ = torch.linalg.qr(AS.T)  # (P, k)
     Q = Q.T.contiguous()  # rows are basis vectors
     forms = split is None and _streams(op, parts=False)
@@ -265,7 +282,8 @@ def hutchpp(
         resid_values = resid_values.cpu()
         r_mean, r_se = _mean_stderr(resid_values)
         offset = head_values.sum().item()
-        return TraceEstimate(offset + r_mean, r_se, 3 * k, 2 * k, "matvecs", {}, tuple(resid_values.tolist()), offset)
+        return TraceEstimate(offset + r_mean, r_se, 3 * k, 2 * k, stop_reason, {}, tuple(resid_values.tolist()),
+                             offset)
     AG = op.matmat(G)
     if progress is not None:
         progress(3 * k, 3 * k)
@@ -283,5 +301,5 @@ def hutchpp(
         for name in head_g:
             m, se = _mean_stderr(resid_g[name].to(torch.float64).cpu())
             groups[name] = (head_g[name].sum().item() + m, se)
-    return TraceEstimate(exact_part + r_mean, r_se, 3 * k, 2 * k, "matvecs", groups, tuple(resid_values.tolist()),
+    return TraceEstimate(exact_part + r_mean, r_se, 3 * k, 2 * k, stop_reason, groups, tuple(resid_values.tolist()),
                          exact_part)

@@ -96,6 +96,15 @@ def budget_stop(ctx: "ProbeContext") -> Callable[[], bool] | None:
     return lambda: time.monotonic() >= deadline
 
 
+def time_left(ctx: "ProbeContext") -> Callable[[], float] | None:
+    """Seconds left of the probe's share of --budget, for estimators that size their work up
+    front rather than stop between steps (Hutch++); None without a budget."""
+    deadline = ctx.deadline
+    if deadline is None:
+        return None
+    return lambda: deadline - time.monotonic()
+
+
 # With --budget the per-sample probes take their samples at most this many at a time (fewer
 # as the time left shrinks: SampleBudget.chunk), so that the budget can end the loop: a chunk
 # sized by memory alone is often the whole sample set, and a budget checked only between

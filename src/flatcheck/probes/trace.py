@@ -13,7 +13,7 @@ from ..linalg.trace import plan_block
 from ..operators import CurvatureOperator, LayoutParts
 from ..linalg.random import SIGN_STREAM
 from ..report.result import ProbeResult
-from ._kit import budget_stop, option, progress_reporter, told_if_budget
+from ._kit import budget_stop, option, progress_reporter, time_left, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import ExactGGN, GGNVp, Hvp, Vhv
 from .registry import ProbeContext, register_probe
@@ -157,7 +157,7 @@ class TraceProbe:
             def estimate(op: CurvatureOperator):
                 if options.estimator == "hutchpp":
                     return hutchpp(op, generator=ctx.generator(), matvecs=options.probes_max, split=split,
-                                   progress=progress)
+                                   progress=progress, time_left=time_left(ctx))
                 return hutchinson(op, generator=ctx.generator(), max_probes=options.probes_max, rtol=options.rtol,
                                   min_probes=options.min_probes, block_size=options.block_size,
                                   split=split, progress=progress, should_stop=budget_stop(ctx), rows=rows)
@@ -183,6 +183,8 @@ class TraceProbe:
             notes = "exact GGN trace"
         elif options.estimator == "hutchpp":
             notes = f"hutchpp, {op.matvecs} matvecs"
+            if stop == "budget":
+                notes += f" (cut from {options.probes_max} by the budget)"
         else:
             notes = f"hutchinson, {probes} probes (stop: {stop})"
             if route == "vhv_tangent":
