@@ -156,7 +156,7 @@ class DecompositionProbe:
         rel_text = "not compared" if cut is not None else "n/a" if rel is None else f"{rel:.3g}"
         estimate = route.route == "estimate"
         ggn_name = f"Tr(G) ({options.class_samples} sampled classes)" if estimate else "exact Tr(G)"
-        notes = (f"{route.route}: Σ terms {total:.4g}{_pm(extra.get('total_stderr'))} vs {ggn_name} of the same "
+        notes = (f"{route.route} route: Σ terms {total:.4g}{_pm(extra.get('total_stderr'))} vs {ggn_name} of the same "
                  f"weights {ggn_total:.4g} (rel. diff {rel_text}, "
                  f"{'exact' if exact else 'approximate: conv/shared layers'}); bound {bound:.4g}")
         details = {"total": total, "ggn_trace": ggn_total, "relative_difference": rel, "exact": exact,
