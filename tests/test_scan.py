@@ -288,6 +288,8 @@ def test_shard_is_checked(tmp_path, text):
     res = scan("--timm", "test_resnet", "--probes", "gini", "--out", tmp_path / "s.jsonl", "--shard", text)
     assert res.exit_code == 2 and res.stderr.startswith("error: --shard") and "\n" not in res.stderr.strip()
     assert not (tmp_path / "s.jsonl").exists()
+    if text == "0/0":
+        assert "N, the number of shards, must be at least 1" in res.stderr
 
 
 def test_shard_is_refused_under_torchrun(tmp_path, monkeypatch):

@@ -243,7 +243,8 @@ def _merge_reports(a: tuple[dict[str, Any], str], b: tuple[dict[str, Any], str])
     both = sorted(set(old.get("results", {})) & set(new.get("results", {})))
     if both:
         raise InputError(f"{old_where} and {new_where} both hold {', '.join(both)} of {checkpoint_path(new)} "
-                         f"measured with the same settings; give one of them")
+                         f"on the same model, data and run settings (their probe options may differ); give one "
+                         "of them")
     return {**old, "results": {**old.get("results", {}), **new.get("results", {})}}, f"{old_where} + {new_where}"
 
 

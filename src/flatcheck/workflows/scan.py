@@ -67,7 +67,9 @@ class Placement:
         if not m:
             raise ConfigError(f"--shard expects I/N (shard I of N, counted from 0), got {text!r}")
         rank, world = int(m.group(1)), int(m.group(2))
-        if world < 1 or rank >= world:
+        if world < 1:
+            raise ConfigError(f"--shard {text}: N, the number of shards, must be at least 1")
+        if rank >= world:
             raise ConfigError(f"--shard {text}: I must be from 0 to N-1 (shards are counted from 0)")
         return cls(rank, world, 0)
 
