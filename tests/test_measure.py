@@ -331,3 +331,16 @@ def _demo_spec_model():
 
     torch.manual_seed(0)
     return DigitsCNN()
+
+
+def test_errors_name_the_call_s_own_arguments_not_the_command_line_s():
+    """measure() has no spec file and no --samples flag: its errors say what to change in the call."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    with pytest.raises(InputError, match=r"samples of shape \(5,\) \(check the data's shape against the model\)"):
+        flatcheck.measure(model, (torch.randn(8, 5), y), probes="gini")
+    with pytest.raises(InputError, match=r"^samples=100 is more than the 8 samples data gives$"):
+        flatcheck.measure(model, (x, y), probes="gini", samples=100)
+    with pytest.raises(InputError, match=r"^data: a tuple of 3 tensors; pass \(x, y\)"):
+        flatcheck.measure(model, (x, y, y), probes="gini")

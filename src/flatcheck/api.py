@@ -143,6 +143,14 @@ def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: Sample
                    split_source, dict(data_info or {}))
 
 
+def _input_hint(spec: ModelSpec) -> str:
+    """Where the expected input shape comes from: a spec file's input_size, or for a live model
+    (measure, Tracker) the data given with it."""
+    if spec.path is not None:
+        return "check input_size in the spec"
+    return "check --input-size" if spec.label is not None else "check the data's shape against the model"
+
+
 def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig) -> int:
     """The model's class count, read from a forward of the first batch that checks shapes,
     with clear errors; then every batch is checked (`_check_batches`)."""
@@ -154,7 +162,7 @@ def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: Ru
         first = first_line(exc) or type(exc).__name__
         raise InputError(
             f"{spec.where}: model {spec.arch} cannot take data '{config.data}' samples of shape "
-            f"{tuple(batch.x.shape[1:])} (check input_size in the spec): {first}"
+            f"{tuple(batch.x.shape[1:])} ({_input_hint(spec)}): {first}"
         ) from None
     if out.ndim != 2:
         raise InputError(f"{spec.where}: model {spec.arch} returns shape {tuple(out.shape)}; flatcheck needs logits (batch, classes)")
@@ -355,7 +363,10 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{what} must be a positive integer or None, got {value!r}")
     source = memory_data(data, samples=samples, what="data")
-    n = samples if samples is not None else len(source.dataset)  # type: ignore[arg-type]
+    available = len(source.dataset)  # type: ignore[arg-type]
+    if samples is not None and samples > available:  # said here in the call's words, not --samples
+        raise InputError(f"samples={samples} is more than the {available} samples data gives")
+    n = samples if samples is not None else available
     names, chosen = probe_options(probes, options)
     config = RunConfig(
         checkpoint=None, spec=spec, probes=probe_requests(names, chosen),

@@ -114,6 +114,10 @@ def memory_data(data: Any, *, samples: int | None, what: str = "data", split: st
         return MemoryData(_Pairs(x, y, "tensors", split), "tensors", cached=False, scaled=x.dtype == torch.uint8)
     if isinstance(data, Tensor):
         raise InputError(f"{what}: a tensor alone has no labels; pass (x, y), a DataLoader or batches of (x, y)")
+    if isinstance(data, tuple) and data and all(isinstance(t, Tensor) for t in data):
+        # (x, y, w) and the like: read as batches, it would be refused as "the batch at sample 0"
+        raise InputError(f"{what}: a tuple of {len(data)} tensors; pass (x, y), inputs and integer labels, a "
+                         "DataLoader or batches of (x, y)")
     if isinstance(data, Dataset) and not isinstance(data, DataLoader) and hasattr(data, "__len__") \
             and hasattr(data, "__getitem__") and not hasattr(data, "__iter__"):
         name = getattr(data, "name", type(data).__name__)
