@@ -105,6 +105,17 @@ def test_summary_says_zero_within_noise_and_layer_shares_are_dropped_for_a_noise
     assert "no shares: the total is zero within its standard error" in " ".join(text.split())
 
 
+def test_a_value_its_probe_does_not_stand_behind_is_marked_in_the_table():
+    """An lmax short of its tolerance (a Ritz value below λmax by an unknown amount) printed as
+    a bare number reads as a result."""
+    short = ProbeResult(probe="lmax", value=13.61, stderr=None, matvecs=30, seconds=1.0, seed=0, label="λmax(H)",
+                        resolved=False)
+    text = printed(lambda c: render(Report(meta=META, results={"lmax": short}), c), width=160)
+    assert "13.61 (unresolved)" in text
+    done = ProbeResult(probe="lmax", value=13.66, stderr=None, matvecs=40, seconds=1.0, seed=0, label="λmax(H)")
+    assert "unresolved" not in printed(lambda c: render(Report(meta=META, results={"lmax": done}), c), width=160)
+
+
 def test_layer_shares_kept_for_a_resolved_total():
     clear = trace_result(10.0, 0.5, {"conv1": (6.0, 0.4), "head": (4.0, 0.3)})
     text = printed(layers_table(clear))

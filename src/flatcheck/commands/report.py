@@ -396,14 +396,14 @@ def _grid_density(node: dict, depth: int = 0):
 def _render(console, table, columns, corrs) -> None:
     from rich.table import Table
 
-    from ..report.render import fmt, fmt_pm
+    from ..report.render import fmt, fmt_estimate
 
     along = [k for k in ("step", "epoch") if any(k in r for r in table)]  # a training run's records
     t = Table(title=f"{len(table)} {'records' if along else 'models'}", title_justify="left")
     for col in ("model", *along, "status", *columns):
         t.add_column(col, justify="left" if col in ("model", "status") else "right")
     for r in table:
-        cells = [fmt_pm(r["values"][c]["value"], r["values"][c]["stderr"]) for c in columns]
+        cells = [fmt_estimate(r["values"][c]["value"], r["values"][c]["stderr"]) for c in columns]
         status = r["status"] if not r["error"] else f"{r['status']}: {r['error']}"
         t.add_row(r["model"], *(str(r.get(k, "—")) for k in along), status, *cells)
     console.print(t)

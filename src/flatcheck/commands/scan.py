@@ -261,7 +261,7 @@ def _print_summary(summary, figure: dict | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..report.render import fmt_pm
+    from ..report.render import fmt_pm, fmt_result
 
     kept = (f"; {summary.already} already done ({_counts(summary.counts(summary.earlier))})"
             if summary.already else "")
@@ -279,7 +279,8 @@ def _print_summary(summary, figure: dict | None = None) -> None:
         table.add_column(col, justify="left" if col in ("model", "status") else "right")
     for r in summary.records:
         res = r.get("results", {})
-        cells = [fmt_pm(res[p]["value"], res[p]["stderr"]) if p in res else "—" for p in probes]
+        cells = [fmt_result(res[p]["value"], res[p]["stderr"], res[p].get("resolved", True)) if p in res else "—"
+                 for p in probes]
         for f in extra:
             probe, _, key = f.partition(".")
             value = ((res.get(probe) or {}).get("details") or {}).get(key)

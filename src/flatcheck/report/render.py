@@ -43,6 +43,14 @@ def fmt_estimate(value: float | None, stderr: float | None) -> str:
     return f"0 within noise: {text}" if within_noise(value, stderr) else text
 
 
+def fmt_result(value: float | None, stderr: float | None, resolved: bool = True) -> str:
+    """A probe's headline in a table: fmt_estimate, marked when the probe does not stand behind
+    it (an lmax short of its tolerance, a per-sample mean the budget cut), which the notes
+    explain; a bare number there would read as a result."""
+    text = fmt_estimate(value, stderr)
+    return text if resolved else f"{text} (unresolved)"
+
+
 def header(report: Report) -> str:
     m = report.meta
     d = m["data"]
@@ -65,7 +73,7 @@ def summary_table(report: Report) -> Table:
     table.add_column("matvecs", justify="right")
     table.add_column("seconds", justify="right")
     for r in report.results.values():
-        table.add_row(r.probe, r.label, fmt_estimate(r.value, r.stderr), str(r.matvecs), f"{r.seconds:.2f}")
+        table.add_row(r.probe, r.label, fmt_result(r.value, r.stderr, r.resolved), str(r.matvecs), f"{r.seconds:.2f}")
     return table
 
 
