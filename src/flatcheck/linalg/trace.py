@@ -262,7 +262,7 @@ def hutchpp(
         fit = max(2, min(k, int((time_left() / per_product + 1) // 3)))
         if fit < k:
             k, S, stop_reason = fit, S[:fit], "budget"
-        AS = torch.cat([first, op.matmat(S[1:])]) if k > 1 else first
+        AS = torch.cat([first, op.matmat(S[1:])])  # k ≥ 2
     Q, _ = torch.linalg.qr(AS.T)  # (P, k)
     Q = Q.T.contiguous()  # rows are basis vectors
     forms = split is None and _streams(op, parts=False)

@@ -76,7 +76,7 @@ class JacobianProbe:
     Rademacher projections, unbiased, with standard error; ‖J_n‖_F = its square root (bias
     O(se²), delta-method stderr); ‖J_n‖_2 by Lanczos on the C×C J_nJ_nᵀ, with the relative
     residual and the error bound r/σ it gives, as mls and decomposition take theirs (from the
-    same start vectors as mls's for x, so the two report the same σ): fewer products than a
+    same start vectors as mls's for x, so the two agree within their bounds): fewer products than a
     power iteration on JᵀJ for the same residual, and exact once C steps exhaust the space.
 
     --exclude-region y,x,h,w: per sample √(‖J_out‖²_F / n_out) · √n_region, J_out the columns of
