@@ -181,6 +181,30 @@ def test_hutchinson_budget_stops_after_two_probes_with_an_honest_error():
     assert first.probes == 2 and first.stderr is not None  # at once: still two probes
 
 
+def test_hutchinson_budget_sizes_its_blocks_from_a_timed_probe(monkeypatch):
+    """Under a budget the first block is two probes (a block of 8 or 16 was the overrun: trace
+    --budget 1 took 5 s on a small ViT), each later one what the time left takes at the rate
+    measured (a stepped clock: 1 s a block), and the values are the unbudgeted run's."""
+    import flatcheck.linalg.trace as trace_module
+
+    A = _sym(60, 1, rank=60) + 5 * torch.eye(60, dtype=torch.float64)
+    clock = iter(range(1000))
+    monkeypatch.setattr(trace_module.time, "monotonic", lambda: float(next(clock)))
+    op = DenseOperator(A)
+    sizes, left = [], iter([3.0, 1.0])
+
+    def spent() -> bool:
+        sizes.append(op.matvecs)
+        return len(sizes) == 3
+
+    est = hutchinson(op, generator=torch.Generator().manual_seed(0), max_probes=100, block_size=8,
+                     should_stop=spent, time_left=lambda: next(left))
+    # 2 probes in 1 s: 0.5 s a probe, 3 s left → 6; 6 in 1 s, 1 s left → 6; then spent
+    assert sizes == [2, 8, 14] and est.stop_reason == "budget"
+    same = hutchinson(DenseOperator(A), generator=torch.Generator().manual_seed(0), max_probes=14, block_size=8)
+    assert (same.value, same.stderr) == (est.value, est.stderr)
+
+
 def test_hutchpp_budget_sizes_its_thirds_from_a_timed_product(monkeypatch):
     """Hutch++ cannot stop midway (its residual probes are projected off the finished sketch),
     so a budget sizes k up front: the sketch's first product is timed (a stepped clock: 1 s)
@@ -221,7 +245,12 @@ def test_trace_probe_reports_a_spent_budget():
     r = create_probe("trace").run(ctx, req.options)
     assert r.details["stop_reason"] == "budget" and 2 <= r.details["probes"] < 500
     assert r.matvecs == r.details["probes"] and r.stderr is not None
-    assert abs(r.value - H.trace().item()) <= Z * r.stderr
+    # a spent budget stops after the first block, of two probes: a standard error of one
+    # degree of freedom, judged by Student's t at the confidence Z gives a normal interval
+    from flatcheck.workflows.gate import quantile
+
+    assert r.details["probes"] == 2 and r.dof == 1
+    assert abs(r.value - H.trace().item()) <= quantile(math.erf(Z / math.sqrt(2)), r.dof) * r.stderr
 
 
 def test_progress_reports_the_running_estimate():

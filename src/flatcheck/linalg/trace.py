@@ -132,6 +132,7 @@ def hutchinson(
     progress: Progress | None = None,
     should_stop: StopTest | None = None,
     rows: int | None = None,
+    time_left: Callable[[], float] | None = None,
 ) -> TraceEstimate:
     """Tr(A) ≈ (1/m) Σ v_kᵀ A v_k with Rademacher v_k.
 
@@ -143,14 +144,22 @@ def hutchinson(
     per-probe values over √m, so the rule is a statistical one, not a change threshold.
     `should_stop` (a budget) ends it after any block once two probes give a standard error
     (stop_reason "budget"); the estimate is then that of the probes drawn, unbiased as any.
+    With `time_left()` (seconds of that budget) the blocks are sized so it can end on time: the
+    first holds two probes, which times a probe, each later one what the time left takes at
+    that rate (at most the block size), so a budget is overrun by about a probe, not a block.
+    The draws do not depend on the block sizes, so neither do the values.
     """
     values: list[Tensor] = []
     parts: dict[str, list[Tensor]] = {}
     done, reason = 0, "max_probes"
     streams = _streams(op, parts=split is not None)
     block = block_size or default_block(op, parts=split is not None)
+    per_probe = None
     while done < max_probes:
         k = min(block, max_probes - done)
+        if time_left is not None:
+            k = min(k, 2 if per_probe is None else max(1, int(time_left() / per_probe)))
+        started = time.monotonic()
         if streams:
             S = rademacher_signs(k, op.dim, generator, device=op.device)
             vals, pieces = op.quadratic(S, split)
@@ -160,6 +169,7 @@ def hutchinson(
             S = rademacher_signs(k, op.dim, generator, device="cpu")
             vals, pieces = _products(op, S, rows or k, split)
         values.append(vals.cpu())
+        per_probe = max(time.monotonic() - started, 1e-9) / k
         for name, v in pieces.items():
             parts.setdefault(name, []).append(v.to(torch.float64).cpu())
         done += k

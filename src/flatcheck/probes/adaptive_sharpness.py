@@ -19,7 +19,7 @@ from ..linalg import hutchinson
 from ..models.spec import LOSSES, LossSpec
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
-from ._kit import budget_stop, option, progress_reporter, told_if_budget
+from ._kit import budget_stop, option, progress_reporter, time_left, told_if_budget
 from ._kit import mean_loss as sample_loss  # L(θ) over the sample set
 from .registry import ProbeContext, register_probe
 
@@ -254,7 +254,7 @@ def second_order(backend: Backend, options: AdaptiveSharpnessOptions, ctx: Probe
     desc = "adaptive-sharpness (second order)"
     est = hutchinson(_ScaledOperator(op, scale), generator=generator, max_probes=options.probes_max,
                      block_size=options.block_size, progress=progress_reporter(ctx, desc, scale=factor),
-                     should_stop=budget_stop(ctx))
+                     should_stop=budget_stop(ctx), time_left=time_left(ctx))
     told_if_budget(ctx, desc, est.stop_reason)
     return {
         "value": factor * est.value,

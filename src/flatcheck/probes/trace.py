@@ -160,7 +160,8 @@ class TraceProbe:
                                    progress=progress, time_left=time_left(ctx))
                 return hutchinson(op, generator=ctx.generator(), max_probes=options.probes_max, rtol=options.rtol,
                                   min_probes=options.min_probes, block_size=options.block_size,
-                                  split=split, progress=progress, should_stop=budget_stop(ctx), rows=rows)
+                                  split=split, progress=progress, should_stop=budget_stop(ctx), rows=rows,
+                                  time_left=time_left(ctx))
 
             try:
                 est = estimate(op)
