@@ -600,3 +600,8 @@ def test_an_mls_estimate_is_compared_within_its_error_bound():
     mls = {"probe": "mls", "value": 0.999, "stderr": None, "details": {"mls": 0.999, "mls_error_bound": 0.01}}
     assert verdicts(cfg, {"mls": mls}) == ["inconclusive"]
     assert verdicts(cfg, {"mls": {**mls, "details": {"mls": 0.999, "mls_error_bound": 1e-4}}}) == ["pass"]
+    # a detail's sibling bound, written with or without "details" (jacobian's spectral max)
+    jac = {"probe": "jacobian", "value": 2.0, "stderr": 0.1,
+           "details": {"spectral": {"max": 0.999, "max_error_bound": 0.01}}}
+    for field in ("jacobian.spectral.max", "jacobian.details.spectral.max"):
+        assert verdicts(gate({"field": field, "max": 1.0}), {"jacobian": jac}) == ["inconclusive"]

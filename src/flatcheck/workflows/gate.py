@@ -503,14 +503,16 @@ def error_bound(results: Mapping[str, Any], bound: Bound) -> float:
             found = residuals[0] if isinstance(residuals, list) and residuals else None
         else:
             found = details.get(f"{bound.probe}_error_bound")
-    else:
+    else:  # the sibling of the field, where resolve_field finds it ("mls.normalized_mls" is in details)
         parts = bound.field.split(".")
-        parent: Any = results
-        for part in parts[:-1]:
-            parent = parent.get(part) if isinstance(parent, Mapping) else None
-        if isinstance(parent, Mapping) and "details" in parent and parts[1] != "details":
-            parent = parent["details"]
-        found = parent.get(f"{parts[-1]}_error_bound") if isinstance(parent, Mapping) else None
+        found = None
+        for path in (parts, [parts[0], "details", *parts[1:]]):
+            parent: Any = results
+            for part in path[:-1]:
+                parent = parent.get(part) if isinstance(parent, Mapping) else None
+            if isinstance(parent, Mapping) and path[-1] in parent:
+                found = parent.get(f"{path[-1]}_error_bound")
+                break
     value = as_number(found)
     return abs(value) if value is not None and math.isfinite(value) else 0.0
 
