@@ -47,7 +47,7 @@ from ..errors import ConfigError, InputError
 from ..linalg.random import SIGN_STREAM
 from ..probes.registry import get_probe_class, parse_options
 from ..report.result import ProbeResult
-from .results_io import FieldMissing, as_number, resolve_field
+from .results_io import FieldMissing, as_number, field_sibling, resolve_field
 
 POLICIES = ("fail", "pass", "rerun")
 BOUNDS = ("max", "min", "max_increase", "max_decrease")
@@ -503,16 +503,11 @@ def error_bound(results: Mapping[str, Any], bound: Bound) -> float:
             found = residuals[0] if isinstance(residuals, list) and residuals else None
         else:
             found = details.get(f"{bound.probe}_error_bound")
-    else:  # the sibling of the field, where resolve_field finds it ("mls.normalized_mls" is in details)
-        parts = bound.field.split(".")
-        found = None
-        for path in (parts, [parts[0], "details", *parts[1:]]):
-            parent: Any = results
-            for part in path[:-1]:
-                parent = parent.get(part) if isinstance(parent, Mapping) else None
-            if isinstance(parent, Mapping) and path[-1] in parent:
-                found = parent.get(f"{path[-1]}_error_bound")
-                break
+    else:
+        try:
+            found = field_sibling(dict(results), bound.field, "_error_bound")
+        except FieldMissing:
+            found = None
     value = as_number(found)
     return abs(value) if value is not None and math.isfinite(value) else 0.0
 

@@ -372,6 +372,20 @@ def resolve_field(results: dict[str, Any], path: str) -> tuple[Any, Any]:
     "gini.details.accuracy"). Shorthands: "trace" means "trace.value", and "mls.normalized"
     falls back to "mls.details.normalized". The standard error is the sibling "stderr" of a
     "value", or the sibling "<name>_stderr"; None when there is none (an exact number)."""
+    parent, node, last = _locate(results, path)
+    stderr = parent.get("stderr" if last == "value" else f"{last}_stderr") if isinstance(parent, dict) else None
+    return node, stderr
+
+
+def field_sibling(results: dict[str, Any], path: str, suffix: str) -> Any:
+    """The sibling "<name><suffix>" of the field at `path`, found as resolve_field finds the
+    field ("mls.normalized_mls" → "mls.details.normalized_mls_error_bound"); None without one."""
+    parent, _, last = _locate(results, path)
+    return parent.get(f"{last}{suffix}") if isinstance(parent, dict) else None
+
+
+def _locate(results: dict[str, Any], path: str) -> tuple[Any, Any, str]:
+    """(parent, value, name) of a dotted path, with resolve_field's shorthands."""
     parts = [p for p in path.split(".") if p]
     if not parts:
         raise FieldMissing(path)
@@ -383,11 +397,9 @@ def resolve_field(results: dict[str, Any], path: str) -> tuple[Any, Any]:
             parent, node = _walk(results, cand)
         except FieldMissing:
             continue
-        last = cand[-1]
         if isinstance(node, dict) and "value" in node:  # "trace" or "…layers.conv1"
-            parent, node, last = node, node["value"], "value"
-        stderr = parent.get("stderr" if last == "value" else f"{last}_stderr") if isinstance(parent, dict) else None
-        return node, stderr
+            return node, node["value"], "value"
+        return parent, node, cand[-1]
     raise FieldMissing(path)
 
 
