@@ -968,6 +968,16 @@ def test_ctrl_c_at_any_moment(exe, when):
     assert stdout == ""
 
 
+def test_interrupted_is_said_once_with_the_commands_detail(monkeypatch, capsys):
+    # a scan says where its finished models are; the entry point's own word must not repeat it
+    from flatcheck import errors
+
+    monkeypatch.setattr(errors, "_told", False)
+    assert errors.interrupted("every finished model is in out.jsonl; continue with --resume") == 130
+    assert errors.interrupted() == 130
+    assert capsys.readouterr().err == "interrupted; every finished model is in out.jsonl; continue with --resume\n"
+
+
 # ---------------------------------------------------------------- non-finite values
 # One bad sample after the first batch (SMALL cuts 64 samples into two batches of 32): only
 # the first batch used to be checked, so it gave "Tr(H) = nan ± nan", exit 0.

@@ -101,6 +101,39 @@ def test_trace_stops_at_5_percent_by_default_but_not_for_fixed_count_estimators(
         parse_options("trace", {"estimator": "hutchpp", "rtol": "0.1"})
 
 
+def test_options_an_estimator_would_ignore_are_refused_only_when_given():
+    # the exact GGN trace takes no probes, Hutch++ no running stop: a flag for them did nothing
+    for given, flag in (({"estimator": "exact", "probes_max": "10"}, "--probes-max"),
+                        ({"estimator": "exact", "block_size": "4"}, "--block-size"),
+                        ({"estimator": "hutchpp", "min_probes": "20"}, "--min-probes")):
+        with pytest.raises(ConfigError, match=f"{flag} .*has no effect with --estimator {given['estimator']}"):
+            parse_options("trace", given)
+    with pytest.raises(ConfigError, match="--min-probes 50 .* more than --probes-max 10"):
+        parse_options("trace", {"min_probes": "50", "probes_max": "10"})
+    with pytest.raises(ConfigError, match="--noise-draws .*has no effect with --method second-order"):
+        parse_options("adaptive-sharpness", {"method": "second-order", "noise_draws": "64"})
+    with pytest.raises(ConfigError, match="--probes-max .*has no effect with --method mc"):
+        parse_options("adaptive-sharpness", {"method": "mc", "probes_max": "64"})
+    assert parse_options("adaptive-sharpness", {"method": "both", "noise_draws": "64", "probes_max": "8"})
+    # the defaults are not the user's: a short run below the default floor is fine
+    assert parse_options("trace", {"probes_max": "5"}).min_probes == 10
+    assert parse_options("trace", {"estimator": "exact"}).probes_max == 100
+    assert parse_options("trace", {"min_probes": "10", "probes_max": "10"}).min_probes == 10
+
+
+def test_a_probe_command_passes_only_the_flags_typed(tmp_path):
+    from typer.testing import CliRunner
+
+    demo = Path(__file__).resolve().parents[1] / "demo" / "digits_cnn.safetensors"
+    no_spec = tmp_path / "missing.yaml"  # refused after the options are read: nothing runs
+    runner = CliRunner()
+    res = runner.invoke(app, ["trace", str(demo), "--spec", str(no_spec), "--estimator", "exact", "--probes-max", "10"])
+    assert res.exit_code == 2 and "--probes-max (trace.probes_max) has no effect with --estimator exact" in res.output
+    # the defaults it leaves (--probes-max 100, --min-probes 10) pass: the spec is what is missing
+    res = runner.invoke(app, ["trace", str(demo), "--spec", str(no_spec), "--estimator", "exact"])
+    assert res.exit_code == 2 and "has no effect" not in res.output and "missing.yaml" in res.output
+
+
 def test_gates_keep_fixed_counts():
     from flatcheck.workflows.gate import parse_gate_config
 

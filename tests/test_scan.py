@@ -81,6 +81,13 @@ def test_existing_output_needs_resume_or_overwrite(tiny):
     assert res.exit_code == 2 and res.stderr.startswith("error: ")
 
 
+def test_retry_errors_without_resume_is_refused(tmp_path):
+    # it only changes which records a resumed scan keeps: alone it did nothing, silently
+    res = scan("--timm", "test_resnet", "--probes", "gini", "--retry-errors", "--out", tmp_path / "s.jsonl")
+    assert res.exit_code == 2 and "--retry-errors needs --resume" in res.stderr
+    assert not (tmp_path / "s.jsonl").exists()
+
+
 def test_interrupted_scan_resumes_without_redoing_or_duplicating(tmp_path):
     out = tmp_path / "scan.jsonl"
     mf = models_file(tmp_path, CHEAP)
@@ -99,6 +106,7 @@ def test_interrupted_scan_resumes_without_redoing_or_duplicating(tmp_path):
     assert before, "no model finished"
     if proc.returncode != 0:  # interrupted mid-scan (not finished before the signal landed)
         assert proc.returncode == 130 and "--resume" in stderr
+        assert stderr.count("interrupted") == 1, stderr  # the command said it; the entry point not again
     # and a crash mid-write leaves a partial line, which resume must cut off
     with open(out, "ab") as fh:
         fh.write(b'{"model": "test_convnext", "status": "o')

@@ -6,6 +6,7 @@ Results go to stdout; progress, warnings and errors to stderr. Exit codes: 0 ok,
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import inspect
@@ -196,6 +197,11 @@ def command_from(fn: Callable, name: str, help: str, *, budget: bool = False) ->
     return typer.main.get_command(one)
 
 
+# the command's own flags typed on the command line (not left at their defaults), for a
+# command that must tell the two apart (a probe's options: commands.probes.given_only)
+TYPED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("TYPED", default=frozenset())
+
+
 def _with_common(fn: Callable, budget: bool) -> Callable:
     # eval_str: this module uses `from __future__ import annotations`, and Typer does not
     # evaluate the string annotations of an explicit __signature__ (the Option names and
@@ -213,6 +219,9 @@ def _with_common(fn: Callable, budget: bool) -> Callable:
         files = _named_files(roles, kwargs, click_context)
         common = {k: kwargs.pop(k) for k in list(kwargs) if k not in own_names}
         checkpoint = kwargs.pop("checkpoint")
+        # by the enum's name: typer may carry its own copy of click, with its own ParameterSource
+        source = click_context.get_parameter_source
+        TYPED.set(frozenset(k for k in kwargs if getattr(source(k), "name", None) not in (None, "DEFAULT")))
         _execute(checkpoint, common, lambda: fn(checkpoint=checkpoint, **kwargs), files)
 
     # typer passes the click context to a parameter of this type: it names the flags
@@ -389,8 +398,9 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None):
 
     execute = execute or api.run
     params = tuple(p.strip() for p in (common.pop("params") or "").split(",") if p.strip())
+    probes = probe_requests(names, options)  # options that cannot run are refused before the model is found
     model = resolve(model_request(checkpoint, common))
-    config = RunConfig(checkpoint=model.checkpoint, spec=model.spec, probes=probe_requests(names, options),
+    config = RunConfig(checkpoint=model.checkpoint, spec=model.spec, probes=probes,
                        params=params, extra_meta={"weights": model.weights}, **common)
     if quiet or not is_main_process():
         return execute(config, None)

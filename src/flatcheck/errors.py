@@ -13,13 +13,14 @@ EXIT_INTERRUPTED = 130
 _told = False
 
 
-def interrupted() -> int:
+def interrupted(detail: str = "") -> int:
     """Say "interrupted" on stderr, once per process, whichever layer caught the Ctrl-C (the
-    command, or the entry point around it); returns the exit code that goes with it."""
+    command, with what the user needs to know after it, or the entry point around it);
+    returns the exit code that goes with it."""
     global _told
     if not _told:
         _told = True
-        sys.stderr.write("interrupted\n")
+        sys.stderr.write(f"interrupted{'; ' + detail if detail else ''}\n")
         sys.stderr.flush()
     return EXIT_INTERRUPTED
 

@@ -55,10 +55,21 @@ def build(name: str) -> Any:
 
     def command(checkpoint: Path, **values: Any) -> tuple:
         layers = values.pop("layers") if render_only else bool(values.get(switch, False)) if switch else False
-        return [name], {name: {**values, **fixed}}, layers
+        return [name], {name: {**given_only(values), **fixed}}, layers
 
     command.__signature__ = inspect.Signature(own)  # type: ignore[attr-defined]
     return command_from(command, name, getattr(cls, "command_help", None) or cls.summary, budget=True)
+
+
+def given_only(values: dict[str, Any]) -> dict[str, Any]:
+    """The options typed on the command line, without the ones left at their defaults: the
+    Options dataclass has the same defaults, and its check of options that contradict each
+    other (an estimator that ignores a flag) must see only what the user asked for, as with
+    `-o` (registry.parse_options)."""
+    from ..cli import TYPED
+
+    typed = TYPED.get()
+    return {k: v for k, v in values.items() if k in typed}
 
 
 def option_parameter(field: dataclasses.Field, hint: Any) -> inspect.Parameter:

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..cli import app, guarded
+from ..errors import interrupted
 
 _HELP = ("Run probes over many models (a timm pattern, a file of names, a folder of checkpoints + specs); "
          "append one JSON line per model to --out. Each model runs in its own process, so one the system "
@@ -87,6 +88,9 @@ def scan_cmd(
 
         if resume and overwrite:
             raise _config_error("--resume and --overwrite contradict each other")
+        if retry_errors and not resume:
+            raise _config_error("--retry-errors needs --resume: it redoes the models a resumed scan's --out "
+                                "recorded as errors")
         placement = Placement.from_shard(shard) if shard is not None else Placement.from_env()
         parse_uri(data)  # an unknown data set is the user's error, not every model's
         chosen = find_preset(preset) if preset is not None else None
@@ -126,7 +130,7 @@ def scan_cmd(
                     from ..workflows.scan import shard_path
 
                     target = shard_path(out, placement.rank, placement.world_size)
-                    _say(f"interrupted; every finished model is in {target}; continue with --resume", quiet=False)
+                    interrupted(f"every finished model is in {target}; continue with --resume")
                     raise
         _print_summary(summary, chosen.figure if chosen is not None else {})
         return _exit_code(summary, allow_errors)

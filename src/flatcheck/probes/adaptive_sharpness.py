@@ -57,6 +57,18 @@ class AdaptiveSharpnessOptions:
             object.__setattr__(self, "loss", name)
 
 
+    def check_given(self, given: frozenset[str]) -> None:
+        """An estimator's options given with the method that does not run it did nothing
+        (registry.parse_options passes the names given; defaults are not the user's)."""
+        unused = {"mc": ("probes_max", "block_size"), "second-order": ("noise_draws",)}.get(self.method, ())
+        for name in unused:
+            if name in given:
+                other = "second-order" if self.method == "mc" else "mc"
+                raise ConfigError(f"--{name.replace('_', '-')} (adaptive-sharpness.{name}) has no effect with "
+                                  f"--method {self.method}: it sizes the {other} estimate; leave it out or use "
+                                  f"--method both")
+
+
 @register_probe
 class AdaptiveSharpnessProbe:
     """S_ρ = E_{δ ~ N(0, ρ² diag(|w|²))}[L(w + δ)] − L(w) over the parameters of the layout

@@ -134,9 +134,15 @@ def parse_options(name: str, raw: dict[str, Any]) -> Any:
             value = parse(value)  # the field's own reading of a string ("auto" → None …)
         values[key_n] = _coerce(f"{name}.{key_n} (--{key_n.replace('_', '-')})", value, hints[key_n])
     try:
-        return cls(**values)
+        options = cls(**values)
     except ValueError as exc:
         raise ConfigError(f"{name}: {exc}") from None
+    # options given together that the probe would silently ignore (an estimator without
+    # probes, a floor above the ceiling): only given ones count, a default is never the user's
+    check_given = getattr(options, "check_given", None)
+    if check_given is not None:
+        check_given(frozenset(values))
+    return options
 
 
 def _coerce(where: str, value: Any, hint: Any) -> Any:

@@ -91,11 +91,30 @@ class TraceOptions:
         if self.min_probes < 2 or (self.block_size is not None and self.block_size < 1):
             raise ConfigError("trace.min_probes must be ≥ 2 and trace.block_size ≥ 1")
 
+    def check_given(self, given: frozenset[str]) -> None:
+        """Options the user gave that this estimator would ignore, or that cannot all hold
+        (registry.parse_options passes the names given; defaults are not the user's)."""
+        unused = {"exact": ("probes_max", "min_probes", "block_size", "route"),
+                  "hutchpp": ("min_probes", "block_size")}.get(self.estimator, ())
+        for name in unused:
+            if name in given:
+                raise ConfigError(f"--{name.replace('_', '-')} (trace.{name}) has no effect with --estimator "
+                                  f"{self.estimator}: {_WHY_UNUSED[self.estimator]}; leave it out")
+        if "min_probes" in given and self.min_probes > self.probes_max:
+            raise ConfigError(f"--min-probes {self.min_probes} (trace.min_probes) is more than --probes-max "
+                              f"{self.probes_max}: the run ends at --probes-max before --rtol may stop it")
+
     @property
     def resolved_matrix(self) -> str:
         if self.matrix is not None:
             return self.matrix
         return "ggn" if self.estimator == "exact" else "hessian"
+
+
+_WHY_UNUSED = {
+    "exact": "the closed-form GGN trace takes no random probes",
+    "hutchpp": "Hutch++ spends --probes-max in three fixed parts, with no running stop",
+}
 
 
 @register_probe
