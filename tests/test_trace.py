@@ -107,6 +107,15 @@ def test_hutchpp_is_exact_for_low_rank():
     assert est.stderr <= 1e-10 * A.trace().item()
 
 
+def test_hutchpps_last_progress_report_carries_its_estimate():
+    # the progress line at the end said only 30/30, where Hutchinson's says value ± stderr
+    A = _sym(80, 3, rank=40)
+    reports = []
+    est = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30,
+                  progress=lambda done, total, **kw: reports.append((done, total, kw)))
+    assert reports[-1] == (30, 30, {"value": est.value, "stderr": est.stderr})
+
+
 def test_hutchpp_beats_hutchinson_on_decaying_spectrum():
     """Same matvec budget, spectrum decaying like 1/i²: Hutch++'s reported error is smaller."""
     n = 200

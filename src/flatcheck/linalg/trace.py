@@ -287,16 +287,14 @@ def hutchpp(
     if forms:
         # gᵀAg alone: the cross term below sums to zero over all entries (Qg = 0)
         resid_values, _ = op.quadratic(G)
-        if progress is not None:
-            progress(3 * k, 3 * k)
         resid_values = resid_values.cpu()
         r_mean, r_se = _mean_stderr(resid_values)
         offset = head_values.sum().item()
+        if progress is not None:  # the last line carries the estimate, as Hutchinson's do
+            progress(3 * k, 3 * k, value=offset + r_mean, stderr=r_se)
         return TraceEstimate(offset + r_mean, r_se, 3 * k, 2 * k, stop_reason, {}, tuple(resid_values.tolist()),
                              offset)
     AG = op.matmat(G)
-    if progress is not None:
-        progress(3 * k, 3 * k)
 
     head = Q * AQ
     # g ⊙ (QQᵀA g) sums to zero over all entries in exact arithmetic; it is kept in the
@@ -305,6 +303,8 @@ def hutchpp(
     exact_part = rowsum64(head).sum().item()
     resid_values = rowsum64(resid).cpu()
     r_mean, r_se = _mean_stderr(resid_values)
+    if progress is not None:
+        progress(3 * k, 3 * k, value=exact_part + r_mean, stderr=r_se)
     groups: dict[str, tuple[float, float | None]] = {}
     if split is not None:
         head_g, resid_g = split(head), split(resid)
