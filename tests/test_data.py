@@ -415,6 +415,13 @@ def test_npz_errors(tmp_path):
         create_dataset(f"npz:{f}")
     with pytest.raises(DataError, match="not found"):
         create_dataset(f"npz:{tmp_path}/absent.npz")
+    # text, or a single .npy: not numpy's advice to load a pickle unsafely
+    for name, write in (("notes.npz", lambda p: p.write_text("x,y\n1,2\n")),
+                        ("one.npy", lambda p: np.save(p, np.zeros(3)))):
+        write(tmp_path / name)
+        with pytest.raises(DataError, match=f"{name} is not an .npz archive") as info:
+            create_dataset(f"npz:{tmp_path / name}")
+        assert "pickle" not in str(info.value)
 
 
 def _png(path: Path, arr: np.ndarray) -> None:

@@ -54,6 +54,18 @@ def test_a_misspelt_field_of_a_probe_the_baseline_holds_is_bad_input_not_skipped
     check_baseline(cfg2, Baseline(base, {}, "base.json"), {}, seed=0)
 
 
+def test_a_rule_on_no_probe_or_on_a_field_the_result_lacks_names_the_gate_file():
+    from flatcheck.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="gates.yaml: field 'rules\\[0\\].field' names no probe 'gnii'.*gini") as info:
+        parse_gate_config({"rules": [{"field": "gnii.value", "max": 1}]}, where="gates.yaml")
+    assert "--probes" not in str(info.value)  # no flag the user never typed
+    cfg = parse_gate_config({"rules": [{"field": "gini.details.acuracy", "max": 1}]}, where="gates.yaml")
+    result = ProbeResult(probe="gini", value=0.5, stderr=None, matvecs=0, seconds=0.0, details={"per_layer": {}})
+    with pytest.raises(InputError, match="^gates.yaml: rule .*'gini.details.acuracy' is not in the gini result"):
+        evaluate(cfg, {"gini": result}, no_baseline=True)
+
+
 def test_slq_fields_take_students_t_with_starts_minus_one_dof():
     # three starts: the interval is t(2), 4.3 standard errors at 95 %, not the normal 1.96
     r = ProbeResult(probe="spectrum", value=11.24, stderr=0.87, matvecs=15, seconds=0.0, dof=2,
@@ -106,3 +118,12 @@ def test_a_rerun_raises_the_slq_starts():
 
     checks, _ = decide_with_reruns(cfg, {"spectrum": res(2)}, {"spectrum": SpectrumOptions()}, rerun)
     assert asked == [4, 8] and checks[0].verdict == "pass"
+
+
+def test_a_gate_given_a_budget_says_why_it_takes_none(tmp_path):
+    # click's "no such option: --budget" named the other flags, not the reason
+    gates = tmp_path / "gates.yaml"
+    gates.write_text("rules:\n  - field: gini.value\n    max: 1\n")
+    result = invoke("gate", CKPT, "--spec", SPEC, "--config", str(gates), "--no-baseline", "--budget", "5")
+    assert result.exit_code == 2 and result.stderr.startswith("error: gate takes no --budget"), result.stderr
+    assert "--budget" not in invoke("gate", "--help").stdout  # not offered

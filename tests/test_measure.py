@@ -5,6 +5,7 @@ a changing stream refused; the CLI's run and measure the same path."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,6 +234,26 @@ def test_bad_arguments_are_one_line_errors():
         flatcheck.measure(case.model, (case.X, case.Y), probes="nope")
 
 
+def test_run_config_in_code_takes_text_and_names_what_it_cannot_take(tmp_path):
+    # flatcheck.run(RunConfig(...)) from a notebook: paths as text and probes as "trace,gini" are
+    # what people type; a wrong type was an AttributeError or pathlib's TypeError
+    config = RunConfig(checkpoint="demo.safetensors", spec="spec.yaml", probes="trace, gini", data_root=str(tmp_path))
+    assert config.checkpoint == Path("demo.safetensors") and config.spec == Path("spec.yaml")
+    assert config.data_root == tmp_path and [p.name for p in config.probes] == ["trace", "gini"]
+    assert [p.name for p in RunConfig(checkpoint=None, spec=_demo_spec(), probes=["lmax"]).probes] == ["lmax"]
+    with pytest.raises(ConfigError, match="RunConfig checkpoint: expected a path .* got int"):
+        RunConfig(checkpoint=123, spec="spec.yaml", probes="trace")
+    with pytest.raises(ConfigError, match="RunConfig spec: expected a YAML path or a ModelSpec, got dict"):
+        RunConfig(checkpoint=None, spec={"arch": "x"}, probes="trace")
+    with pytest.raises(ConfigError, match="RunConfig probes: expected probe names"):
+        RunConfig(checkpoint=None, spec="spec.yaml", probes=[1, 2])
+    with pytest.raises(ConfigError, match="unknown probe 'trase'"):
+        RunConfig(checkpoint=None, spec="spec.yaml", probes="trase")
+    case = make_case("mlp", n=8)
+    with pytest.raises(ConfigError, match="out: expected a .jsonl path .* got int"):
+        flatcheck.Tracker(case.model, (case.X, case.Y), probes="trace", every=2, out=123)
+
+
 def test_probes_as_a_mapping_are_taken_as_their_options():
     """probes={name: options}: the options are used and validated as options= is, not dropped."""
     case = make_case("mlp", n=12)
@@ -344,3 +365,9 @@ def test_errors_name_the_call_s_own_arguments_not_the_command_line_s():
         flatcheck.measure(model, (x, y), probes="gini", samples=100)
     with pytest.raises(InputError, match=r"^data: a tuple of 3 tensors; pass \(x, y\)"):
         flatcheck.measure(model, (x, y, y), probes="gini")
+    # RunConfig's own checks, worded for flags, say the keyword instead (stranger test)
+    for kwargs, said in ((dict(seed=-1), "^seed must be an integer"), (dict(probes="trase"), "^probes: unknown probe"),
+                         (dict(max_memory="lots"), "^max_memory expects a size"),
+                         (dict(bn_mode="x"), "^bn_mode must be one of eval, train")):
+        with pytest.raises(ConfigError, match=said):
+            flatcheck.measure(model, (x, y), **kwargs)

@@ -118,9 +118,18 @@ def test_flags_override_the_spec_file_and_say_so():
     (["--mean", "a,b"], "--mean expects comma-separated numbers"),
     (["--mean", "0.5"], "--mean is given but not --std"),
     (["--std", "0,1"], "--std: field 'std' must be"),
+    # checked against the data's channels: which value came from the flags is said
+    (["--mean", "0.5,0.5", "--std", "0.5,0.5"], "mean has 2 values (from flag --mean), expected 1 or one per channel"),
 ])
 def test_bad_field_flags_are_one_line_naming_the_flag(args, named):
     assert named in refused("trace", DEMO, "--model", DEMO_REF, *args, "--data", "digits")
+
+
+def test_flags_checked_against_the_spec_file_say_they_are_flags():
+    # the spec file's input_size [1, 8, 8] and the flags' two channels: the flag is named, not
+    # only the file (which had read as if the file's own mean were wrong)
+    line = refused("trace", DEMO, "--spec", DEMO_SPEC, "--mean", "0.5,0.5", "--std", "0.5,0.5", "--data", "digits")
+    assert "field 'mean' must have 1 values" in line and "(mean from flag --mean; std from flag --std)" in line
 
 
 @pytest.mark.parametrize("ref", ["resnet18", "keras:resnet18", "timm:", "python:flatcheck.zoo.demo_cnn"])
@@ -173,6 +182,9 @@ def test_embedded_spec_runs_and_embedding_leaves_tensor_bytes(tmp_path):
     before = data_section(ckpt)
     result = invoke("embed-spec", ckpt, "--spec", DEMO_SPEC)
     assert result.exit_code == 0, result.output
+    # said when embedding, not first when the checkpoint alone is refused
+    assert "warning: the spec builds the model by importing flatcheck.zoo.demo_cnn" in result.stderr
+    assert "--trust-package flatcheck.zoo.demo_cnn" in result.stderr
     assert data_section(ckpt) == before
     original = load_file(str(DEMO))
     assert all(torch.equal(original[k], v) for k, v in load_file(str(ckpt)).items())
@@ -181,7 +193,7 @@ def test_embedded_spec_runs_and_embedding_leaves_tensor_bytes(tmp_path):
     assert (8 + struct.unpack("<Q", ckpt.read_bytes()[:8])[0]) % 8 == 0  # data stays 8-byte aligned
     # an embedded python spec imports only what --trust-package names, flatcheck's zoo included
     assert "--trust-package flatcheck" in refused("trace", ckpt, "--data", "digits")
-    report = run_json("trace", ckpt, "--data", "digits", "--trust-package", "flatcheck.zoo", *FAST)
+    report = run_json("trace", ckpt, "--data", "digits", "--trust-package", "flatcheck.zoo.demo_cnn", *FAST)
     by_spec = run_json("trace", DEMO, "--spec", DEMO_SPEC, "--data", "digits", *FAST)
     assert report["results"]["trace"]["value"] == by_spec["results"]["trace"]["value"]
     assert report["model"]["spec_origins"]["arch"] == f"embedded in {ckpt}"

@@ -38,6 +38,20 @@ def test_correlations_match_scipy():
     assert again["kendall"].low == got["kendall"].low  # the bootstrap is seeded
 
 
+def test_rank_correlations_of_few_models_or_a_perfect_ranking_get_no_bootstrap_interval():
+    # 4 models in perfect order: the bootstrap said [1, 1] beside p = 0.083 (stranger test)
+    got = {c.method: c for c in correlate([1.0, 2.0, 3.0, 4.0], [2.0, 3.0, 5.0, 9.0], n_boot=200)}
+    for m in ("spearman", "kendall"):
+        assert got[m].r == 1 and got[m].low is None and got[m].high is None
+        assert got[m].interval == "none: n < 10" and got[m].p_value > 0.05
+    x = np.arange(12.0)
+    got = {c.method: c for c in correlate(x, x ** 3, n_boot=200)}
+    assert got["spearman"].low is None and got["spearman"].interval.startswith("none: a bootstrap of |r| = 1")
+    x, y = known_data(n=12)
+    got = {c.method: c for c in correlate(x, y, n_boot=200)}
+    assert got["kendall"].low < got["kendall"].r < got["kendall"].high  # 12 models, imperfect: an interval
+
+
 def test_degenerate_input_gives_no_correlation():
     (p, *_) = correlate([1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0])
     assert math.isnan(p.r) and p.low is None
@@ -366,6 +380,8 @@ def test_reports_of_one_model_under_other_settings_are_refused_like_scans(tmp_pa
     assert f"demo ({a}) vs demo ({b})" in res.stderr and res.stderr.count("\n") == 1
     res, rows = report_json(a, b, "--mixed-settings")
     assert res.exit_code == 0 and [m["values"]["trace"]["value"] for m in rows] == [36.8, 27.5]
+    # what it let through is said as every command says a warning
+    assert res.stderr.startswith("flatcheck: warning: "), res.stderr
 
 
 def test_two_reports_of_one_measurement_are_refused_naming_both(tmp_path, monkeypatch):

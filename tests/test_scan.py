@@ -81,6 +81,19 @@ def test_existing_output_needs_resume_or_overwrite(tiny):
     assert res.exit_code == 2 and res.stderr.startswith("error: ")
 
 
+def test_a_resume_under_other_run_settings_is_refused_before_anything_runs(tmp_path):
+    # it measured every model again beside the old records, and `report` then refused the file
+    out = tmp_path / "s.jsonl"
+    assert scan("--timm", "test_resnet", "--probes", "gini", "--samples", "8", "--out", out).exit_code == 0
+    before = out.read_bytes()
+    res = scan("--timm", "test_resnet", "--probes", "gini", "--samples", "4", "--out", out, "--resume")
+    assert res.exit_code == 2 and "holds records made with other run settings (samples 8 vs 4)" in res.stderr
+    assert out.read_bytes() == before
+    # the same settings resume as before: nothing left to do
+    res = scan("--timm", "test_resnet", "--probes", "gini", "--samples", "8", "--out", out, "--resume")
+    assert res.exit_code == 0 and out.read_bytes() == before
+
+
 def test_retry_errors_without_resume_is_refused(tmp_path):
     # it only changes which records a resumed scan keeps: alone it did nothing, silently
     res = scan("--timm", "test_resnet", "--probes", "gini", "--retry-errors", "--out", tmp_path / "s.jsonl")
@@ -106,7 +119,9 @@ def test_interrupted_scan_resumes_without_redoing_or_duplicating(tmp_path):
     assert before, "no model finished"
     if proc.returncode != 0:  # interrupted mid-scan (not finished before the signal landed)
         assert proc.returncode == 130 and "--resume" in stderr
-        assert stderr.count("interrupted") == 1, stderr  # the command said it; the entry point not again
+        # the command said it; the entry point not again
+        assert [line for line in stderr.splitlines() if line.startswith("interrupted")] == [
+            f"interrupted; every finished model is in {out}; continue with --resume"], stderr
     # and a crash mid-write leaves a partial line, which resume must cut off
     with open(out, "ab") as fh:
         fh.write(b'{"model": "test_convnext", "status": "o')

@@ -8,6 +8,7 @@ Nothing here prints; progress goes to an optional callback.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import platform
@@ -344,6 +345,26 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
         return run(session.config, progress, session)
 
 
+# RunConfig's checks are worded for the command line; a call names its keyword arguments
+_CALL_NAMES = {"--seed": "seed", "--probes": "probes", "--max-memory": "max_memory", "--samples": "samples",
+               "--batch-size": "batch_size", "--dtype": "dtype", "--bn-mode": "bn_mode", "--device": "device",
+               "--budget": "budget", "--params": "params"}
+
+
+@contextlib.contextmanager
+def _call_words():
+    """A ConfigError that starts with a flag (`--seed must be …`) says the argument instead."""
+    try:
+        yield
+    except ConfigError as exc:
+        text = str(exc)
+        flag = next((f for f in _CALL_NAMES if text.startswith(f) and not text[len(f):len(f) + 1].isalnum()
+                     and text[len(f):len(f) + 1] != "-"), None)
+        if flag is None:
+            raise
+        raise ConfigError(_CALL_NAMES[flag] + text[len(flag):]) from None
+
+
 def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy", probes: Any = ("trace",),
                       options: Mapping[str, Mapping[str, Any]] | None = None, samples: int | None = None,
                       batch_size: int | None = None, params: Any = None, test_data: Any = None,
@@ -367,14 +388,15 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
     if samples is not None and samples > available:  # said here in the call's words, not --samples
         raise InputError(f"samples={samples} is more than the {available} samples data gives")
     n = samples if samples is not None else available
-    names, chosen = probe_options(probes, options)
-    config = RunConfig(
-        checkpoint=None, spec=spec, probes=probe_requests(names, chosen),
-        data=source.source, samples=n, batch_size=batch_size or default_batch_size(data) or DEFAULT_BATCH_SIZE,
-        device=str(target_device), dtype=target_dtype, bn_mode=bn_mode, seed=seed,
-        params=tuple(_names(params, "params")) if params is not None else (), budget=budget,
-        max_memory=max_memory, extra_meta=dict(extra_meta or {}),
-    )
+    with _call_words():
+        names, chosen = probe_options(probes, options)
+        config = RunConfig(
+            checkpoint=None, spec=spec, probes=probe_requests(names, chosen),
+            data=source.source, samples=n, batch_size=batch_size or default_batch_size(data) or DEFAULT_BATCH_SIZE,
+            device=str(target_device), dtype=target_dtype, bn_mode=bn_mode, seed=seed,
+            params=tuple(_names(params, "params")) if params is not None else (), budget=budget,
+            max_memory=max_memory, extra_meta=dict(extra_meta or {}),
+        )
     work = model
     if any(t.device != target_device or t.dtype != config.torch_dtype
            for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,18 @@ class RunConfig:
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        # in code (flatcheck.run) the fields arrive untyped: paths as text, probes as "trace,gini"
+        for name in ("checkpoint", "data_root"):
+            object.__setattr__(self, name, _path_or_none(f"RunConfig {name}", getattr(self, name)))
+        if not _is_spec(self.spec):
+            object.__setattr__(self, "spec", _path_or_none("RunConfig spec", self.spec, spec=True))
+        if isinstance(self.probes, str) or (isinstance(self.probes, (list, tuple)) and self.probes
+                                            and all(isinstance(p, str) for p in self.probes)):
+            object.__setattr__(self, "probes", probe_requests(list(probe_names(self.probes))))
+        elif not (isinstance(self.probes, (list, tuple)) and all(isinstance(p, ProbeRequest) for p in self.probes)):
+            raise ConfigError(f"RunConfig probes: expected probe names (\"trace,gini\" or a list) or probe_requests(...), "
+                              f"got {type(self.probes).__name__}")
+        object.__setattr__(self, "probes", tuple(self.probes))
         if self.split not in ("train", "test"):
             raise ConfigError(f"--split must be train or test, got {self.split!r}")
         if self.samples is not None and self.samples < 1:
@@ -84,6 +97,19 @@ class RunConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+
+def _path_or_none(what: str, value: Any, spec: bool = False) -> Path | None:
+    if value is None and not spec:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    wanted = "a YAML path or a ModelSpec" if spec else "a path (str or pathlib.Path) or None"
+    raise ConfigError(f"{what}: expected {wanted}, got {type(value).__name__}")
+
+
+def _is_spec(value: Any) -> bool:
+    return isinstance(value, ModelSpec)
 
 
 def _package_names(names: Any) -> tuple[str, ...]:

@@ -28,8 +28,14 @@ def gate_cmd(
     no_baseline: Annotated[bool, typer.Option(
         "--no-baseline", help="run without a baseline: relative rules are skipped (a first release; "
                               "its --json can be the next --baseline)")] = False,
+    # hidden: only so that `--budget` gets the reason instead of click's "no such option"
+    budget: Annotated[Optional[str], typer.Option("--budget", hidden=True)] = None,
 ):
     from ..errors import ConfigError
+
+    if budget is not None:
+        raise ConfigError("gate takes no --budget: a budget stops probes where the machine's speed says, so an "
+                          "unchanged model could get another verdict; the gate file's probe counts set the cost")
     from ..workflows.gate import load_baseline, load_gate_config, run_gate
     from ..report.io import check_writable
 

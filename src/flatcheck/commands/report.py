@@ -76,7 +76,7 @@ def report_cmd(
 
             check_plot_target(str(plot))
         loaded = load_results(files)
-        say = (lambda m: None) if quiet else (lambda m: _error_line(f"warning: {m}"))
+        say = (lambda m: None) if quiet else (lambda m: _error_line(f"flatcheck: warning: {m}"))
         for note in loaded.warnings:
             say(note)
         records = _named(loaded.records, loaded.sources)

@@ -71,8 +71,16 @@ def embed_spec_cmd(
         check_distinct_files([("--spec", str(spec), False), *([("--out", str(out), True)] if out else [])])
         if out is not None:
             check_writable(out, "--out")
-        target = embed_spec(checkpoint, spec_to_dict(load_spec(spec)), out)
+        loaded = load_spec(spec)
+        target = embed_spec(checkpoint, spec_to_dict(loaded), out)
         typer.echo(f"embedded {spec} in {target}", err=True)
+        if loaded.source == "python":
+            # said now, not first when the checkpoint is run: a checkpoint's own spec imports no
+            # module the person running it did not name (models.sources._ImportPolicy)
+            module = (loaded.arch or "").partition(":")[0]
+            typer.echo(f"flatcheck: warning: the spec builds the model by importing {module}; run {target} with "
+                       f"--trust-package {module} (a checkpoint's own spec imports nothing "
+                       "unnamed), or keep passing --spec", err=True)
         return 0
 
     guarded(debug, body)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import zipfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -435,6 +436,10 @@ def npz(*, path: str, split: str, **_: Any) -> DataSource:
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataError(f"{where}: file {file} not found")
+    if not zipfile.is_zipfile(file):
+        # np.load would try the bytes as a pickle and advise allow_pickle, which is no answer here
+        raise DataError(f"{where}: {file} is not an .npz archive (the zip of arrays numpy.savez writes, with "
+                        "x and y)")
     try:
         with np.load(file, allow_pickle=False) as z:
             xk, yk = _npz_keys(set(z.files), split, where)

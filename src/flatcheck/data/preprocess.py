@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -18,3 +18,5 @@ class Preprocess:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     interpolation: str = "bilinear"
+    # where mean/std came from, for messages ("spec file X", "flag --mean", the library's defaults)
+    normalisation_from: str = field(default="spec", compare=False)

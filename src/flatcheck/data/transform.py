@@ -119,8 +119,8 @@ def _normalise(x: Tensor, pre: Preprocess, source: str) -> Tensor:
         if x.dim() == 1 and v.numel() == x.shape[0]:
             continue
         raise DataError(
-            f"data '{source}' gives samples of shape {_shape(x)}; spec {name} has {v.numel()} values "
-            f"(expected 1 or one per channel)"
+            f"data '{source}' gives samples of shape {_shape(x)}; {name} has {v.numel()} values "
+            f"(from {pre.normalisation_from}), expected 1 or one per channel"
         )
     if x.dim() == 3:
         mean, std = mean.view(-1, 1, 1), std.view(-1, 1, 1)

@@ -57,7 +57,9 @@ def resolve_preprocess(spec: ModelSpec, model: nn.Module) -> Preprocess:
             f"{spec.where}: default mean/std of {spec.arch!r} have {len(mean)} channels but input_size "
             f"{list(input_size)} has {input_size[0]}; set fields 'mean' and 'std'"
         )
-    return Preprocess(input_size=input_size, mean=mean, std=std, interpolation=base.interpolation)
+    came = spec.origins.get("mean", "spec") if spec.mean is not None else f"{spec.source}'s defaults for {spec.arch}"
+    return Preprocess(input_size=input_size, mean=mean, std=std, interpolation=base.interpolation,
+                      normalisation_from=came)
 
 
 def _library_defaults(spec: ModelSpec, model: nn.Module) -> Preprocess:

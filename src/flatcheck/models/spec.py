@@ -152,9 +152,16 @@ def spec_from_dict(
     for required in ("source", "arch"):
         if values.get(required) is None:
             raise SpecError(f"{where}: missing required field '{required}'")
-    v.check_normalisation(values.get("mean"), values.get("std"), values.get("input_size"))
     given = origin or (f"spec file {path}" if path is not None else "spec")
     told = dict(origins or {})
+    try:
+        v.check_normalisation(values.get("mean"), values.get("std"), values.get("input_size"))
+    except SpecError as exc:
+        # a flag's value checked against the file's: say which came from where
+        flagged = [f"{f} from {told[f]}" for f in ("mean", "std", "input_size") if f in told]
+        if not flagged:
+            raise
+        raise SpecError(f"{exc} ({'; '.join(flagged)})") from None
     return ModelSpec(
         **values, path=path, sha256=sha256, embedded=embedded, label=label, found=found, folder=folder,
         origins={f: told.get(f, given) if data.get(f) is not None else "default" for f in SPEC_FIELDS},

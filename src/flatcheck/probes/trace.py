@@ -80,8 +80,9 @@ class TraceOptions:
         if self.rtol is not None and self.estimator != "hutchinson":
             # Hutch++ spends its matvecs in three fixed thirds and the exact trace has no error:
             # neither has a running standard error to stop on
+            fixed = "takes a fixed --probes-max" if self.estimator == "hutchpp" else "has no sampling error to stop on"
             raise ConfigError(f"--rtol needs --estimator hutchinson (it stops on the running standard error); "
-                              f"{self.estimator} takes a fixed --probes-max")
+                              f"{self.estimator} {fixed}")
         if self.class_samples is not None and (self.estimator != "exact" or self.class_samples < 2):
             raise ConfigError("--class-samples needs --estimator exact and a value ≥ 2 (two draws give a standard error)")
         if self.route not in ROUTES:

@@ -45,7 +45,7 @@ from scipy.stats import norm, t as student_t
 
 from ..errors import ConfigError, InputError
 from ..linalg.random import SIGN_STREAM
-from ..probes.registry import get_probe_class, parse_options
+from ..probes.registry import get_probe_class, list_probes, parse_options
 from ..report.result import ProbeResult
 from .results_io import FieldMissing, as_number, field_sibling, resolve_field
 
@@ -199,7 +199,8 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
         try:
             get_probe_class(probe)
         except ConfigError as exc:
-            raise fail(f"{at}.field", f"names no probe: {exc}") from None
+            raise fail(f"{at}.field", f"names no probe {probe!r} (its first part); probes: "
+                                      f"{', '.join(list_probes())}") from None
         probes.setdefault(probe, _fixed_count(probe, {}))
         pol = rule.get("inconclusive", policy)
         if pol not in POLICIES:
@@ -283,7 +284,7 @@ def evaluate(gate: GateConfig, results: Mapping[str, Any], baseline: Mapping[str
     level = confidence if confidence is not None else gate.confidence
     current = _as_dicts(results)
     base = _as_dicts(baseline) if baseline is not None else None
-    return [decide(b, current, base, level, no_baseline) for b in gate.bounds]
+    return [decide(b, current, base, level, no_baseline, where=gate.source) for b in gate.bounds]
 
 
 def _as_dicts(results: Mapping[str, Any]) -> dict[str, Any]:
@@ -349,14 +350,15 @@ def pairing(bound: Bound, current: Mapping[str, Any], baseline: Mapping[str, Any
 
 
 def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | None, confidence: float,
-           no_baseline: bool = False) -> Check:
+           no_baseline: bool = False, where: str = "") -> Check:
+    """`where`: the gate file, named when a rule's field is not in the result (a misspelt key)."""
     check = Check(bound)
     try:
         raw, raw_se = resolve_field(results, bound.field)
     except FieldMissing:
         have = ", ".join(sorted(results.get(bound.probe, {}).get("details", {}) or {})) or "none"
-        raise InputError(f"rule {bound.name}: field '{bound.field}' is not in the {bound.probe} result "
-                         f"(top-level: value, stderr; details: {have})") from None
+        raise InputError(f"{where + ': ' if where else ''}rule {bound.name}: field '{bound.field}' is not in the "
+                         f"{bound.probe} result (top-level: value, stderr; details: {have})") from None
     value, se = as_number(raw), as_number(raw_se) or 0.0
     if value is None:
         raise InputError(f"rule {bound.name}: field '{bound.field}' is {raw!r}, not a number")

@@ -26,12 +26,13 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..config import RunConfig
 from ..errors import ConfigError
 from . import child_process
-from .results_io import HeldOutput, load_results, new_record, record_key, repair_tail, shard_path
+from .results_io import (HeldOutput, describe_difference, load_results, new_record, record_key, repair_tail,
+                         shard_path)
 from .scan_sources import Entry, offline
 
 RECORD_KIND = "flatcheck.scan"
@@ -152,6 +153,25 @@ def prepare_output(out: HeldOutput, *, resume: bool, overwrite: bool, retry_erro
     return done, cut
 
 
+# settings that change no number a report compares (results_io.run_settings_of leaves them out)
+_NOT_COMPARED = ("data_root", "batch_size")
+
+
+def check_same_settings(records: Iterable[dict[str, Any]], settings: dict[str, Any], target: Path) -> None:
+    """A resume continues one scan: records under other run settings would be measured again
+    beside the old ones, and `report` then refuses the file as mixed. Refused up front."""
+    def comparable(s: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in s.items() if k not in _NOT_COMPARED}
+
+    now = comparable(settings)
+    for rec in records:
+        then = rec.get("settings")
+        if isinstance(then, dict) and comparable(then) != now:
+            raise ConfigError(f"--resume: {target} holds records made with other run settings "
+                              f"({describe_difference(comparable(then), now)}); a resume continues the same "
+                              "scan: give another --out, or --overwrite to start over")
+
+
 def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
              retry_errors: bool = False, placement: Placement = Placement(), hooks: ScanHooks = ScanHooks(),
              isolate: bool = True) -> ScanSummary:
@@ -168,6 +188,8 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
     settings = json.loads(json.dumps(run_settings(base), default=str))
     with HeldOutput(target, "--out") as held:
         done, cut = prepare_output(held, resume=resume, overwrite=overwrite, retry_errors=retry_errors)
+        if resume:
+            check_same_settings(done.values(), settings, target)
         mine = placement.mine(entries)
         keyed = [(e, fp, (e.name, fp, e.step, e.epoch)) for e in mine for fp in (fingerprint(e, base),)]
         todo = [(e, fp) for e, fp, key in keyed if key not in done]

@@ -25,6 +25,9 @@ METHODS = ("pearson", "spearman", "kendall")
 # 9! = 362,880 orderings, about 0.3 s; scipy 1.17's spearmanr has no exact method, and
 # permutation_test(permutation_type="pairings") took 57 s for the 5,040 orderings of n = 7 here
 EXACT_SPEARMAN_MAX_N = 9
+# below this many models a percentile bootstrap of a rank correlation covers far less than its
+# stated level (a resample of n = 4 points draws only a few distinct rankings), so no interval
+MIN_BOOTSTRAP_N = 10
 
 
 @dataclass(frozen=True)
@@ -78,12 +81,19 @@ def correlate(x, y, *, confidence: float = 0.95, n_boot: int = 2000, seed: int =
     kt = stats.kendalltau(x, y)
     low, high = fisher_interval(float(pr.statistic), n, confidence)
     boot = _bootstrap(x, y, n_boot, seed, confidence)
+    ranks = {"spearman": float(rs.statistic), "kendall": float(kt.statistic)}
+    how = {m: f"bootstrap {n_boot}, seed {seed}" for m in ranks}
+    for m, r in ranks.items():
+        # every resample of a perfect ranking is perfect: [±1, ±1] would claim certainty
+        # that n points cannot give; the p-value beside it says how much they do
+        why = (f"none: n < {MIN_BOOTSTRAP_N}" if n < MIN_BOOTSTRAP_N
+               else "none: a bootstrap of |r| = 1 resamples only |r| = 1" if abs(r) == 1 else None)
+        if why is not None:
+            boot[m], how[m] = (None, None), why
     return [
         Correlation("pearson", float(pr.statistic), low, high, _p(pr.pvalue), n, "Fisher z"),
-        Correlation("spearman", float(rs.statistic), *boot["spearman"], _p(rs_p), n,
-                    f"bootstrap {n_boot}, seed {seed}"),
-        Correlation("kendall", float(kt.statistic), *boot["kendall"], _p(kt.pvalue), n,
-                    f"bootstrap {n_boot}, seed {seed}"),
+        Correlation("spearman", ranks["spearman"], *boot["spearman"], _p(rs_p), n, how["spearman"]),
+        Correlation("kendall", ranks["kendall"], *boot["kendall"], _p(kt.pvalue), n, how["kendall"]),
     ]
 
 

@@ -91,6 +91,8 @@ class Tracker:
         self._handed: dict[Any, torch.Tensor] = {}
         self.model, self.every, self.strict = model, every, strict
         self.name = name or type(model).__name__
+        if out is not None and not isinstance(out, (str, os.PathLike)):
+            raise ConfigError(f"out: expected a .jsonl path (str or pathlib.Path) or None, got {type(out).__name__}")
         self.out = None if out is None else Path(out)
         if self.out is not None and (self.out.is_dir() or not self.out.parent.is_dir()):
             raise ConfigError(f"out {self.out}: give a .jsonl file in an existing folder")
