@@ -94,6 +94,17 @@ def test_a_resume_under_other_run_settings_is_refused_before_anything_runs(tmp_p
     assert res.exit_code == 0 and out.read_bytes() == before
 
 
+def test_a_typo_in_a_model_flag_is_refused_before_the_scan_starts(tmp_path):
+    # recorded as an error after the other models had run (exit 1); a typed name is bad input
+    res = scan("--model", "timm:test_vitt", "--model", "timm:test_resnet", "--probes", "gini",
+               "--out", tmp_path / "s.jsonl")
+    assert res.exit_code == 2 and "--model timm:test_vitt: unknown timm model 'test_vitt'; did you mean test_vit" \
+        in res.stderr
+    assert not (tmp_path / "s.jsonl").exists()
+    res = scan("--model", "torchvision:resnet1", "--probes", "gini", "--out", tmp_path / "t.jsonl")
+    assert res.exit_code == 2 and "unknown torchvision model 'resnet1'" in res.stderr
+
+
 def test_retry_errors_without_resume_is_refused(tmp_path):
     # it only changes which records a resumed scan keeps: alone it did nothing, silently
     res = scan("--timm", "test_resnet", "--probes", "gini", "--retry-errors", "--out", tmp_path / "s.jsonl")

@@ -192,6 +192,22 @@ def _construct(spec: ModelSpec, fn: Callable[..., nn.Module], **fixed) -> nn.Mod
         raise SpecError(f"{spec.where}: field 'arch': builder {spec.arch!r} failed ({_one_line(exc)})") from None
 
 
+def check_known_arch(spec: ModelSpec) -> None:
+    """A timm or torchvision name that the library does not have, refused from the name alone
+    (no model is built): for a command that builds its models later, in child processes."""
+    if spec.source == "timm":
+        import timm
+
+        if not timm.is_model(spec.arch):
+            raise _unknown_arch(spec, timm.list_models())
+    elif spec.source == "torchvision":
+        import torchvision
+
+        known = torchvision.models.list_models()
+        if spec.arch not in known:
+            raise _unknown_arch(spec, known)
+
+
 def _unknown_arch(spec: ModelSpec, known: list[str]) -> SpecError:
     close = difflib.get_close_matches(spec.arch, known, n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -217,8 +233,7 @@ def _timm_defaults(spec: ModelSpec, model: nn.Module) -> Preprocess:
 def _build_timm(spec: ModelSpec) -> nn.Module:
     import timm
 
-    if not timm.is_model(spec.arch):
-        raise _unknown_arch(spec, timm.list_models())
+    check_known_arch(spec)
     # Curvature products differentiate twice, and timm's fused CPU attention kernel has no
     # double backward (torch 2.14: "derivative for ..._flash_attention_for_cpu_backward is
     # not implemented"); the unfused path computes the same attention.
@@ -254,9 +269,7 @@ def _torchvision_defaults(spec: ModelSpec, model: nn.Module) -> Preprocess:
 def _build_torchvision(spec: ModelSpec) -> nn.Module:
     import torchvision
 
-    known = torchvision.models.list_models()
-    if spec.arch not in known:
-        raise _unknown_arch(spec, known)
+    check_known_arch(spec)
     return _construct(spec, torchvision.models.get_model, name=spec.arch, weights=None)
 
 

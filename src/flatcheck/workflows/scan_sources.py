@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SpecError
 # the local-only lookup of pretrained weights is the one `flatcheck trace --pretrained` uses
 from ..models.pretrained import CKPT_EXTS, find_local_weights, offline  # noqa: F401 - offline: scan.py
+from ..models.sources import check_known_arch
 
 
 @dataclass
@@ -103,6 +104,13 @@ def model_entry(ref: str, request: Any) -> Entry:
 
     req = replace(request, model=ref)
     spec = describe(req)
+    # a name typed with --model that the library lacks is a typo, told before the scan starts
+    # (a --models-file or --timm list records such a model as an error and goes on)
+    try:
+        check_known_arch(spec)
+    except SpecError as exc:
+        said = str(exc)
+        raise ConfigError(f"--model {ref}: {said[said.find('unknown'):]}") from None
     entry = Entry(ref, "model", lambda: spec,
                   {"model": ref, "fields": flag_fields(req), "pretrained": req.pretrained})
     if req.pretrained:
