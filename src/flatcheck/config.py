@@ -63,7 +63,7 @@ class RunConfig:
         # in code (flatcheck.run) the fields arrive untyped: paths as text, probes as "trace,gini"
         for name in ("checkpoint", "data_root"):
             object.__setattr__(self, name, _path_or_none(f"RunConfig {name}", getattr(self, name)))
-        if not _is_spec(self.spec):
+        if not isinstance(self.spec, ModelSpec):
             object.__setattr__(self, "spec", _path_or_none("RunConfig spec", self.spec, spec=True))
         if isinstance(self.probes, str) or (isinstance(self.probes, (list, tuple)) and self.probes
                                             and all(isinstance(p, str) for p in self.probes)):
@@ -106,10 +106,6 @@ def _path_or_none(what: str, value: Any, spec: bool = False) -> Path | None:
         return Path(value)
     wanted = "a YAML path or a ModelSpec" if spec else "a path (str or pathlib.Path) or None"
     raise ConfigError(f"{what}: expected {wanted}, got {type(value).__name__}")
-
-
-def _is_spec(value: Any) -> bool:
-    return isinstance(value, ModelSpec)
 
 
 def _package_names(names: Any) -> tuple[str, ...]:
