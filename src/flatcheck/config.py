@@ -67,7 +67,7 @@ class RunConfig:
             object.__setattr__(self, "spec", _path_or_none("RunConfig spec", self.spec, spec=True))
         if isinstance(self.probes, str) or (isinstance(self.probes, (list, tuple)) and self.probes
                                             and all(isinstance(p, str) for p in self.probes)):
-            object.__setattr__(self, "probes", probe_requests(list(probe_names(self.probes))))
+            object.__setattr__(self, "probes", probe_requests(self.probes))
         elif not (isinstance(self.probes, (list, tuple)) and all(isinstance(p, ProbeRequest) for p in self.probes)):
             raise ConfigError(f"RunConfig probes: expected probe names (\"trace,gini\" or a list) or probe_requests(...), "
                               f"got {type(self.probes).__name__}")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from ..losses import per_sample_loss
 from ..report.progress import report_stop
 
@@ -51,6 +52,17 @@ def option(default: Any, help: str, *, flags: Sequence[str] = (), parse: Callabl
 
 def flag_names(field: dataclasses.Field) -> tuple[str, ...]:
     return field.metadata.get(FLAGS) or (f"--{field.name.replace('_', '-')}",)
+
+
+def refuse_unused(options: Any, given: frozenset[str], unused: Sequence[str], probe: str, chosen: str,
+                  why: str, fix: str = "leave it out") -> None:
+    """An option the user gave (`given`: registry.parse_options) that the `chosen` estimator
+    does not read is refused, named by its flag and its -o key."""
+    fields = {f.name: f for f in dataclasses.fields(options)}
+    for name in unused:
+        if name in given:
+            raise ConfigError(f"{flag_names(fields[name])[0]} ({probe}.{name}) has no effect with {chosen}: {why}; "
+                              f"{fix}")
 
 
 def layers_field(options_cls: type) -> str | None:

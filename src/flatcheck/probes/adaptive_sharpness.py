@@ -19,7 +19,7 @@ from ..linalg import hutchinson
 from ..models.spec import LOSSES, LossSpec
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
-from ._kit import budget_stop, option, progress_reporter, time_left, told_if_budget
+from ._kit import budget_stop, option, progress_reporter, refuse_unused, time_left, told_if_budget
 from ._kit import mean_loss as sample_loss  # L(θ) over the sample set
 from .registry import ProbeContext, register_probe
 
@@ -61,12 +61,9 @@ class AdaptiveSharpnessOptions:
         """An estimator's options given with the method that does not run it did nothing
         (registry.parse_options passes the names given; defaults are not the user's)."""
         unused = {"mc": ("probes_max", "block_size"), "second-order": ("noise_draws",)}.get(self.method, ())
-        for name in unused:
-            if name in given:
-                other = "second-order" if self.method == "mc" else "mc"
-                raise ConfigError(f"--{name.replace('_', '-')} (adaptive-sharpness.{name}) has no effect with "
-                                  f"--method {self.method}: it sizes the {other} estimate; leave it out or use "
-                                  f"--method both")
+        other = "second-order" if self.method == "mc" else "mc"
+        refuse_unused(self, given, unused, "adaptive-sharpness", f"--method {self.method}",
+                      f"it sizes the {other} estimate", "leave it out or use --method both")
 
 
 @register_probe

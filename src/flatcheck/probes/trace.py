@@ -13,7 +13,7 @@ from ..linalg.trace import plan_block
 from ..operators import CurvatureOperator, LayoutParts
 from ..linalg.random import SIGN_STREAM
 from ..report.result import ProbeResult
-from ._kit import budget_stop, option, progress_reporter, time_left, told_if_budget
+from ._kit import budget_stop, option, progress_reporter, refuse_unused, time_left, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import ExactGGN, GGNVp, Hvp, Vhv
 from .registry import ProbeContext, register_probe
@@ -97,10 +97,8 @@ class TraceOptions:
         (registry.parse_options passes the names given; defaults are not the user's)."""
         unused = {"exact": ("probes_max", "min_probes", "block_size", "route"),
                   "hutchpp": ("min_probes", "block_size")}.get(self.estimator, ())
-        for name in unused:
-            if name in given:
-                raise ConfigError(f"--{name.replace('_', '-')} (trace.{name}) has no effect with --estimator "
-                                  f"{self.estimator}: {_WHY_UNUSED[self.estimator]}; leave it out")
+        if unused:
+            refuse_unused(self, given, unused, "trace", f"--estimator {self.estimator}", _WHY_UNUSED[self.estimator])
         if "min_probes" in given and self.min_probes > self.probes_max:
             raise ConfigError(f"--min-probes {self.min_probes} (trace.min_probes) is more than --probes-max "
                               f"{self.probes_max}: the run ends at --probes-max before --rtol may stop it")
