@@ -147,8 +147,9 @@ class RankProbe:
     share of all eigenvalues strictly between the neighbours of the origin node(s), the
     "window" (module docstring: Chebyshev–Markov–Stieltjes). The resolution is the window's
     half-width: eigenvalues smaller than it cannot be told from 0 with this many steps.
-    The reported standard error is the larger of the one over start vectors and half the
-    width of the bracket in which the null space's share is known to lie (null_share_bracket),
+    The reported standard error is the larger of the statistical one (over start vectors,
+    at least sampling_stderr_bound) and half the width of the bracket in which the null
+    space's share is known to lie (null_share_bracket),
     so that value ± 2·stderr, the interval gates and tables use, does not claim a precision
     the resolution cannot give.
 
@@ -175,7 +176,9 @@ class RankProbe:
         spectral = max(abs(result.nodes_min), abs(result.nodes_max))
         zero_tol = math.sqrt(torch.finfo(op.dtype).eps) * spectral
         masses = [origin_mass(r, 1 if ggn else 2, zero_tol) for r in result.rules]
-        degeneracy, statistical = mean_stderr(np.array([m.weight for m in masses]))
+        degeneracy, spread = mean_stderr(np.array([m.weight for m in masses]))
+        floor = sampling_stderr_bound(degeneracy, P=op.dim, starts=len(masses))
+        statistical = max(spread, floor)
         lo = min(m.window[0] for m in masses)
         hi = max(m.window[1] for m in masses)
         resolution = hi if ggn else max(-lo, hi)
@@ -190,8 +193,15 @@ class RankProbe:
         batch_rank = min(N * r_A, P)
         batch_bound = 1 - batch_rank / P
 
-        bracket = null_share_bracket(degeneracy, all(r.invariant for r in result.rules),
-                                     batch_bound if ggn else None)
+        closed = all(r.invariant for r in result.rules)
+        # a breakdown is taken at β ≤ √eps·‖T‖, which in float32 can be a residual left in
+        # eigenvalues far above round-off but too small to resolve: the rule is then a Gauss
+        # rule cut short, not an exact one, and its origin node sits visibly off 0
+        roundoff = torch.finfo(op.dtype).eps * spectral * max(max(r.steps for r in result.rules), math.sqrt(P))
+        off_zero = max(abs(m.location) for m in masses)
+        bracket = null_share_bracket(degeneracy, closed and off_zero <= roundoff,
+                                     batch_bound if ggn else None,
+                                     lumped=off_zero if closed and off_zero > roundoff else None)
         stderr = max(statistical, bracket.half_width)
 
         warnings = _warnings(ggn, N, P, r_A, batch_bound, paper_bound, resolution, spectral,
@@ -231,10 +241,17 @@ class RankProbe:
                 "origin_nodes": 1 if ggn else 2,
                 "degeneracy": {"value": degeneracy, "stderr": stderr},
                 "statistical_stderr": statistical,
+                "statistical_stderr_parts": {
+                    "spread": spread, "bound": floor,
+                    "meaning": "the larger of the spread over start vectors and the bound √(2·D(1−D)/(starts·P)) "
+                               "on a Rademacher quadratic form's sampling error for a projector's share D: "
+                               "a few starts can agree by chance (a structured null space gives discrete "
+                               "shares), and their spread is then 0"},
                 "bracket": {"low": bracket.low, "high": bracket.high, "half_width": bracket.half_width,
                             "source": bracket.source,
-                            "meaning": "the null space's share lies between low and high; the stderr is at "
-                                       "least half the width, so value ± 2·stderr covers it"},
+                            "meaning": "the start vectors' null-space share lies between low and high, the "
+                                       "null space's share P − rank over P within statistical_stderr of it; the "
+                                       "stderr is at least half the width, so value ± 2·stderr covers it"},
                 "location": location,
                 "window": [lo, hi],
                 "resolution": resolution,
@@ -279,20 +296,39 @@ class Bracket:
         return (self.high - self.low) / 2
 
 
-def null_share_bracket(degeneracy: float, exact: bool, rank_floor: float | None) -> Bracket:
+def null_share_bracket(degeneracy: float, exact: bool, rank_floor: float | None,
+                       lumped: float | None = None) -> Bracket:
     """Where the null space's share (P − rank)/P lies, given the origin weight D.
 
     D is its upper end (module docstring: each weight is at least μ_v({0})). SLQ gives no
     lower end: eigenvalues below the resolution weigh in the origin node just as zeros do,
     and moments cannot tell them apart (on a tanh MLP at N = 64, 40 steps: D = 0.810 where
-    the share is 0.732). The low end is D itself only when every Krylov space closed (the
-    rule is then exact), else a rank bound that holds whatever the spectrum (G: the batch
-    bound), else 0. Statistics can put D below that bound; the bracket is then empty."""
+    the share is 0.732). The low end is D itself only when every Krylov space closed with
+    its origin node at 0 within round-off (the rule is then exact), else a rank bound that
+    holds whatever the spectrum (G: the batch bound), else 0. `lumped`: the origin node's
+    distance from 0 when the spaces closed at the breakdown threshold but off 0 (float32 on
+    a spectrum that decays below √eps·‖G‖). Statistics can put D below the rank bound; the
+    bracket is then empty."""
     if exact:
-        return Bracket(degeneracy, degeneracy, "exact: every start's Krylov space closed")
+        return Bracket(degeneracy, degeneracy, "exact: every start's Krylov space closed at 0")
+    why = ("" if lumped is None else
+           f"the Krylov spaces closed at the breakdown threshold with the origin node at λ ≈ {lumped:.3g}, above "
+           "round-off, so it holds eigenvalues too small to resolve in this dtype (--dtype float64 resolves "
+           "smaller ones); ")
     if rank_floor is not None and rank_floor > 0:
-        return Bracket(min(rank_floor, degeneracy), degeneracy, "low end: the batch bound")
-    return Bracket(0.0, degeneracy, "no lower bound: SLQ cannot tell eigenvalues below its resolution from 0")
+        return Bracket(min(rank_floor, degeneracy), degeneracy, why + "low end: the batch bound")
+    return Bracket(0.0, degeneracy, why + "no lower bound: SLQ cannot tell eigenvalues below its resolution from 0")
+
+
+def sampling_stderr_bound(share: float, *, P: int, starts: int) -> float:
+    """A bound on the standard error of the mean of `starts` origin weights.
+
+    A weight is a Rademacher quadratic form vᵀΠv/P of the spectral projector Π onto the
+    origin node's eigenvalues, whose variance is 2(‖Π‖_F² − Σ Π_ii²)/P². For a projector
+    ‖Π‖_F² = tr Π = D·P, and Σ Π_ii² ≥ (tr Π)²/P (Cauchy–Schwarz), so it is at most
+    2·D(1 − D)/P, with D the share, estimated by the mean weight."""
+    d = min(max(share, 0.0), 1.0)
+    return math.sqrt(2 * d * (1 - d) / (P * starts))
 
 
 def _warnings(ggn: bool, N: int, P: int, r_A: int, batch_bound: float, paper_bound: float | None,

@@ -11,7 +11,9 @@ from typing import Any
 # 2.1: jacobian, mls and decomposition report matvecs 0 and their backward passes in details.backward_passes
 # 2.2: jacobian's estimate route takes ‖J‖₂ by Lanczos on JJᵀ: details.spectral.lanczos_iterations,
 #      lanczos_tol and max_error_bound replace power_iterations and power_tol
-SCHEMA_VERSION = "2.2"
+# 2.3: rank's statistical_stderr is at least the sampling bound of its start vectors
+#      (details.statistical_stderr_parts), and a float32 breakdown off 0 is no longer exact
+SCHEMA_VERSION = "2.3"
 
 
 @dataclass(frozen=True)
