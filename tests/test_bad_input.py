@@ -1185,6 +1185,41 @@ def test_json_onto_an_input_is_refused_before_the_run(tmp_path, never_runs, what
     assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize("what", ["found spec", "spec.yaml", "module", "image", "inside data", "plot"])
+def test_json_onto_an_input_found_after_the_command_line_is_refused(tmp_path, never_runs, monkeypatch, what):
+    """Inputs the command line does not name: the spec found beside the checkpoint, a python
+    spec's own module, the data folder's files. Each was overwritten by the report, exit 0."""
+    monkeypatch.chdir(tmp_path)
+    count = ["--probes-max", "8"]
+    if what in ("found spec", "spec.yaml"):
+        ckpt = tmp_path / "m.safetensors"
+        ckpt.write_bytes(CKPT.read_bytes())
+        target = tmp_path / ("m.yaml" if what == "found spec" else "spec.yaml")
+        target.write_text(SPEC.read_text())
+        result = invoke("trace", ckpt, *SMALL, *count, "--json", target)
+    elif what == "module":
+        target = tmp_path / "mymodels.py"
+        target.write_text("from flatcheck.zoo.demo_cnn import DigitsCNN\n\n\ndef build():\n    return DigitsCNN()\n")
+        result = invoke("trace", "--model", "python:mymodels:build", "--random-init", "--num-classes", "10",
+                        "--input-size", "1,8,8", *SMALL, *count, "--json", "mymodels.py")
+    else:
+        x, y = digit_images()
+        data = write_folder(tmp_path / "imgs", x, y)
+        target = sorted((tmp_path / "imgs" / "train").rglob("*.png"))[0]
+        if what == "inside data":
+            target = tmp_path / "imgs" / "train" / "new.json"
+        if what == "plot":  # spectrum's own output file
+            result = invoke("spectrum", CKPT, "--spec", SPEC, *SMALL, "--data", data, "--lanczos-steps", "4",
+                            "--plot", target)
+        else:
+            result = trace("--data", data, *count, "--json", target)
+    before = target.read_bytes() if target.exists() else None
+    err = bad(result, "--plot" if what == "plot" else "--json", str(target.name))
+    assert ("lies inside the data folder" if what in ("image", "inside data", "plot") else
+            "would overwrite an input") in err
+    assert (target.read_bytes() if target.exists() else None) == before
+
+
 def gate_outputs(tmp_path: Path, *flags_and_paths) -> tuple:
     cfg = tmp_path / "gates.yaml"
     cfg.write_text("probes:\n  trace: {probes_max: 4}\n" + GATE_RULES, encoding="utf-8")

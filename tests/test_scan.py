@@ -81,6 +81,21 @@ def test_existing_output_needs_resume_or_overwrite(tiny):
     assert res.exit_code == 2 and res.stderr.startswith("error: ")
 
 
+@pytest.mark.parametrize("flags", [["--overwrite"], ["--resume"]])
+def test_an_output_that_is_no_scan_file_is_left_whole(tmp_path, flags):
+    """`--out` naming the data, a checkpoint or a spec by mistake: --overwrite emptied it and a
+    resume cut its last "line"; every model then failed on the destroyed input."""
+    import numpy as np
+
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.zeros((8, 3, 8, 8), np.float32), y=np.zeros(8, np.int64))
+    before = data.read_bytes()
+    res = scan("--timm", "test_resnet", "--probes", "gini", "--out", data, *flags)
+    assert res.exit_code == 2, res.stderr
+    assert res.stderr.startswith(f"error: --out {data}: exists and is not a flatcheck scan or tracker file")
+    assert data.read_bytes() == before
+
+
 def test_a_resume_under_other_run_settings_is_refused_before_anything_runs(tmp_path):
     # it measured every model again beside the old records, and `report` then refused the file
     out = tmp_path / "s.jsonl"

@@ -353,3 +353,55 @@ def test_a_held_file_names_its_holder(tmp_path):
         other.stdin.close()
         other.wait(timeout=30)
     assert os.path.getsize(out) > 0
+
+
+def test_a_restart_drops_only_its_own_runs_records(tmp_path):
+    """Another run in the same file (another name, data or settings) kept its records: a
+    tracker named "b" starting at step 0 wiped run "a"'s steps 0–4."""
+    case = make_case("mlp", n=23, batch_size=23)
+    out = tmp_path / "run.jsonl"
+
+    def tracker(name, X=case.X):
+        return flatcheck.Tracker(case.model, (X, case.Y), probes="trace", every=2, out=out, options=TRACE, name=name)
+
+    with tracker("a") as t:
+        for step in range(5):
+            t.step(step)
+    with tracker("b") as t:
+        t.step(0)
+    assert [(r["model"], r["step"]) for r in map(json.loads, out.read_text().splitlines())] == \
+        [("a", 0), ("a", 2), ("a", 4), ("b", 0)]
+    # the same name on other data is another run too, and said so
+    with pytest.warns(UserWarning, match=r"another run also named 'a' \(other data or settings\) at steps 2–4; "
+                                         r"they are kept"):
+        with tracker("a", X=case.X * 2) as t:
+            t.step(2)
+    assert [(r["model"], r["step"]) for r in map(json.loads, out.read_text().splitlines())] == \
+        [("a", 0), ("a", 2), ("a", 4), ("b", 0), ("a", 2)]
+    # the same run restarted drops its own from the restart step on
+    with tracker("b") as t:
+        t.step(0)
+    assert [(r["model"], r["step"]) for r in map(json.loads, out.read_text().splitlines())] == \
+        [("a", 0), ("a", 2), ("a", 4), ("a", 2), ("b", 0)]
+
+
+def test_a_second_tracker_is_refused_where_it_is_made_and_a_file_of_other_content_is_left_whole(tmp_path):
+    from flatcheck.errors import ConfigError
+
+    case = make_case("mlp", n=23, batch_size=23)
+    out = tmp_path / "track.jsonl"
+
+    def tracker(path=out):
+        return flatcheck.Tracker(case.model, (case.X, case.Y), probes="trace", every=2, out=path, options=TRACE,
+                                 name="first")
+
+    first = tracker()
+    with pytest.raises(ConfigError, match="tracker 'first' of this process holds this file"):
+        tracker()  # was accepted, and the first tracker was refused at its next step instead
+    first.step(0)
+    first.close()
+    source = tmp_path / "model.py"
+    source.write_text("import torch\n")
+    with pytest.raises(ConfigError, match=r"model.py: exists and is not a flatcheck scan or tracker file"):
+        tracker(source)
+    assert source.read_text() == "import torch\n"

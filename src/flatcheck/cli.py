@@ -324,7 +324,8 @@ def _execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple
             # for commands that do more than one run (e.g. invariance)
             names, options, layers, *custom = build()
             _check_json_target(json_out)
-            report = _run(checkpoint, common, names, options, quiet, err, custom[0] if custom else None)
+            report = _run(checkpoint, common, names, options, quiet, err, custom[0] if custom else None,
+                          outputs=[(flag, path) for flag, path, writes in files if writes])
         _emit(report, json_out, layers)
         # a custom result may carry a verdict (gate: 1)
         return report.exit_code if isinstance(report, CommandResult) else 0
@@ -382,6 +383,13 @@ def _warning_line(message, category, filename, lineno, line=None) -> str:  # noq
     return f"flatcheck: warning{kind}: {text}\n"
 
 
+def _data_folder(uri: str) -> Path | None:
+    """The folder a `--data KIND:PATH` reads (imagefolder:PATH): an output inside it would
+    add to or replace the data set's files."""
+    path = os.path.expanduser(uri.partition(":")[2])
+    return Path(path) if path and os.path.isdir(path) else None
+
+
 def _data_file(uri: str) -> list[tuple[str, str, bool]]:
     """The file a `--data KIND:PATH` reads (npz:PATH), as an input of the run; a folder
     (imagefolder:PATH) cannot be overwritten by an output file, and a named set has no path."""
@@ -389,7 +397,7 @@ def _data_file(uri: str) -> list[tuple[str, str, bool]]:
     return [("--data", path, False)] if path and os.path.isfile(os.path.expanduser(path)) else []
 
 
-def _run(checkpoint, common, names, options, quiet, err, execute=None):
+def _run(checkpoint, common, names, options, quiet, err, execute=None, outputs=()):
     from . import api
     from .config import RunConfig, probe_requests
     from .models.resolve import resolve
@@ -400,6 +408,22 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None):
     params = tuple(p.strip() for p in (common.pop("params") or "").split(",") if p.strip())
     probes = probe_requests(names, options)  # options that cannot run are refused before the model is found
     model = resolve(model_request(checkpoint, common))
+    # a probe's own output files (spectrum's --plot), besides the command's
+    outputs = [*outputs, *(("--plot", str(r.options.plot)) for r in probes if getattr(r.options, "plot", None))]
+    if outputs:
+        from .models.sources import local_module_path
+        from .report.io import check_outputs_spare
+
+        # the inputs found only now: the spec beside the checkpoint, a python spec's own module,
+        # the data folder (check_distinct_files saw the files named on the command line)
+        module = local_module_path(model.spec)
+        data_folder = _data_folder(common["data"])
+        check_outputs_spare(outputs, [
+            *([(f"the checkpoint {model.checkpoint}", model.checkpoint)] if model.checkpoint else []),
+            *([(f"the model spec {model.spec.path}", model.spec.path)] if model.spec.path else []),
+            *([(f"the model's module {module}", module)] if module else []),
+            *((f"the data file {path}", Path(path)) for _, path, _ in _data_file(common["data"])),
+            *([(f"the data folder {data_folder}", data_folder)] if data_folder else [])])
     config = RunConfig(checkpoint=model.checkpoint, spec=model.spec, probes=probes,
                        params=params, extra_meta={"weights": model.weights}, **common)
     if quiet or not is_main_process():

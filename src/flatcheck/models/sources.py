@@ -367,6 +367,23 @@ class _ImportPolicy:
         )
 
 
+def local_module_path(spec: ModelSpec) -> Path | None:
+    """The file (or package folder) a `source: python` spec imports from its own folder, found
+    without importing it; None for other sources and for modules imported from elsewhere."""
+    if spec.source != "python" or ":" not in spec.arch:
+        return None
+    policy = _ImportPolicy.of(spec, ())
+    if policy.folder is None:
+        return None
+    found = importlib.machinery.PathFinder.find_spec(spec.arch.partition(":")[0].partition(".")[0],
+                                                     [str(policy.folder)])
+    if found is None:
+        return None
+    if found.submodule_search_locations:
+        return Path(list(found.submodule_search_locations)[0])
+    return Path(found.origin) if found.origin else None
+
+
 def _import_callable(spec: ModelSpec, policy: _ImportPolicy) -> Callable[..., nn.Module]:
     module_name, _, attr_path = spec.arch.partition(":")
     if not module_name or not attr_path:

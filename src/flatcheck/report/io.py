@@ -87,6 +87,21 @@ def check_distinct_files(files: Sequence[tuple[str, str | Path, bool]]) -> None:
                 raise ConfigError(_clash(flag, path, writes, other_flag, other, other_writes))
 
 
+def check_outputs_spare(outputs: Sequence[tuple[str, str | Path]], inputs: Sequence[tuple[str, Path]]) -> None:
+    """Refuse an output that is an input found after the command line was read (`what`, a file),
+    or lies inside an input folder: the run would overwrite or add to what it reads."""
+    for flag, path in outputs:
+        target = Path(os.path.realpath(os.path.expanduser(path)))
+        for what, source in inputs:
+            real = Path(os.path.realpath(source))
+            if real.is_dir() and target.is_relative_to(real):
+                raise ConfigError(f"{flag} {path} lies inside {what}: writing it there would change an input of the "
+                                  f"run; give {flag} another path")
+            if not real.is_dir() and same_file(path, source):
+                raise ConfigError(f"{flag} {path} is {what}: writing {flag} would overwrite an input of the run; "
+                                  f"give {flag} another path")
+
+
 def _clash(flag: str, path: str | Path, writes: bool, other_flag: str, other: str | Path, other_writes: bool) -> str:
     both = f"{flag} {path} and {other_flag} {other} are the same file"
     if writes and other_writes:

@@ -113,6 +113,32 @@ def _open_locked(path: Path, flag: str) -> int:
         os.close(fd)  # the holder before us deleted the file as we opened it: lock the new one
 
 
+def check_records_file(path: Path, flag: str, *, action: str) -> None:
+    """Refuse to cut or empty an existing file that is not a scan's or tracker's JSONL (a
+    checkpoint, the data, a spec named as the output by mistake): `--overwrite` would empty
+    it, a resume or a restarted tracker would cut its last line. A file whose only line is
+    cut short is a record all the same when it starts as new_record's lines do."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 20)
+    except FileNotFoundError:
+        return
+    if not head:
+        return
+    line, newline, _ = head.partition(b"\n")
+    if newline:
+        try:
+            first = json.loads(line)
+        except ValueError:
+            first = None
+        ok = isinstance(first, dict) and "fingerprint" in first and "status" in first
+    else:
+        ok = head.startswith(b'{"schema_version"')
+    if not ok:
+        raise ConfigError(f"{flag} {path}: exists and is not a flatcheck scan or tracker file (its first line is "
+                          f"no record); {action} would destroy it: give another {flag}")
+
+
 def repair_tail(path: Path) -> int:
     """Cut a trailing partial line (a crash mid-write); returns the bytes removed."""
     if not path.exists():

@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterable
 from ..config import RunConfig
 from ..errors import ConfigError
 from . import child_process
-from .results_io import (HeldOutput, describe_difference, load_results, new_record, record_key, repair_tail,
-                         shard_path)
+from .results_io import (HeldOutput, check_records_file, describe_difference, load_results, new_record, record_key,
+                         repair_tail, shard_path)
 from .scan_sources import Entry, offline
 
 RECORD_KIND = "flatcheck.scan"
@@ -142,6 +142,7 @@ def check_output(out: Path) -> None:
 def prepare_output(out: HeldOutput, *, resume: bool, overwrite: bool, retry_errors: bool) -> tuple[dict, int]:
     """The records already done, by record_key, and the bytes of a partial last line cut off."""
     path = out.path
+    check_records_file(path, "--out", action="--overwrite" if overwrite else "a scan appending to it")
     if path.stat().st_size > 0 and not (resume or overwrite):
         raise ConfigError(f"--out {path} exists; pass --resume to continue that scan or --overwrite to start over")
     if overwrite and not resume:

@@ -37,6 +37,7 @@ import json
 import math
 import os
 import time
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from torch import nn
 
 from ..errors import ConfigError, ModelError, first_line
 from .live import is_finite, preserved
-from .results_io import HeldOutput, load_results, new_record, repair_tail, write_record
+from .results_io import HeldOutput, check_records_file, new_record, repair_tail, write_record
 
 RECORD_KIND = "flatcheck.track"
 # a cold λmax every this many tracked steps (the first is cold anyway): bounds how long a top
@@ -108,6 +109,11 @@ class Tracker:
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
         self._held: HeldOutput | None = None
         self._started = False
+        if self.out is not None:
+            # held from here, not from the first step: a second tracker on the file is refused
+            # where it is made, not inside the training loop of the first
+            check_records_file(self.out, "out", action="a tracker restarting in it")
+            self._take(_hold(self.out))
 
     # ------------------------------------------------------------------ the two lines
 
@@ -198,22 +204,36 @@ class Tracker:
             return run(session.config, None, session)
 
     def _start(self, step: int) -> None:
-        """Hold the output and drop the records of `step` and later ones (a restarted run)."""
+        """Drop this run's records of `step` and later ones (a restarted run). Another run's
+        records in the same file (another name, data or settings: another fingerprint) stay."""
         self._started = True
-        if self.out is None:
+        if self._held is None:
             return
-        held = _hold(self.out)
-        try:
-            repair_tail(self.out)
-            if self.out.stat().st_size:
-                kept = [r for r in load_results([self.out]).records
-                        if not (isinstance(r.get("step"), int) and r["step"] >= step)]
-                _rewrite(self.out, kept)
-                held.close()
-                held = _hold(self.out)
-        except BaseException:
-            held.close()
-            raise
+        repair_tail(self.out)
+        records = []
+        for i, line in enumerate(self.out.read_text(encoding="utf-8", errors="replace").split("\n"), 1):
+            try:
+                records += [json.loads(line)] if line.strip() else []
+            except ValueError:
+                raise ConfigError(f"out {self.out}:{i}: not a JSON record; a restarted tracker rewrites the file, "
+                                  "which would drop that line: mend it or give another out") from None
+
+        def restarted(r: dict[str, Any]) -> bool:
+            return isinstance(r.get("step"), int) and r["step"] >= step
+
+        kept = [r for r in records if not (r.get("fingerprint") == self.fingerprint and restarted(r))]
+        others = sorted({r["step"] for r in kept if r.get("model") == self.name and restarted(r)})
+        if others:
+            warnings.warn(f"out {self.out}: holds records of another run also named {self.name!r} (other data or "
+                          f"settings) at steps {others[0]}–{others[-1]}; they are kept beside this run's: pass "
+                          "name= to tell the runs apart")
+        if len(kept) < len(records):
+            _rewrite(self.out, kept)
+            self._release()  # the rewrite made a new file: hold that one
+            _HOLDERS.pop(self._held_key, None)
+            self._take(_hold(self.out))
+
+    def _take(self, held: HeldOutput) -> None:
         self._held = held
         # a descriptor is not closed by dropping the int that holds it: without this a tracker
         # deleted without close() (a notebook cell run again) would hold the file until exit
