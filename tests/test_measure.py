@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import flatcheck
 from flatcheck.api import open_session, run
 from flatcheck.config import RunConfig, probe_requests
-from flatcheck.errors import ConfigError, DataError, InputError
+from flatcheck.errors import ConfigError, DataError, InputError, SpecError
 from flatcheck.probes.registry import list_probes
 
 from conftest import dense, make_case
@@ -371,3 +371,41 @@ def test_errors_name_the_call_s_own_arguments_not_the_command_line_s():
                          (dict(bn_mode="x"), "^bn_mode must be one of eval, train")):
         with pytest.raises(ConfigError, match=said):
             flatcheck.measure(model, (x, y), **kwargs)
+
+
+class Structured(nn.Module):
+    """A model whose forward returns more than logits, as the CLI's `output_key` rule reads them."""
+
+    def __init__(self, inner: nn.Module, how: str):
+        super().__init__()
+        self.inner, self.how = inner, how
+
+    def forward(self, x):
+        logits = self.inner(x)
+        if self.how == "dict":
+            return {"features": x.flatten(1), "logits": logits}
+        if self.how == "tuple":
+            return (logits, x.flatten(1))
+        return {"aux": x.flatten(1)[:, :4], "scores": logits}
+
+
+@pytest.mark.parametrize("how, key", [("dict", None), ("tuple", None), ("named", "scores")])
+def test_a_model_returning_a_structure_is_measured_on_its_logits(how, key):
+    """measure raised AttributeError ('dict' object has no attribute 'ndim') where the CLI
+    takes the logits by the output_key rule."""
+    case = make_case("mlp", n=12)
+    _, G = dense(case)
+    model = Structured(case.model, how)
+    r = flatcheck.measure(model, (case.X, case.Y), probes={"trace": EXACT["trace"]}, output_key=key)
+    assert r.results["trace"].value == pytest.approx(torch.trace(G).item(), rel=ROUNDOFF)
+    assert isinstance(model(case.X), (dict, tuple))  # the caller's forward is unchanged
+    assert not model._forward_hooks
+    if key is not None:
+        assert r.meta["model"]["resolved_spec"]["output_key"] == key
+
+
+def test_an_output_key_that_selects_nothing_is_one_line():
+    case = make_case("mlp", n=12)
+    with pytest.raises(SpecError, match=r"field 'output_key' 'nope' is not in the model's output, a dict with keys "
+                                        r"aux, scores"):
+        flatcheck.measure(Structured(case.model, "named"), (case.X, case.Y), probes=["gini"], output_key="nope")

@@ -35,6 +35,7 @@ from .linalg.memory import process_allowance, resident_bytes
 from .losses import per_sample_loss
 from .models.checkpoint import LoadedCheckpoint
 from .models.load import build_with_weights
+from .models.outputs import attach_output_selector
 from .models.sources import resolve_preprocess
 from .models.spec import LossSpec, ModelSpec, load_spec, spec_from_dict
 from .probes.registry import ProbeContext, create_probe, requirements
@@ -307,7 +308,8 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
             test_data: Any = None, head: str | None = None, num_classes: int | None = None,
             device: "str | torch.device | None" = None, dtype: "str | torch.dtype | None" = None,
             bn_mode: str = "eval", seed: int = 0, budget: float | None = None,
-            max_memory: "int | str | None" = None, progress: ProgressFn | None = None) -> Report:
+            max_memory: "int | str | None" = None, output_key: "str | int | None" = None,
+            progress: ProgressFn | None = None) -> Report:
     """The probes on a model and data the caller holds: the Report the CLI prints.
 
     model: an nn.Module returning logits (batch, classes). data: a DataLoader, an (x, y) pair
@@ -326,7 +328,10 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     model's; another one is measured on a copy. budget: seconds for all the probes. max_memory:
     bytes, or a size such as "8G", this process may hold while a probe runs (--max-memory; what
     it holds already — the caller's own tensors included — counts); None: each probe's working
-    set takes at most half of what is free.
+    set takes at most half of what is free. output_key: which part of a forward that returns a
+    tuple, dict or ModelOutput is the logits, as the spec field (None: a `logits` key or
+    attribute, else the first tensor); such a model is measured on a copy, so that the
+    caller's own forward is not changed.
 
     The caller's model is left bitwise as it was — weights, buffers, .grad, requires_grad,
     train/eval mode, device and dtype — and so are the global CPU and CUDA random states.
@@ -341,7 +346,7 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
         session = open_live_session(model, data, loss=loss, probes=probes, options=options, samples=samples,
                                     batch_size=batch_size, params=params, test_data=test_data, head=head,
                                     num_classes=num_classes, device=target, dtype=dtype, bn_mode=bn_mode,
-                                    seed=seed, budget=budget, max_memory=max_memory)
+                                    seed=seed, budget=budget, max_memory=max_memory, output_key=output_key)
         return run(session.config, progress, session)
 
 
@@ -370,7 +375,8 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
                       batch_size: int | None = None, params: Any = None, test_data: Any = None,
                       head: str | None = None, num_classes: int | None = None, device: Any = None,
                       dtype: Any = None, bn_mode: str = "eval", seed: int = 0, budget: float | None = None,
-                      extra_meta: dict[str, Any] | None = None, max_memory: "int | str | None" = None) -> Session:
+                      extra_meta: dict[str, Any] | None = None, max_memory: "int | str | None" = None,
+                      output_key: "str | int | None" = None) -> Session:
     """measure's Session, for callers that run it more than once (the Tracker): the model
     itself when it is on `device` in `dtype` already, else a copy there (session.model)."""
     _check_module(model)
@@ -379,7 +385,7 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
         raise InputError(f"model: {type(model).__name__} has no parameters, so no curvature to measure")
     target_device = _live_device(model, device)
     target_dtype = _dtype_name(dtype, first.dtype)
-    spec = _live_spec(model, loss, head, num_classes)
+    spec = _live_spec(model, loss, head, num_classes, output_key)
     for what, value in (("samples", samples), ("batch_size", batch_size)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{what} must be a positive integer or None, got {value!r}")
@@ -403,6 +409,12 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
         work = _copy_to(model, target_device, config.torch_dtype)
     samples_set = SampleSet(source.dataset, samples=n, batch_size=config.batch_size, device=target_device,
                             dtype=config.torch_dtype)
+    if spec.output_key is not None or not _returns_tensor(work, samples_set, bn_mode):
+        # the logits are taken by a forward hook (models.outputs), on a copy: a hook on the
+        # caller's model would change what its own forward returns, in the training loop too
+        if work is model:
+            work = _copy_to(model, target_device, config.torch_dtype)
+        attach_output_selector(work, spec.output_key, "model")
     split_source = None
     if test_data is not None:
         test = memory_data(test_data, samples=n, what="test_data", split="test")
@@ -488,11 +500,22 @@ def _names(value: Any, what: str) -> list[str]:
     return names
 
 
-def _live_spec(model: nn.Module, loss: Any, head: str | None, num_classes: int | None) -> ModelSpec:
+def _returns_tensor(model: nn.Module, samples: SampleSet, bn_mode: str) -> bool:
+    """Whether the model's forward of the first batch is a tensor (not a tuple, dict, ModelOutput)."""
+    batch = next(iter(samples))
+    try:
+        with model_mode(model, bn_mode), torch.no_grad():
+            return isinstance(model(batch.x), torch.Tensor)
+    except (RuntimeError, ValueError):  # said by _check_fit, with the shapes
+        return True
+
+
+def _live_spec(model: nn.Module, loss: Any, head: str | None, num_classes: int | None,
+               output_key: Any = None) -> ModelSpec:
     """The spec a live model would have had: its class as a python source, the loss, the head."""
     cls = type(model)
     fields: dict[str, Any] = {"source": "python", "arch": f"{cls.__module__}:{cls.__qualname__}",
-                              "head": head, "num_classes": num_classes}
+                              "head": head, "num_classes": num_classes, "output_key": output_key}
     if isinstance(loss, LossSpec):
         fields["loss"] = {"name": loss.name, **({"alpha": loss.alpha} if loss.name == "label_smoothing" else {})}
     else:
