@@ -162,6 +162,30 @@ def test_python_reference_obeys_the_trust_rule(tmp_path, monkeypatch):
     assert report["model"]["resolved_spec"]["head"] == "1"
 
 
+def test_an_embedded_specs_trusted_module_is_found_in_the_working_directory(tmp_path, monkeypatch):
+    """embed-spec said to run with --trust-package MODULE; with MODULE.py where the user runs,
+    that was "No module named". The checkpoint's own folder is never searched."""
+    work, elsewhere = tmp_path / "work", tmp_path / "download"
+    work.mkdir(), elsewhere.mkdir()
+    source = "from flatcheck.zoo.demo_cnn import DigitsCNN\n\n\ndef build():\n    return DigitsCNN()\n"
+    (work / "my_digits_net.py").write_text(source)
+    spec = work / "net.yaml"
+    spec.write_text("source: python\narch: my_digits_net:build\ninput_size: [1, 8, 8]\n")
+    ckpt = copy_demo(elsewhere)
+    result = invoke("embed-spec", ckpt, "--spec", spec)
+    assert "--trust-package my_digits_net (a checkpoint's own spec imports nothing unnamed), where my_digits_net " \
+           "is installed or in the working directory" in result.stderr
+    (elsewhere / "my_digits_net.py").write_text(source)
+    monkeypatch.chdir(tmp_path)  # beside the checkpoint only, not where the user runs: not imported
+    assert "No module named 'my_digits_net'" in refused("trace", ckpt, "--data", "digits", "--trust-package",
+                                                      "my_digits_net")
+    assert "--trust-package my_digits_net" in refused("trace", ckpt, "--data", "digits")
+    monkeypatch.chdir(work)
+    report = run_json("trace", ckpt, "--data", "digits", "--trust-package", "my_digits_net", *FAST)
+    by_spec = run_json("trace", DEMO, "--spec", DEMO_SPEC, "--data", "digits", *FAST)
+    assert report["results"]["trace"]["value"] == by_spec["results"]["trace"]["value"]
+
+
 # ---------------------------------------------------------------- what the checkpoint says
 
 

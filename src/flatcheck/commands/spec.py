@@ -79,8 +79,8 @@ def embed_spec_cmd(
             # module the person running it did not name (models.sources._ImportPolicy)
             module = (loaded.arch or "").partition(":")[0]
             typer.echo(f"flatcheck: warning: the spec builds the model by importing {module}; run {target} with "
-                       f"--trust-package {module} (a checkpoint's own spec imports nothing "
-                       "unnamed), or keep passing --spec", err=True)
+                       f"--trust-package {module} (a checkpoint's own spec imports nothing unnamed), where {module} "
+                       "is installed or in the working directory, or keep passing --spec", err=True)
         return 0
 
     guarded(debug, body)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.machinery
+import importlib.util
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -308,7 +309,9 @@ class _ImportPolicy:
     @classmethod
     def of(cls, spec: ModelSpec, trust_packages: tuple[str, ...]) -> "_ImportPolicy":
         if spec.embedded:
-            return cls(spec.where, None, trust_packages, True)
+            # the working directory, not the checkpoint's folder (a download's): a module named
+            # with --trust-package may be a file where the user runs, as `python -m` finds it
+            return cls(spec.where, Path.cwd().resolve(), trust_packages, True, "the working directory")
         packages = (*TRUSTED_PACKAGES, *trust_packages)
         if spec.path is None and spec.folder is not None:
             return cls(spec.where, spec.folder.resolve(), packages, False, f"the working directory {spec.folder}")
@@ -330,6 +333,14 @@ class _ImportPolicy:
 
     def check_module_name(self, name: str) -> None:
         """Refuse, before any import, a module the spec may not run."""
+        if self.embedded:
+            if self.trusted_name(name):
+                return
+            raise SpecError(
+                f"{self.where}: field 'arch': a spec embedded in a checkpoint names python module {name!r}; "
+                f"refusing to import it (a python spec runs code): pass --trust-package {name.partition('.')[0]} "
+                "if you trust it"
+            )
         if self.local(name):
             loaded = sys.modules.get(name.partition(".")[0])
             if loaded is not None and not self.loaded_from_folder(loaded):
@@ -341,11 +352,6 @@ class _ImportPolicy:
         if self.trusted_name(name):
             return
         top = name.partition(".")[0]
-        if self.embedded:
-            raise SpecError(
-                f"{self.where}: field 'arch': a spec embedded in a checkpoint names python module {name!r}; "
-                f"refusing to import it (a python spec runs code): pass --trust-package {top} if you trust it"
-            )
         raise SpecError(
             f"{self.where}: field 'arch': refusing to import {name!r} (a python spec runs code): only a .py file "
             f"in {self.place}, {', '.join(TRUSTED_PACKAGES)} or a --trust-package are imported; "
@@ -403,8 +409,11 @@ def _import_callable(spec: ModelSpec, policy: _ImportPolicy) -> Callable[..., nn
 
 
 def _import(spec: ModelSpec, module_name: str, policy: _ImportPolicy) -> ModuleType:
-    # A model file kept next to its spec must import without installing it.
-    extra = str(policy.folder) if policy.local(module_name) else None
+    # A model file kept next to its spec must import without installing it. An embedded spec's
+    # trusted module comes from the installed packages first, the working directory after.
+    local = policy.local(module_name) and not (
+        policy.embedded and importlib.util.find_spec(module_name.partition(".")[0]) is not None)
+    extra = str(policy.folder) if local else None
     added = extra is not None and extra not in sys.path
     if added:
         sys.path.insert(0, extra)
