@@ -5,6 +5,7 @@ a changing stream refused; the CLI's run and measure the same path."""
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -409,3 +410,24 @@ def test_an_output_key_that_selects_nothing_is_one_line():
     with pytest.raises(SpecError, match=r"field 'output_key' 'nope' is not in the model's output, a dict with keys "
                                         r"aux, scores"):
         flatcheck.measure(Structured(case.model, "named"), (case.X, case.Y), probes=["gini"], output_key="nope")
+
+
+def test_what_a_live_model_is_measured_as_is_said_when_its_own_forward_differs():
+    """A train-mode model with BatchNorm measured on running statistics (Tr(H) 4.6 there where
+    training's batch statistics give 18.3), and a model of two dtypes cast to one: both silent."""
+    case = make_case("cnn", n=12)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2 * 1 * 2, 4))
+    model.train()
+    x, y = torch.randn(12, 1, 3, 4), torch.randint(0, 4, (12,))
+    with pytest.warns(UserWarning, match=r"in train mode, but its BatchNorm layers are measured on their running "
+                                         r"statistics \(bn_mode='eval'"):
+        flatcheck.measure(model, (x, y), probes=["gini"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flatcheck.measure(model, (x, y), probes=["gini"], bn_mode="train")
+        flatcheck.measure(model, (x, y), probes=["gini"], bn_mode="eval")  # chosen: nothing to say
+        flatcheck.measure(model.eval(), (x, y), probes=["gini"])
+    mixed = copy.deepcopy(case.model).float()
+    mixed[-1].double()
+    with pytest.warns(UserWarning, match=r"parameters in float32 and float64; measured as a float32 copy"):
+        flatcheck.measure(mixed, (case.X.float(), case.Y), probes=["gini"])

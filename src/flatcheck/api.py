@@ -307,7 +307,7 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
             samples: int | None = None, batch_size: int | None = None, params: "str | Iterable[str] | None" = None,
             test_data: Any = None, head: str | None = None, num_classes: int | None = None,
             device: "str | torch.device | None" = None, dtype: "str | torch.dtype | None" = None,
-            bn_mode: str = "eval", seed: int = 0, budget: float | None = None,
+            bn_mode: str | None = None, seed: int = 0, budget: float | None = None,
             max_memory: "int | str | None" = None, output_key: "str | int | None" = None,
             progress: ProgressFn | None = None) -> Report:
     """The probes on a model and data the caller holds: the Report the CLI prints.
@@ -328,7 +328,9 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     model's; another one is measured on a copy. budget: seconds for all the probes. max_memory:
     bytes, or a size such as "8G", this process may hold while a probe runs (--max-memory; what
     it holds already — the caller's own tensors included — counts); None: each probe's working
-    set takes at most half of what is free. output_key: which part of a forward that returns a
+    set takes at most half of what is free. bn_mode: "eval" (BatchNorm on its running
+    statistics; the default, with a warning when the model is in train mode) or "train" (the
+    batch's statistics). output_key: which part of a forward that returns a
     tuple, dict or ModelOutput is the logits, as the spec field (None: a `logits` key or
     attribute, else the first tensor); such a model is measured on a copy, so that the
     caller's own forward is not changed.
@@ -374,7 +376,7 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
                       options: Mapping[str, Mapping[str, Any]] | None = None, samples: int | None = None,
                       batch_size: int | None = None, params: Any = None, test_data: Any = None,
                       head: str | None = None, num_classes: int | None = None, device: Any = None,
-                      dtype: Any = None, bn_mode: str = "eval", seed: int = 0, budget: float | None = None,
+                      dtype: Any = None, bn_mode: str | None = None, seed: int = 0, budget: float | None = None,
                       extra_meta: dict[str, Any] | None = None, max_memory: "int | str | None" = None,
                       output_key: "str | int | None" = None) -> Session:
     """measure's Session, for callers that run it more than once (the Tracker): the model
@@ -385,6 +387,8 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
         raise InputError(f"model: {type(model).__name__} has no parameters, so no curvature to measure")
     target_device = _live_device(model, device)
     target_dtype = _dtype_name(dtype, first.dtype)
+    _say_what_changes(model, bn_mode, dtype, target_dtype)
+    bn_mode = "eval" if bn_mode is None else bn_mode
     spec = _live_spec(model, loss, head, num_classes, output_key)
     for what, value in (("samples", samples), ("batch_size", batch_size)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -498,6 +502,24 @@ def _names(value: Any, what: str) -> list[str]:
     if not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{what} must list names (strings), got {value!r}")
     return names
+
+
+def _say_what_changes(model: nn.Module, bn_mode: str | None, dtype: Any, target_dtype: str) -> None:
+    """Warnings for what a live model is measured as that its own forward would not do, unless
+    the caller chose it: its BatchNorm on running statistics while it is in train mode
+    (bn_mode None, "eval" by default), its parameters cast to one dtype (dtype None)."""
+    import warnings
+
+    if bn_mode is None and model.training and any(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                                    for m in model.modules()):
+        warnings.warn("model: in train mode, but its BatchNorm layers are measured on their running statistics "
+                      "(bn_mode='eval', the default); pass bn_mode='train' for the batch statistics training uses, or "
+                      "bn_mode='eval' to say so",
+                      stacklevel=3)
+    kinds = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
+    if dtype is None and len(kinds) > 1:
+        warnings.warn(f"model: parameters in {' and '.join(kinds)}; measured as a {target_dtype} copy (its first "
+                      "parameter's dtype): pass dtype= to choose", stacklevel=3)
 
 
 def _returns_tensor(model: nn.Module, samples: SampleSet, bn_mode: str) -> bool:

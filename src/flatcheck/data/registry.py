@@ -145,8 +145,8 @@ class PreparedDataset(Dataset):
 
 def _say_resize(name: str, resize: str) -> None:
     # a warning, shown once per message (the test split of `gap` resizes alike): where others go
-    warnings.warn(f"data '{name}': images resized {resize}, to the model's input size (the spec's input_size; "
-                  f"--input-size C,H,W measures them at another size, if the model takes it)", stacklevel=3)
+    warnings.warn(f"data '{name}': images resized {resize}, to the model's input size (input_size, from the spec "
+                  f"or --input-size; another --input-size C,H,W measures them at that size, if the model takes it)", stacklevel=3)
 
 
 def _as_tensor(x: Any, name: str) -> Tensor:

@@ -67,7 +67,8 @@ EXPLANATIONS: dict[str, Explanation] = {
              "(default max(300, 20k)); power iteration: up to --max-iter per eigenvalue (default 1000).",
     ),
     "spectrum": Explanation(
-        measures="The whole eigenvalue density of the Hessian (or GGN), and from it Tr(H), Tr(H²) and ‖H‖_F.",
+        measures="The whole eigenvalue density of the Hessian (or GGN), and from it Tr(H), Tr(H²) and ‖H‖_F; the "
+                 "headline value is ‖H‖_F = √Tr(H²), the others are in details.",
         definition="Stochastic Lanczos quadrature: from --starts Rademacher start vectors, --lanczos-steps Lanczos "
                    "steps each; nodes = Ritz values θ_j, weights w_j = squared first components of the tridiagonal's "
                    "eigenvectors, averaged over the starts; Tr(H) ≈ P·Σ w_j θ_j, Tr(H²) ≈ P·Σ w_j θ_j².",
