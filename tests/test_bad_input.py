@@ -1206,8 +1206,8 @@ def test_json_onto_an_input_found_after_the_command_line_is_refused(tmp_path, ne
         x, y = digit_images()
         data = write_folder(tmp_path / "imgs", x, y)
         target = sorted((tmp_path / "imgs" / "train").rglob("*.png"))[0]
-        if what == "inside data":
-            target = tmp_path / "imgs" / "train" / "new.json"
+        if what == "inside data":  # a new image there would be read as a sample next time
+            target = tmp_path / "imgs" / "train" / "0" / "new.png"
         if what == "plot":  # spectrum's own output file
             result = invoke("spectrum", CKPT, "--spec", SPEC, *SMALL, "--data", data, "--lanczos-steps", "4",
                             "--plot", target)
@@ -1218,6 +1218,9 @@ def test_json_onto_an_input_found_after_the_command_line_is_refused(tmp_path, ne
     assert ("lies inside the data folder" if what in ("image", "inside data", "plot") else
             "would overwrite an input") in err
     assert (target.read_bytes() if target.exists() else None) == before
+    if what == "image":  # a report beside the data, not read as a sample, is written as asked
+        report = tmp_path / "imgs" / "report.json"
+        assert trace("--data", data, *count, "--json", report).exit_code == 101  # never_runs: got past the check
 
 
 def gate_outputs(tmp_path: Path, *flags_and_paths) -> tuple:

@@ -383,6 +383,13 @@ def _warning_line(message, category, filename, lineno, line=None) -> str:  # noq
     return f"flatcheck: warning{kind}: {text}\n"
 
 
+def _image_suffixes() -> tuple[str, ...]:
+    """What an imagefolder reads as samples (data.builtin lists files by torchvision's list)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    return tuple(IMG_EXTENSIONS)
+
+
 def _data_folder(uri: str) -> Path | None:
     """The folder a `--data KIND:PATH` reads (imagefolder:PATH): an output inside it would
     add to or replace the data set's files."""
@@ -423,7 +430,8 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None, outputs=(
             *([(f"the model spec {model.spec.path}", model.spec.path)] if model.spec.path else []),
             *([(f"the model's module {module}", module)] if module else []),
             *((f"the data file {path}", Path(path)) for _, path, _ in _data_file(common["data"])),
-            *([(f"the data folder {data_folder}", data_folder)] if data_folder else [])])
+            *([(f"the data folder {data_folder}", data_folder)] if data_folder else [])],
+            reads=_image_suffixes() if data_folder else ())
     config = RunConfig(checkpoint=model.checkpoint, spec=model.spec, probes=probes,
                        params=params, extra_meta={"weights": model.weights}, **common)
     if quiet or not is_main_process():

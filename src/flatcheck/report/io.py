@@ -87,14 +87,17 @@ def check_distinct_files(files: Sequence[tuple[str, str | Path, bool]]) -> None:
                 raise ConfigError(_clash(flag, path, writes, other_flag, other, other_writes))
 
 
-def check_outputs_spare(outputs: Sequence[tuple[str, str | Path]], inputs: Sequence[tuple[str, Path]]) -> None:
+def check_outputs_spare(outputs: Sequence[tuple[str, str | Path]], inputs: Sequence[tuple[str, Path]],
+                        reads: Sequence[str] = ()) -> None:
     """Refuse an output that is an input found after the command line was read (`what`, a file),
-    or lies inside an input folder: the run would overwrite or add to what it reads."""
+    or, inside an input folder, a file there already or one with a suffix in `reads` (an image
+    the data set would read as a sample next time): the run would change what it reads."""
     for flag, path in outputs:
         target = Path(os.path.realpath(os.path.expanduser(path)))
         for what, source in inputs:
             real = Path(os.path.realpath(source))
-            if real.is_dir() and target.is_relative_to(real):
+            if real.is_dir() and target.is_relative_to(real) and (
+                    target.exists() or target.name.lower().endswith(tuple(reads))):
                 raise ConfigError(f"{flag} {path} lies inside {what}: writing it there would change an input of the "
                                   f"run; give {flag} another path")
             if not real.is_dir() and same_file(path, source):
