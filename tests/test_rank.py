@@ -272,3 +272,12 @@ def test_exact_rule_error_counts_the_start_vectors_sampling(seed):
     bound = sampling_stderr_bound(r.value, P=75, starts=2)
     assert d["statistical_stderr_parts"]["bound"] == bound and r.stderr >= bound > 0.02
     assert abs(r.value - truth) <= Z * r.stderr
+
+
+def test_spectrum_does_not_call_a_float32_breakdown_exact():
+    """The same early float32 closure in spectrum's note: it said "found an invariant subspace
+    (exact, fewer steps)" where nodes within √eps·‖H‖ had merged."""
+    (req,) = probe_requests(["spectrum"], {"spectrum": {}})
+    r = create_probe("spectrum").run(ProbeContext(structured_mlp_case(torch.float32).backend(), seed=0), req.options)
+    assert "closed their Krylov space early (to √eps·‖H‖ in float32: nodes closer than that merge" in r.notes
+    assert "exact" not in r.notes

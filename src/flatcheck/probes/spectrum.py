@@ -187,7 +187,11 @@ class SpectrumProbe:
                  f"‖{symbol}‖₂ ≥ {spectral:.4g}, nodes in [{result.nodes_min:.4g}, {result.nodes_max:.4g}]; "
                  f"{options.starts} starts × {max(steps_taken)} steps; bn {bn_mode}")
         if invariant:
-            notes += f"; {invariant} start(s) found an invariant subspace (exact, fewer steps)"
+            # closed to β ≤ √eps·‖T‖: exact in float64 on a spectrum resolved above that, while in
+            # float32 eigenvalues closer than it to one another (or to 0) merge into one node
+            dtype = str(op.dtype).removeprefix("torch.")
+            notes += (f"; {invariant} start(s) closed their Krylov space early (to √eps·‖{symbol}‖ in {dtype}: "
+                      "nodes closer than that merge; Tr and Tr² are not affected)")
         if result.stopped:
             notes += f"; --budget cut the rules to {min(steps_taken)}–{max(steps_taken)} steps"
         notes += memory_note(memory) + reorth_note(memory)
