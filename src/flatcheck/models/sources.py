@@ -323,9 +323,13 @@ class _ImportPolicy:
 
     def local(self, name: str) -> bool:
         """Whether MODULE's top-level name is a file or package in the spec's folder."""
+        return self.local_spec(name) is not None
+
+    def local_spec(self, name: str) -> importlib.machinery.ModuleSpec | None:
+        """Where MODULE's top-level name lies in the spec's folder, found without importing it."""
         if self.folder is None:
-            return False
-        return importlib.machinery.PathFinder.find_spec(name.partition(".")[0], [str(self.folder)]) is not None
+            return None
+        return importlib.machinery.PathFinder.find_spec(name.partition(".")[0], [str(self.folder)])
 
     def loaded_from_folder(self, module: ModuleType) -> bool:
         file = getattr(module, "__file__", None)
@@ -378,11 +382,7 @@ def local_module_path(spec: ModelSpec) -> Path | None:
     without importing it; None for other sources and for modules imported from elsewhere."""
     if spec.source != "python" or ":" not in spec.arch:
         return None
-    policy = _ImportPolicy.of(spec, ())
-    if policy.folder is None:
-        return None
-    found = importlib.machinery.PathFinder.find_spec(spec.arch.partition(":")[0].partition(".")[0],
-                                                     [str(policy.folder)])
+    found = _ImportPolicy.of(spec, ()).local_spec(spec.arch.partition(":")[0])
     if found is None:
         return None
     if found.submodule_search_locations:

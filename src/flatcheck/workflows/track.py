@@ -229,8 +229,7 @@ class Tracker:
                           "name= to tell the runs apart")
         if len(kept) < len(records):
             _rewrite(self.out, kept)
-            self._release()  # the rewrite made a new file: hold that one
-            _HOLDERS.pop(self._held_key, None)
+            self.close()  # the rewrite made a new file: hold that one
             self._take(_hold(self.out))
 
     def _take(self, held: HeldOutput) -> None:
