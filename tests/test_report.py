@@ -166,13 +166,51 @@ def test_report_refuses_results_of_other_settings(tmp_path, change, named):
     assert len(json.loads(res.stdout)["models"]) == 4
 
 
+def test_reports_of_models_measured_with_other_probes_are_compared_on_what_they_share(tmp_path, monkeypatch):
+    """Two models measured with [trace] and [trace, gini] were refused as "probes … vs …":
+    which probes ran is not a setting, a probe one lacks is a blank cell (session 12's note)."""
+    monkeypatch.chdir(tmp_path)
+    a = write_json(tmp_path / "a.json", plain_report("a.safetensors", "aa", trace=36.8))
+    b = write_json(tmp_path / "b.json", plain_report("b.safetensors", "bb", trace=50.0, gini=0.2))
+    res, rows = report_json(a, b)
+    assert res.exit_code == 0 and res.stderr == "", res.stderr
+    assert [(m["model"], m["values"]["trace"]["value"], m["values"]["gini"]["value"]) for m in rows] == [
+        ("a", 36.8, None), ("b", 50.0, 0.2)]
+    # other data still is another setting
+    c = write_json(tmp_path / "c.json", {**plain_report("c.safetensors", "cc", trace=1.0),
+                                         "data": {"name": "cifar10", "split": "train", "samples": 256}})
+    res, _ = report_json(a, c)
+    assert res.exit_code == 2 and "data" in res.stderr and "--mixed-settings" in res.stderr
+
+
+def test_scan_records_with_other_probes_split_only_on_a_shared_probes_options(tmp_path):
+    recs = [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i) for i in range(3)]
+    extra = scan_record("deit_x", 4.0, 5.0)
+    extra["settings"]["probes"].append(["trace", {"probes_max": 100}])
+    extra["results"]["trace"] = {"value": 3.0, "stderr": 0.1, "label": "trace", "details": {}}
+    src = write_jsonl(tmp_path / "s.jsonl", [*recs, extra])
+    res = invoke("report", src, "--x", "sharp", "--y", "mls.normalized", "--json", "-", "--bootstrap", "100")
+    assert res.exit_code == 0 and res.stderr == "", res.stderr
+    assert len(json.loads(res.stdout)["models"]) == 4
+    # the shared probe run with other options is still refused, and named
+    recs[0]["settings"]["probes"][0][1]["rho"] = 0.05
+    src = write_jsonl(tmp_path / "t.jsonl", [*recs, extra])
+    res = invoke("report", src, "--x", "sharp", "--y", "mls.normalized")
+    assert res.exit_code == 2 and "probe_options" in res.stderr and "sharp" in res.stderr
+    # a probe only one record ran splits nothing, whatever its options
+    extra["settings"]["probes"][-1][1]["probes_max"] = 7
+    src = write_jsonl(tmp_path / "u.jsonl", [*recs[1:], extra])
+    assert invoke("report", src, "--x", "sharp", "--y", "mls.normalized", "--json", "-",
+                  "--bootstrap", "100").exit_code == 0
+
+
 def test_report_refusal_shows_where_long_settings_differ(tmp_path):
     # the probe options differ far into their JSON text: cut alike from the start, both sides
-    # read the same ('[["mls", …') and the line says nothing
+    # read the same ('{"sharp": {"option_00", …') and the line says nothing
     long = {f"option_{i:02d}": i for i in range(12)}
     recs = [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i) for i in range(2)] + [scan_record("deit_x", 4.0, 5.0)]
     for rec, value in zip(recs, (0.0005, 0.0005, 0.05)):
-        rec["settings"]["probes"] = [["mls", {"output": "logits", **long}], ["sharp", {"rho": value}]]
+        rec["settings"]["probes"] = [["mls", {"output": "logits"}], ["sharp", {**long, "rho": value}]]
     res = invoke("report", write_jsonl(tmp_path / "s.jsonl", recs), "--x", "sharp", "--y", "mls.normalized")
     assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
     left, right = res.stderr.split("probe_options ", 1)[1].split(" (")[0].split(" vs ")

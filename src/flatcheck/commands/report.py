@@ -35,7 +35,7 @@ def report_cmd(
     lr: Annotated[Optional[list[float]], typer.Option("--lr", help="with --x step|epoch: a line at 2/η on the lmax "
                                                       "panel (the edge of stability), repeatable")] = None,
     mixed_settings: Annotated[bool, typer.Option("--mixed-settings", help="merge results whose run settings differ "
-                                                 "(data, split, samples, seed, probes or their options)")] = False,
+                                                 "(data, split, samples, seed, or the options of a probe they share)")] = False,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", help="write the table as CSV (value and stderr per "
                                                     "field)")] = None,
     confidence: Annotated[float, typer.Option("--confidence", help="level of the correlation intervals")] = 0.95,

@@ -355,12 +355,27 @@ def run_settings_of(rec: dict[str, Any], *, with_options: bool) -> dict[str, Any
 
 
 def settings_groups(records: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[str]]]:
-    """Records grouped by run_settings_of: (settings, model names) per distinct setting."""
+    """Records grouped by run_settings_of: (settings, model names) per distinct setting.
+    Which probes a record holds is not a setting: a probe one record lacks is a blank cell of
+    its row, and a field two records share was measured alike if its probe's options agree.
+    So the probe set is left out, and a probe's options count only among the records that
+    ran it: those that differ there are split by them."""
     ok = [r for r in records if r.get("status", "ok") == "ok"]
     with_options = bool(ok) and all(isinstance(r.get("settings"), dict) and r["settings"].get("probes") for r in ok)
+    settings = [run_settings_of(r, with_options=with_options) for r in ok]
+    split = set()  # probes whose options differ among the records that ran them
+    if with_options:
+        seen: dict[str, str] = {}
+        for s in settings:
+            for p, o in s["probe_options"].items():
+                text = json.dumps(o, sort_keys=True, default=str)
+                if seen.setdefault(p, text) != text:
+                    split.add(p)
     groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
-    for r in ok:
-        s = run_settings_of(r, with_options=with_options)
+    for r, s in zip(ok, settings):
+        s = {k: v for k, v in s.items() if k != "probes"}
+        if with_options:
+            s["probe_options"] = {p: o for p, o in s["probe_options"].items() if p in split}
         groups.setdefault(json.dumps(s, sort_keys=True, default=str), (s, []))[1].append(r.get("model", "?"))
     return list(groups.values())
 
