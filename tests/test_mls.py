@@ -110,9 +110,16 @@ Z = 4.0  # Hutchinson estimates: within 4 reported standard errors (a 6e-5 two-s
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_estimate_route_within_its_reported_error(kind):
     case = make_case(kind)
-    exact = run(case.backend(), method="exact").details
+    exact_result = run(case.backend(), method="exact")
+    exact = exact_result.details
     # 3 Lanczos steps on C = 4 classes: not converged, so the error bounds are not zero
-    est = run(case.backend(), method="estimate", lanczos_iters=3).details
+    est_result = run(case.backend(), method="estimate", lanczos_iters=3)
+    est = est_result.details
+    # the headline says which it is: exact, or within its bound (it said exact on both before)
+    assert exact_result.exact and exact_result.error_bound is None
+    assert not est_result.exact and est_result.to_dict()["exact"] is False and est_result.stderr is None
+    assert est_result.error_bound == est["mls_error_bound"]
+    assert abs(est_result.value - exact_result.value) <= est_result.error_bound
     assert exact["route"] == "exact" and est["route"] == "estimate"
     assert est["lanczos"]["unconverged"] > 0
     for key in ("mls", "normalized_mls", "nmls"):

@@ -283,7 +283,8 @@ def _print_summary(summary, figure: dict | None = None) -> None:
         table.add_column(col, justify="left" if col in ("model", "status") else "right")
     for r in summary.records:
         res = r.get("results", {})
-        cells = [fmt_result(res[p]["value"], res[p]["stderr"], res[p].get("resolved", True)) if p in res else "—"
+        cells = [fmt_result(res[p]["value"], res[p]["stderr"], res[p].get("resolved", True),
+                            res[p].get("error_bound")) if p in res else "—"
                  for p in probes]
         for f in extra:
             probe, _, key = f.partition(".")

@@ -166,6 +166,8 @@ class LmaxProbe:
             stderr=None,
             # a Ritz value short of its tolerance only bounds λmax from below: no verdict on it
             resolved=all(res.converged) or to_noise,
+            # a converged Ritz value lies within its residual ‖Hv − θv‖ of an eigenvalue
+            error_bound=res.residuals[0] if all(res.converged) or to_noise else None,
             matvecs=op.matvecs,
             seconds=time.perf_counter() - start,
             seed=ctx.seed,

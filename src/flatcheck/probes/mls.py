@@ -287,7 +287,9 @@ class MLSProbe:
             notes += f"; Lanczos: {unconverged} norms above tol"
         if cut is not None:
             notes += f"; {cut['unresolved_reason']}"
+        # Lanczos values: within their residual bound of the exact mean, not exact
         return ProbeResult(probe=self.name, value=details["mls"], stderr=None, matvecs=0, seconds=0.0,
+                           error_bound=details["mls_error_bound"],
                            seed=ctx.seed, label=f"MLS ({options.output})", notes=notes, details=details,
                            resolved=cut is None)
 

@@ -43,11 +43,15 @@ def fmt_estimate(value: float | None, stderr: float | None) -> str:
     return f"0 within noise: {text}" if within_noise(value, stderr) else text
 
 
-def fmt_result(value: float | None, stderr: float | None, resolved: bool = True) -> str:
-    """A probe's headline in a table: fmt_estimate, marked when the probe does not stand behind
-    it (an lmax short of its tolerance, a per-sample mean the budget cut), which the notes
-    explain; a bare number there would read as a result."""
+def fmt_result(value: float | None, stderr: float | None, resolved: bool = True,
+               error_bound: float | None = None) -> str:
+    """A probe's headline in a table: fmt_estimate, with the bound of a value an iteration
+    stopped within its tolerance, and marked when the probe does not stand behind it (an lmax
+    short of its tolerance, a per-sample mean the budget cut), which the notes explain; a bare
+    number there would read as a result."""
     text = fmt_estimate(value, stderr)
+    if stderr is None and error_bound is not None:
+        text += f" (within {fmt(error_bound, 2)})"
     return text if resolved else f"{text} (unresolved)"
 
 
@@ -73,7 +77,7 @@ def summary_table(report: Report) -> Table:
     table.add_column("matvecs", justify="right")
     table.add_column("seconds", justify="right")
     for r in report.results.values():
-        table.add_row(r.probe, r.label, fmt_result(r.value, r.stderr, r.resolved), str(r.matvecs), f"{r.seconds:.2f}")
+        table.add_row(r.probe, r.label, fmt_result(r.value, r.stderr, r.resolved, r.error_bound), str(r.matvecs), f"{r.seconds:.2f}")
     return table
 
 

@@ -13,15 +13,17 @@ from typing import Any
 #      lanczos_tol and max_error_bound replace power_iterations and power_tol
 # 2.3: rank's statistical_stderr is at least the sampling bound of its start vectors
 #      (details.statistical_stderr_parts), and a float32 breakdown off 0 is no longer exact
-SCHEMA_VERSION = "2.3"
+# 2.4: `error_bound`: the bound of a value an iteration stopped within its tolerance (lmax's
+#      residual, mls's estimate route); such a value is no longer called exact
+SCHEMA_VERSION = "2.4"
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     """The headline number of a probe and how it was obtained.
 
-    stderr is None exactly when the value is exact (no sampling); seed is None when no
-    randomness was used. `details` holds everything else (per-layer parts, counts …)
+    stderr is None when nothing was sampled; error_bound is None when no iteration stopped at
+    a tolerance; the value is exact when both are. seed is None when no randomness was used. `details` holds everything else (per-layer parts, counts …)
     and must be JSON-serialisable.
     """
 
@@ -41,10 +43,13 @@ class ProbeResult:
     # value is where the iteration was, neither exact nor with an error bar, and no gate
     # decides on it
     resolved: bool = True
+    # |value − the quantity| ≤ error_bound for a value an iteration stopped within its tolerance
+    # (a Lanczos residual): a bound, not a standard error, and not exact either
+    error_bound: float | None = None
 
     @property
     def exact(self) -> bool:
-        return self.stderr is None and self.resolved
+        return self.stderr is None and self.error_bound is None and self.resolved
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +59,7 @@ class ProbeResult:
             "value": _finite(self.value),
             "stderr": _finite(self.stderr),
             "dof": self.dof,
+            "error_bound": _finite(self.error_bound),
             "exact": self.exact,
             "resolved": self.resolved,
             "matvecs": self.matvecs,
