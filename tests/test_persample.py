@@ -130,3 +130,44 @@ def test_both_per_sample_routes_give_the_exact_ggn_trace(kind, per_sample):
     backend = case.backend()
     backend.per_sample = per_sample
     assert abs(backend.ggn_trace().per_param.sum().item() - G.trace().item()) <= 1e3 * EPS * G.trace().item()
+
+
+@pytest.mark.parametrize("cap_columns", [1, 3])
+@pytest.mark.parametrize("per_sample, bn_mode", [("vmap", "eval"), ("layers", "train")])
+def test_exact_ggn_trace_chunks_its_columns_with_the_same_value(monkeypatch, cap_columns, per_sample, bn_mode):
+    """All C columns' parameter gradients were held at once (vmap, or the coupled pull-back of
+    BatchNorm on batch statistics): 4.5 GB on a 1,000-class test_vit under --max-memory 2G.
+    Chunked to a working set, the value is the same and still the dense GGN's trace."""
+    import flatcheck.engines.ggn_trace as engine
+
+    case = make_case("cnn", bn_mode=bn_mode)
+    _, G = dense(case)
+    backend = case.backend()
+    backend.per_sample = per_sample
+    whole = backend.ggn_trace().per_param
+    assert abs(whole.sum().item() - G.trace().item()) <= 1e3 * EPS * G.trace().item()
+    # the working set of cap_columns columns: 4 classes go in chunks of 1 or of 3 and 1
+    bytes_per_column = case.problem.layout.dim * 8 * 3
+    monkeypatch.setattr(engine, "PER_SAMPLE_BYTES", cap_columns * bytes_per_column)
+    assert engine._column_chunk(case.problem.layout.dim, 8, 4) == cap_columns
+    seen = []
+    real = engine.pullback if bn_mode == "train" else engine.vmap
+
+    def spy_pullback(output, inputs, cot):
+        seen.append(cot.shape[0])
+        return real(output, inputs, cot)
+
+    def spy_vmap(fn, *a, **k):
+        mapped = real(fn, *a, **k)
+
+        def call(arg, *rest):
+            if arg.ndim == 2:  # the columns (cols, C) of one sample's pull-back
+                seen.append(arg.shape[0])
+            return mapped(arg, *rest)
+        return call
+
+    monkeypatch.setattr(engine, "pullback" if bn_mode == "train" else "vmap",
+                        spy_pullback if bn_mode == "train" else spy_vmap)
+    chunked = backend.ggn_trace().per_param
+    assert seen and max(seen) == cap_columns
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=0)

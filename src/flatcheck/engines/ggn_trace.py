@@ -20,8 +20,15 @@ from ..losses import output_hessian_factors, sample_columns
 from .persample import layer_sqnorms
 from .pullback import pullback
 
-# Memory allowed for one chunk of per-sample gradients under vmap.
+# Memory allowed for one chunk of per-sample, per-column parameter gradients: the working set
+# stays this whatever the number of classes C (all C columns of a 1,000-class model's
+# factorisation at once held C gradients of every parameter: gigabytes).
 PER_SAMPLE_BYTES = 256 * 2**20
+
+
+def _column_chunk(dim: int, element_size: int, columns: int) -> int:
+    """How many columns' parameter gradients (and their squares) fit PER_SAMPLE_BYTES."""
+    return max(1, min(columns, PER_SAMPLE_BYTES // max(dim * element_size * 3, 1)))
 
 
 def ggn_trace(problem: Problem, class_samples: int | None = None, generator: torch.Generator | None = None,
@@ -83,16 +90,20 @@ def _vmap_sqnorms(problem: Problem, params: list[Tensor], x: Tensor, U: Tensor) 
     model, layout = problem.model, problem.layout
     chosen, frozen = problem.split_params()
 
+    cols = _column_chunk(layout.dim, x.element_size(), U.shape[-1])
+
     def one(xn: Tensor, Un: Tensor) -> Tensor:
         def f(p):
             return functional_call(model, (p, frozen), (xn.unsqueeze(0),)).squeeze(0)
 
         _, pull = vjp(f, chosen)
-        (g,) = vmap(pull)(Un.T)  # dict name -> (K, *shape)
-        return torch.stack([g[n].reshape(g[n].shape[0], -1).pow(2).sum(1) for n in layout.names], dim=1)
+        parts = []
+        for j in range(0, Un.shape[-1], cols):
+            (g,) = vmap(pull)(Un[:, j : j + cols].T)  # dict name -> (cols, *shape)
+            parts.append(torch.stack([g[n].reshape(g[n].shape[0], -1).pow(2).sum(1) for n in layout.names], dim=1))
+        return torch.cat(parts)
 
-    per_sample_bytes = U.shape[-1] * layout.dim * x.element_size() * 3
-    chunk = max(1, PER_SAMPLE_BYTES // max(per_sample_bytes, 1))
+    chunk = max(1, PER_SAMPLE_BYTES // (cols * layout.dim * x.element_size() * 3))
     try:
         parts = [vmap(one)(x[i : i + chunk], U[i : i + chunk]) for i in range(0, len(x), chunk)]
     except RuntimeError:
@@ -103,10 +114,14 @@ def _vmap_sqnorms(problem: Problem, params: list[Tensor], x: Tensor, U: Tensor) 
 def _coupled_sqnorms(problem: Problem, params: list[Tensor], x: Tensor, U: Tensor) -> Tensor:
     logits = problem.model(x)
     b, c, kk = U.shape
+    cols = _column_chunk(sum(p.numel() for p in params), x.element_size(), kk)
     rows = []
     for n in range(b):
-        cot = torch.zeros(kk, b, c, dtype=x.dtype, device=x.device)
-        cot[:, n, :] = U[n].T
-        grads = pullback(logits, params, cot)
-        rows.append(torch.stack([g.reshape(kk, -1).pow(2).sum(1) for g in grads], dim=1))
+        parts = []
+        for j in range(0, kk, cols):
+            cot = torch.zeros(min(cols, kk - j), b, c, dtype=x.dtype, device=x.device)
+            cot[:, n, :] = U[n, :, j : j + cols].T
+            grads = pullback(logits, params, cot)
+            parts.append(torch.stack([g.reshape(cot.shape[0], -1).pow(2).sum(1) for g in grads], dim=1))
+        rows.append(torch.cat(parts))
     return torch.stack(rows)

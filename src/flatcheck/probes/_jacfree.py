@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ..engines.microbatch import saved_bytes
 from ..errors import ConfigError
-from ..linalg.memory import chunk_size, memory_limit
+from ..linalg.memory import chunk_size, gib, memory_limit
 from ._hooks import Call, record
 from ._inputjac import AUTO_MAX_CLASSES, ROW_BYTES, Output, apply_output
 from ._kit import SampleBudget, option
@@ -271,10 +271,11 @@ class Plan:
     limit: int | None  # bytes allowed
     per_sample: int  # bytes one sample of the chosen route takes (estimated)
     graph: int  # bytes one sample's forward graph saves
+    reason: str = ""  # why this route: asked for, or what auto weighed
 
     def details(self) -> dict:
-        return {"route": self.route, "chunk_samples": self.chunk, "memory_limit_bytes": self.limit,
-                "memory_per_sample_bytes": self.per_sample}
+        return {"route": self.route, "route_reason": self.reason, "chunk_samples": self.chunk,
+                "memory_limit_bytes": self.limit, "memory_per_sample_bytes": self.per_sample}
 
 
 def plan(model: nn.Module, x1: Tensor, output: Output, taps: list[tuple[str, nn.Module]], method: str,
@@ -292,12 +293,24 @@ def plan(model: nn.Module, x1: Tensor, output: Output, taps: list[tuple[str, nn.
     # a few target-sized vectors; Krylov and probe vectors are C-sized
     estimate = 3 * graph + 4 * width * 8
     limit = memory_limit(x1.device, max_memory)
+    reason = f"method={method}"
     if method == "auto":
-        fits = exact <= (limit if limit is not None else ROW_BYTES)
-        method = "exact" if num_classes <= AUTO_MAX_CLASSES and fits else "estimate"
+        room = limit if limit is not None else ROW_BYTES
+        # a cap can turn a small model's route to the estimate: its values then move within
+        # their error bounds, and the log-volume is null; the reason says it was the memory
+        where = "--max-memory" if max_memory is not None else "the default limit" if limit is not None \
+            else "the row budget"
+        if num_classes > AUTO_MAX_CLASSES:
+            method, reason = "estimate", f"auto: {num_classes} classes > {AUTO_MAX_CLASSES}"
+        elif exact > room:
+            method, reason = "estimate", (f"auto: one sample's exact rows need {gib(exact)}, more than {where} "
+                                          f"allows ({gib(room)})")
+        else:
+            method, reason = "exact", (f"auto: {num_classes} classes ≤ {AUTO_MAX_CLASSES} and one sample's rows "
+                                       f"({gib(exact)}) fit {where} ({gib(room)})")
     per_sample = exact if method == "exact" else estimate
     chunk = chunk_size(per_sample, limit, f"probe {probe} ({method} route, {num_classes} classes)")
-    return Plan(method, chunk, num_classes, limit, per_sample, graph)
+    return Plan(method, chunk, num_classes, limit, per_sample, graph, reason)
 
 
 def iter_chunks(problem, chunk: int, budget: SampleBudget | None = None,

@@ -124,12 +124,15 @@ class DecompositionProbe:
         with model_mode(problem.model, problem.bn_mode):
             route = plan(problem.model, x1, "logits", taps, options.method, ctx.max_memory, self.name,
                          tap_outputs=True)
+        # Tr(G) is a pass over the data of its own, as long as the terms' on a large model:
+        # shown as such, not left to run behind a finished progress line
         if route.route == "estimate":
             layers, n_total, passes, extra = self._estimate(ctx, options, taps, route)
-            ggn_result = ctx.backend.ggn_trace(options.class_samples, ctx.generator())
+            ggn_result = ctx.backend.ggn_trace(options.class_samples, ctx.generator(),
+                                               progress=progress_reporter(ctx, "decomposition: Tr(G)"))
         else:
             layers, n_total, passes, extra = self._exact(ctx, taps, route)
-            ggn_result = ctx.backend.ggn_trace()
+            ggn_result = ctx.backend.ggn_trace(progress=progress_reporter(ctx, "decomposition: Tr(G)"))
         ggn = ggn_result.per_param.cpu()
         ggn_by_name = dict(zip(layout.names, ggn.tolist()))
         per_layer = {}
