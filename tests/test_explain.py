@@ -44,6 +44,12 @@ def test_explain_every_probe(name):
     if not dataclasses.fields(options):
         assert text.rstrip().endswith("none")
     assert max(map(len, text.splitlines())) <= 80
+    # every flag the prose names is one the probe's command takes ("--power-iters" outlived it)
+    helped = RUNNER.invoke(app, [name, "--help"], env={"COLUMNS": "300"})
+    assert helped.exit_code == 0, helped.output
+    prose = " ".join(getattr(entry, f.name) for f in dataclasses.fields(Explanation))
+    for flag in set(re.findall(r"--[a-z][a-z0-9-]*", prose)):
+        assert re.search(rf"{flag}\b", helped.stdout), (name, flag)
 
 
 def test_explain_an_unknown_probe_is_one_line_exit_2():

@@ -60,6 +60,9 @@ def test_tiny_scan_records_every_model_and_survives_a_failure(tiny):
     # the scan goes on past the failed model, and then says it failed: exit 1 (--allow-errors: 0)
     assert res.exit_code == 1, res.stderr
     assert "1 of 4 models failed (not_a_timm_model)" in res.stderr and "--allow-errors" in res.stderr
+    # every line on stderr says whose it is, as the README promises (the failure count did not)
+    said = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith(" ")]
+    assert said and all(line.startswith(("flatcheck", "error:")) for line in said), res.stderr
     recs = lines(out)
     assert [r["model"] for r in recs] == names
     by = {r["model"]: r for r in recs}
@@ -441,6 +444,17 @@ def test_preset_runs_the_mls_vs_sharpness_protocol(tmp_path):
     out.write_text("".join(json.dumps(r) + "\n" for r in (a, b)))
     res = invoke("report", out, "--preset", "mls-vs-sharpness", "--plot", png)
     assert res.exit_code == 2 and "every model" in res.stderr and "log axes" in res.stderr, res.stderr
+    # records measured without the preset (cross entropy, logits) are not drawn under its labels
+    # "S_ρ (sigmoid + MSE)" and "MLS of σ(f)" (stranger test: exit 0 and a mislabelled figure)
+    b["results"]["adaptive-sharpness"]["value"] = 1e-9
+    b["results"]["mls"]["details"]["output"] = "logits"
+    out.write_text("".join(json.dumps(r) + "\n" for r in (a, b)))
+    res = invoke("report", out, "--preset", "mls-vs-sharpness", "--plot", png)
+    assert res.exit_code == 2 and b["model"] in res.stderr and "mls.details.output 'logits'" in res.stderr
+    assert "--logx --logy" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    res = invoke("report", out, "--x", "adaptive-sharpness", "--y", "mls.normalized_mls", "--logx", "--logy",
+                 "--plot", png, "-q")
+    assert res.exit_code == 0, res.stderr
     res = invoke("scan", "--checkpoints", folder, "--preset", "fig9", "--out", tmp_path / "x.jsonl")
     assert res.exit_code == 2 and "mls-vs-sharpness" in res.stderr
 

@@ -83,6 +83,7 @@ def report_cmd(
         if not records:
             raise ConfigError(f"{', '.join(map(str, files))}: no records")
         _check_settings(records, mixed_settings, say)
+        _check_preset_records(records, preset, figure)
         columns = _columns(records, fields, xf, ys, correlate)
         _check_fields_exist(records, columns)
         table = [_row(r, columns) for r in records]
@@ -106,9 +107,9 @@ def report_cmd(
             _render(Console(), table, columns, corrs)
         if not quiet:
             if plot is not None:
-                _error_line(f"wrote {plot} ({plotted} points)")
+                _error_line(f"flatcheck report: wrote {plot} ({plotted} points)")
             if csv_out is not None:
-                _error_line(f"wrote {csv_out} ({len(table)} rows)")
+                _error_line(f"flatcheck report: wrote {csv_out} ({len(table)} rows)")
         return 0
 
     guarded(debug, body)
@@ -159,6 +160,28 @@ def _check_settings(records, mixed: bool, say) -> None:
         raise ConfigError(f"the results were measured with {what}; compare like with like, or pass "
                           f"--mixed-settings to merge them anyway")
     say(f"merging results measured with {what} (--mixed-settings)")
+
+
+def _check_preset_records(records, name: str | None, figure: dict) -> None:
+    """A preset's figure names what it plots (sigmoid + MSE sharpness, MLS of σ(f)): records
+    measured otherwise (a scan without the preset: cross-entropy, logits) would be drawn under
+    those labels. Refused, naming a record and what it holds."""
+    from ..errors import ConfigError
+    from ..workflows.results_io import FieldMissing, record_value
+
+    for r in (r for r in records if r.get("status", "ok") == "ok"):
+        wrong = []
+        for field, wanted in (figure.get("requires") or {}).items():
+            try:
+                got = record_value(r, field)[0]
+            except FieldMissing:
+                got = None
+            if got != wanted:
+                wrong.append(f"{field} {got!r}, not {wanted!r}")
+        if wrong:
+            raise ConfigError(f"--preset {name}: {r['model']} was measured with {'; '.join(wrong)}, so its points "
+                              f"are not the figure's; scan with --preset {name}, or plot it under its own name "
+                              f"with --x {figure['x']} --y {figure['y']} --logx --logy")
 
 
 def _indistinct(table, field: str, z: float = 2.0) -> str | None:

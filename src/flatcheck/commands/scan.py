@@ -232,9 +232,9 @@ def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_er
         summary = run_scan(entries, base, out, resume=resume, overwrite=overwrite, retry_errors=retry_errors,
                            placement=placement, hooks=ScanHooks(start, done, probe_progress))
     if summary.repaired_bytes:
-        err.print(f"{tag}dropped a partial last line ({summary.repaired_bytes} bytes) of {summary.out}")
+        err.print(f"flatcheck scan: {tag}dropped a partial last line ({summary.repaired_bytes} bytes) of {summary.out}")
     if summary.already:
-        err.print(f"{tag}{summary.already} of {summary.total} models already in {summary.out} (resume)")
+        err.print(f"flatcheck scan: {tag}{summary.already} of {summary.total} models already in {summary.out} (resume)")
     return summary
 
 
@@ -252,7 +252,7 @@ def _exit_code(summary, allow_errors: bool) -> int:
     # said even with --quiet: it is why the exit code is 1
     names = ", ".join(failed[:5]) + (" …" if len(failed) > 5 else "")
     hint = "" if allow_errors or not succeeded else ", or pass --allow-errors to exit 0 when one model succeeded"
-    _error_line(f"{len(failed)} of {len(latest)} models failed ({names}){'; none succeeded' if not succeeded else ''}: "
+    _error_line(f"flatcheck scan: {len(failed)} of {len(latest)} models failed ({names}){'; none succeeded' if not succeeded else ''}: "
                 f"their records are in {summary.out}; redo them with --resume --retry-errors{hint}")
     return 1
 

@@ -166,7 +166,8 @@ EXPLANATIONS: dict[str, Explanation] = {
         measures="How strongly the outputs react to small changes of the input: norms of the input-output "
                  "Jacobian, mean and max over the samples.",
         definition="J_n = ∂f(x_n)/∂x_n (C × D, f = logits or softmax); per sample ‖J_n‖_F and ‖J_n‖_2; value = mean of "
-                   "‖J_n‖_F; exact (C backward passes) or estimated (random projections and power iteration).",
+                   "‖J_n‖_F; exact (C backward passes) or estimated (random projections for ‖J_n‖_F, Lanczos on J_nJ_nᵀ "
+                   "for ‖J_n‖_2, with its residual bound).",
         units="output units per input unit (per pixel value after normalisation)",
         large="inputs near a decision boundary or an input-sensitive function: small input changes move the "
               "predictions.",
@@ -175,7 +176,7 @@ EXPLANATIONS: dict[str, Explanation] = {
               "generalisation), input normalisation (--mean/--std), --output logits vs softmax.",
         source="MacDonald et al. 2023, Theorem 4.5; Anonymous 2025, Table 3 (--exclude-region).",
         cost="no curvature products: exact takes C backward passes per batch; estimate takes --projections "
-             "backward passes plus up to --power-iters JVP/VJP pairs per sample.",
+             "backward passes plus up to --lanczos-iters VJP/JVP pairs per sample (to --lanczos-tol).",
     ),
     "mls": Explanation(
         measures="Maximum local sensitivity: the mean spectral norm of the input-output Jacobian, normalised "
