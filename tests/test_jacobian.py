@@ -136,9 +136,32 @@ def test_thousand_classes_estimate_in_bounded_memory():
         r = run(backend, output="softmax", projections=16)
     assert r.details["method"] == "estimate"
     # the largest intermediate is a batch of inputs, of outputs or a weight (and its gradient),
-    # or the Lanczos basis in the C-dimensional output space: far below one sample's C×D Jacobian
+    # or, in the C-dimensional output space, the Lanczos basis or the block of projections:
+    # far below one sample's C×D Jacobian
     basis = n * (r.details["spectral"]["lanczos_iterations"] + 1) * classes
-    assert seen.largest <= max(n * d, n * classes, basis, *(p.numel() for p in model.parameters()))
+    projections = 16 * n * classes
+    assert seen.largest <= max(n * d, projections, basis, *(p.numel() for p in model.parameters()))
     assert seen.largest < classes * d
     exact = dense_jacobians(model, X, "softmax").flatten(2).pow(2).sum((1, 2)).mean().item()
     assert abs(r.details["frobenius_sq_mean"] - exact) <= Z * r.details["frobenius_sq_mean_stderr"]
+
+
+def test_estimate_route_agrees_with_mls_draw_for_draw():
+    """jacobian and mls estimate ‖J_x‖²_F and ‖J_x‖₂ from the same per-sample draws (the
+    Rademacher projections and the Lanczos starts of sample n): two implementations of one
+    quantity, equal to round-off, whatever their chunking."""
+    torch.manual_seed(5)
+    n, classes = 7, 200
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 24), nn.Tanh(), nn.Linear(24, classes)).double()
+    X = torch.randn(n, 1, 3, 4, dtype=torch.float64)
+    samples = SampleSet(TensorDataset(X, torch.randint(0, classes, (n,))), samples=n, batch_size=4,
+                        dtype=torch.float64)
+    problem = Problem(model, LossSpec(), samples, ParamLayout.from_model(model))
+    opts = {"projections": 8, "lanczos_tol": 1e-6}
+    jac = run(create_backend("autograd", problem), **opts).details
+    mls = create_probe("mls").run(ProbeContext(create_backend("autograd", problem), seed=0),
+                                  parse_options("mls", {**opts, "nmls": False})).details
+    assert jac["route"] == mls["route"] == "estimate"
+    assert jac["frobenius_sq_mean"] == pytest.approx(mls["frobenius_sq_mean"], rel=1e-12)
+    assert jac["frobenius_sq_mean_stderr"] == pytest.approx(mls["frobenius_sq_mean_stderr"], rel=1e-12)
+    assert jac["spectral"]["mean"] == pytest.approx(mls["mls"], rel=1e-12)

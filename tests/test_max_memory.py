@@ -73,10 +73,14 @@ def test_auto_takes_the_estimate_route_when_the_rows_do_not_fit():
     wide = nn.Sequential(nn.Flatten(), nn.Linear(12, 100)).double()  # 100 classes: exact unless it cannot fit
     case.problem = Problem(wide, LossSpec(), case.problem.samples, ParamLayout.from_model(wide))
     exact = run(case, "mls", max_memory=2**40)
-    assert exact.details["route"] == "exact"
+    assert exact.details["route"] == "exact" and exact.details["route_reason"].startswith("auto: 100 classes ≤ 128")
     need = exact.details["memory_per_sample_bytes"]
-    # the estimate route holds no C × D rows: it fits where the exact route's one sample does not
-    assert run(case, "mls", max_memory=need - 1).details["route"] == "estimate"
+    # the estimate route holds no C × D rows: it fits where the exact route's one sample does not,
+    # and says that the cap chose it (a stranger saw the log-volume go null with no word why)
+    capped = run(case, "mls", max_memory=need - 1, lanczos_tol=1e-10).details
+    assert capped["route"] == "estimate" and capped["log_volume"] is None
+    assert "exact rows need" in capped["route_reason"] and "--max-memory" in capped["route_reason"]
+    assert abs(capped["mls"] - exact.details["mls"]) <= capped["mls_error_bound"] + 1e-12 * capped["mls"]
 
 
 @pytest.mark.parametrize("text,value", [("8G", 8 * 2**30), ("512M", 512 * 2**20), ("1.5GiB", int(1.5 * 2**30)),
@@ -318,18 +322,25 @@ def test_cli_spectrum_refused_up_front_with_the_steps_that_fit(nothing_held):
     assert "probe spectrum (SLQ): a Lanczos basis of 100 steps" in err and "bytes" in err
 
 
-def test_jacobian_exact_route_is_planned_as_mls_is():
+@pytest.mark.parametrize("method", ["exact", "estimate"])
+def test_jacobian_routes_are_planned_as_mls_is(method):
+    """The estimate route ran whole batches whatever --max-memory said, its projections drawn
+    in sequence from one generator (other chunks, other draws): now planned, and per sample."""
     case = make_case("cnn")
-    whole = run(case, "jacobian", max_memory=2**40, method="exact")
+    whole = run(case, "jacobian", max_memory=2**40, method=method)
     need = whole.details["memory"]["memory_per_sample_bytes"]
-    one = run(case, "jacobian", max_memory=need, method="exact")
-    assert one.details["memory"]["chunk_samples"] == 1
-    a, b = numbers(whole.details), numbers(one.details)
-    for key in a:
-        if not key.startswith("memory."):
-            assert math.isclose(a[key], b[key], rel_tol=1e-12, abs_tol=1e-300), key
-    with pytest.raises(ConfigError, match="probe jacobian \\(exact route.*needs about .* GiB even one at a time"):
-        run(case, "jacobian", max_memory=need - 1, method="exact")
+    for room, chunk in ((need, 1), (3 * need + 1, 3)):
+        small = run(case, "jacobian", max_memory=room, method=method)
+        assert small.details["memory"]["chunk_samples"] == chunk
+        a, b = numbers(whole.details), numbers(small.details)
+        assert a.keys() == b.keys()
+        for key in a:
+            if not key.startswith("memory."):
+                assert math.isclose(a[key], b[key], rel_tol=1e-12, abs_tol=1e-300), key
+        if method == "estimate":
+            assert math.isclose(whole.stderr, small.stderr, rel_tol=1e-12)
+    with pytest.raises(ConfigError, match=f"probe jacobian \\({method} route.*needs about .* GiB even one at a time"):
+        run(case, "jacobian", max_memory=need - 1, method=method)
 
 
 def test_measuring_a_graph_keeps_none_of_it():

@@ -7,11 +7,9 @@ every x_m of its batch and "the Jacobian of sample n" is no longer a C×D matrix
 alone; callers refuse that case with `require_independent` rather than report a number that
 depends on the batching.
 
-Two routes:
-- `jacobian_rows` materialises the C rows per sample (exact; memory C·D per sample, bounded
-  by processing the batch in chunks of samples);
-- `projected_sqnorms` never holds more than one D-vector per sample: ‖Jᵀr‖² with Rademacher
-  r is an unbiased estimate of ‖J‖²_F (σ_max comes from Lanczos on JJᵀ, flatcheck.probes._jacfree).
+`jacobian_rows` materialises the C rows per sample (exact; memory C·D per sample, bounded
+by processing the batch in chunks of samples). The matrix-free route, products with J and Jᵀ
+that never hold more than a few D-vectors per sample, is flatcheck.probes._jacfree.
 """
 
 from __future__ import annotations
@@ -154,27 +152,6 @@ def region_mask(x_shape: tuple[int, ...], region: tuple[int, int, int, int]) -> 
     mask = torch.ones(height, width, dtype=torch.bool)
     mask[y0:y0 + h, x0:x0 + w] = False
     return mask
-
-
-def projected_sqnorms(model: nn.Module, x: Tensor, output: Output, projections: int,
-                      generator: torch.Generator, mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    """‖J_nᵀ r_k‖² for k = 1..K Rademacher r_k ∈ {±1}^C, per sample: (B, K), and the same
-    restricted to the pixels where `mask` (H, W) is True (all channels), or None.
-
-    E[r rᵀ] = I makes each draw unbiased for ‖J_n‖²_F (resp. ‖J_n,out‖²_F); no C×D object exists.
-    """
-    x = x.detach().requires_grad_(True)
-    with torch.enable_grad():
-        out = apply_output(model(x), output)
-        full, outside = [], []
-        for k in range(projections):
-            r = torch.randint(0, 2, out.shape, generator=generator).to(out) * 2 - 1
-            (g,) = torch.autograd.grad(out, x, r, retain_graph=k < projections - 1)
-            g = g.to(torch.float64).pow(2)
-            full.append(g.flatten(1).sum(1))
-            if mask is not None:
-                outside.append((g * mask.to(g.device)).flatten(1).sum(1))
-    return torch.stack(full, 1), (torch.stack(outside, 1) if mask is not None else None)
 
 
 def summarise(values: Tensor) -> dict:

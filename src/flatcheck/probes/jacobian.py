@@ -11,11 +11,12 @@ import torch
 
 from ..backends.base import Outputs, model_mode
 from ..errors import ConfigError
-from ._inputjac import (AUTO_MAX_CLASSES, ROW_BYTES, jacobian_rows, projected_sqnorms, region_mask,
-                        require_independent, spectral_stats, summarise)
+from ..linalg.memory import gib
 from ..report.result import ProbeResult
-from ._inputjac import OUTPUT_HELP
-from ._jacfree import LANCZOS_STREAM, JacobianProducts, gaussian, iter_chunks, lanczos_sigma, plan
+from ._inputjac import (AUTO_MAX_CLASSES, OUTPUT_HELP, ROW_BYTES, jacobian_rows, region_mask, require_independent,
+                        spectral_stats, summarise)
+from ._jacfree import (LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, gaussian, iter_chunks, lanczos_sigma, plan,
+                       rademacher)
 from ._kit import SampleBudget, option, progress_reporter
 from .registry import ProbeContext, register_probe
 
@@ -58,11 +59,16 @@ def parse_region(text: str) -> tuple[int, int, int, int]:
     return values  # type: ignore[return-value]
 
 
-def choose_method(method: str, num_classes: int, input_dim: int) -> str:
+def choose_method(method: str, num_classes: int, input_dim: int) -> tuple[str, str]:
+    """The route and why (details.route_reason)."""
     if method != "auto":
-        return method
-    affordable = num_classes <= AUTO_MAX_CLASSES and num_classes * input_dim * 8 <= ROW_BYTES
-    return "exact" if affordable else "estimate"
+        return method, f"method={method}"
+    rows = num_classes * input_dim * 8
+    if num_classes > AUTO_MAX_CLASSES:
+        return "estimate", f"auto: {num_classes} classes > {AUTO_MAX_CLASSES}"
+    if rows > ROW_BYTES:
+        return "estimate", f"auto: a sample's {num_classes}×{input_dim} rows ({gib(rows)}) exceed {gib(ROW_BYTES)}"
+    return "exact", f"auto: {num_classes} classes ≤ {AUTO_MAX_CLASSES} and a sample's rows ({gib(rows)}) fit {gib(ROW_BYTES)}"
 
 
 @register_probe
@@ -75,8 +81,9 @@ class JacobianProbe:
     values. method estimate (auto picks it when C > 128 or C·D is large): ‖J_n‖²_F from K
     Rademacher projections, unbiased, with standard error; ‖J_n‖_F = its square root (bias
     O(se²), delta-method stderr); ‖J_n‖_2 by Lanczos on the C×C J_nJ_nᵀ, with the relative
-    residual and the error bound r/σ it gives, as mls and decomposition take theirs (from the
-    same start vectors as mls's for x, so the two agree within their bounds): fewer products than a
+    residual and the error bound r/σ it gives, as mls and decomposition take theirs. Sample n's
+    projections and start vector are drawn from its own generator, mls's for x: the two probes
+    give the same estimates draw for draw, whatever the chunking. Lanczos takes fewer products than a
     power iteration on JᵀJ for the same residual, and exact once C steps exhaust the space.
 
     --exclude-region y,x,h,w: per sample √(‖J_out‖²_F / n_out) · √n_region, J_out the columns of
@@ -104,17 +111,17 @@ class JacobianProbe:
         input_dim = math.prod(x_shape)
         with model_mode(model, problem.bn_mode), torch.no_grad():
             num_classes = model(first[:1]).shape[1]
-        method = choose_method(options.method, num_classes, input_dim)
-        memory = None
-        if method == "exact":
-            # the rows of a chunk of samples planned as mls plans them: refused up front (exit 2,
-            # the bytes) when one sample's cannot fit --max-memory
-            with model_mode(model, problem.bn_mode):
-                memory = plan(model, first[:1], options.output, [], "exact", ctx.max_memory, self.name).details()
+        method, reason = choose_method(options.method, num_classes, input_dim)
+        # either route's chunk of samples planned as mls plans them: refused up front (exit 2, the
+        # bytes) when one sample's cannot fit --max-memory
+        with model_mode(model, problem.bn_mode):
+            memory = plan(model, first[:1], options.output, [], method, ctx.max_memory, self.name).details()
         region = options.region
         mask = region_mask(x_shape, region) if region is not None else None
         eps = torch.finfo(first.dtype).eps
-        generator = ctx.generator()
+        # exact: whole batches, their rows in planned chunks; estimate: planned chunks, each
+        # sample's draws from its own generator, so the values do not depend on the chunking
+        chunk = problem.samples.batch_size if method == "exact" else memory["chunk_samples"]
 
         fro, fro_se, spec, resid, spec_err, outside, outside_se = [], [], [], [], [], [], []
         passes, iters = 0, 0
@@ -123,7 +130,7 @@ class JacobianProbe:
         # route the projections are then drawn piece by piece: other draws from the same seed)
         budget = SampleBudget(ctx, f"jacobian ({method})")
         with model_mode(model, problem.bn_mode):
-            for index, xb, _ in iter_chunks(problem, problem.samples.batch_size, budget, progress):
+            for index, xb, _ in iter_chunks(problem, chunk, budget, progress):
                 if method == "exact":
                     for first_row in range(0, xb.shape[0], memory["chunk_samples"]):
                         rows = jacobian_rows(model, xb[first_row:first_row + memory["chunk_samples"]], options.output)
@@ -135,14 +142,14 @@ class JacobianProbe:
                             outside.append(sq.flatten(1).sum(1))
                         passes += num_classes
                 else:
-                    sq, sq_out = projected_sqnorms(model, xb, options.output, options.projections, generator, mask)
+                    jp = JacobianProducts(model, xb, options.output, [])
+                    sq, sq_out = self._projected_sqnorms(jp, ctx.seed, index, options.projections, mask)
                     est, var = sq.mean(1), sq.var(1) / options.projections
                     fro.append(est.sqrt())
                     fro_se.append(var.sqrt() / (2 * est.sqrt()).clamp_min(torch.finfo(torch.float64).tiny))
                     if sq_out is not None:
                         outside.append(sq_out.mean(1))
                         outside_se.append(sq_out.var(1) / options.projections)
-                    jp = JacobianProducts(model, xb, options.output, [])
                     start_vectors = gaussian(ctx.seed, index, xb.shape[0], jp.num_classes, (LANCZOS_STREAM, 0))
                     norms = lanczos_sigma(jp.gram(0), start_vectors, options.lanczos_iters, options.lanczos_tol,
                                           budget.should_stop)
@@ -150,7 +157,7 @@ class JacobianProbe:
                     spec.append(norms.sigma)
                     resid.append(norms.residual)
                     spec_err.append(norms.error)
-                    passes += options.projections + jp.backward_passes
+                    passes += jp.backward_passes
                     iters = max(iters, int(norms.iterations.max()))
 
         fro_t, spec_t = torch.cat(fro).cpu(), torch.cat(spec).cpu()
@@ -158,6 +165,7 @@ class JacobianProbe:
         details = {
             "method": method,
             "route": method,  # as mls and decomposition name it
+            "route_reason": reason,
             "output": options.output,
             "num_classes": num_classes,
             "input_dim": input_dim,
@@ -165,7 +173,7 @@ class JacobianProbe:
             "backward_passes": passes,  # batched reverse-mode passes; the probe makes no curvature products
             "frobenius": summarise(fro_t),
             "spectral": summarise(spec_t),
-            "memory": memory,  # the exact route's plan under --max-memory
+            "memory": memory,  # the route's plan under --max-memory
         }
         stderr = None
         if method == "estimate":
@@ -200,6 +208,25 @@ class JacobianProbe:
             label=f"mean ‖J_x‖_F ({options.output})", notes=notes, details=details,
             resolved=budget.cut is None,
         )
+
+    @staticmethod
+    def _projected_sqnorms(jp: JacobianProducts, seed: int, index: int, projections: int,
+                           mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """‖J_nᵀ r_k‖² for K Rademacher r_k ∈ {±1}^C per sample, (B, K) float64, and the same over
+        the pixels where `mask` (H, W) is True (all channels), or None. E[r rᵀ] = I makes each
+        draw unbiased for ‖J_n‖²_F; no C×D object exists. Sample n's draws come from its own
+        generator, mls's for x (the same r), whatever the chunking."""
+        b, c = jp.out.shape
+        r = rademacher(seed, index, b, c, PROBE_STREAM, draws=projections)
+        full = torch.zeros(b, projections, dtype=torch.float64)
+        outside = torch.zeros(b, projections, dtype=torch.float64) if mask is not None else None
+        for k in range(projections):
+            (g,) = jp.vjp(r[k], [0])
+            g = g.to(torch.float64).pow(2)
+            full[:, k] = g.flatten(1).sum(1).cpu()
+            if outside is not None:
+                outside[:, k] = (g * mask.to(g.device)).flatten(1).sum(1).cpu()
+        return full, outside
 
     @staticmethod
     def _excluded(region, mask, sq_out, var_out) -> dict:
