@@ -198,7 +198,13 @@ def test_headline_falls_back_to_the_second_order_form_below_the_rounding_floor(k
     r = run(case, rho=1e-8, noise_draws=16, probes_max=50)
     d = r.details
     truth = dense_second_order(case, 1e-8)
-    assert d["route"] == "second-order" and "0 within noise" in d["route_reason"]
+    assert d["route"] == "second-order" and "not told apart from 0" in d["route_reason"]
+    # the reason gives what the value fell short of, in numbers (it said "0 within noise" of a
+    # value 2.3 standard errors off 0 that only the rounding floor held back)
+    from scipy.stats import t
+
+    half = t.ppf(0.975, d["mc"]["draws"] - 1) * d["mc"]["stderr"]
+    assert f"half-width {half:.2g} + the loss's rounding floor {d['mc']['rounding_floor']:.2g}" in d["route_reason"]
     assert d["mc"]["rounding_floor"] == pytest.approx(torch.finfo(torch.float64).eps * d["mc"]["base_loss"])
     assert (r.value, r.stderr, r.dof) == (d["second_order"]["value"], d["second_order"]["stderr"],
                                           d["second_order"]["probes"] - 1)

@@ -344,6 +344,15 @@ def test_shard_is_checked(tmp_path, text):
         assert "N, the number of shards, must be at least 1" in res.stderr
 
 
+def test_a_shard_with_no_model_says_so(tmp_path):
+    """More shards than models: shard 1 of 2 over one model wrote an empty file and said nothing."""
+    out = tmp_path / "s.jsonl"
+    res = invoke("scan", *[a for a in FAST if a != "-q"], "--timm", "test_resnet", "--probes", "gini", "--out", out,
+                 "--shard", "1/2")
+    assert res.exit_code == 0 and out.with_name("s.jsonl.rank1").read_text() == ""
+    assert "no model falls to this shard (1 models over 2 shards)" in res.stderr, res.stderr
+
+
 def test_shard_is_refused_under_torchrun(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")

@@ -235,6 +235,10 @@ def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_er
         err.print(f"flatcheck scan: {tag}dropped a partial last line ({summary.repaired_bytes} bytes) of {summary.out}")
     if summary.already:
         err.print(f"flatcheck scan: {tag}{summary.already} of {summary.total} models already in {summary.out} (resume)")
+    if summary.total == 0 and placement.world_size > 1:
+        # more shards than models: an empty OUT.rankI is right, but should not pass unremarked
+        err.print(f"flatcheck scan: {tag}no model falls to this shard ({len(entries)} models over "
+                  f"{placement.world_size} shards); {summary.out} holds none")
     return summary
 
 

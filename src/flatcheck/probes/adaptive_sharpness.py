@@ -145,11 +145,15 @@ class AdaptiveSharpnessProbe:
 def resolves(part: dict, dof: int) -> bool:
     """The estimate is told apart from zero: its two-sided 95% t interval clears the band of
     ± its rounding floor (the Monte Carlo's; 0 for the second-order form)."""
+    half = _half_width(part, dof)
+    return half is not None and abs(part["value"]) > half + part.get("rounding_floor", 0.0)
+
+
+def _half_width(part: dict, dof: int) -> float | None:
     from scipy.stats import t
 
     se = part["stderr"]
-    return (se is not None and math.isfinite(se)
-            and abs(part["value"]) > t.ppf(0.975, dof) * se + part.get("rounding_floor", 0.0))
+    return t.ppf(0.975, dof) * se if se is not None and math.isfinite(se) else None
 
 
 def headline(mc: dict | None, second: dict | None, rho: float) -> tuple[dict, str, str]:
@@ -161,9 +165,14 @@ def headline(mc: dict | None, second: dict | None, rho: float) -> tuple[dict, st
     if resolves(mc, mc["draws"] - 1):
         return mc, "monte-carlo", ("the Monte Carlo value is resolved (its 95% t interval clears zero by more "
                                    "than the loss's rounding)")
-    se = "—" if mc["stderr"] is None else f"{mc['stderr']:.2g}"
-    why = (f"the Monte Carlo value {mc['value']:.3g} ± {se} is 0 within noise at ρ = {rho:g} "
-           f"(rounding floor {mc.get('rounding_floor', 0.0):.2g}); the second-order form resolves it")
+    # what it was short of, in numbers: a value 2.3 standard errors off 0 is not "0 within
+    # noise" when it is the loss's rounding it does not clear
+    half = _half_width(mc, mc["draws"] - 1)
+    floor = mc.get("rounding_floor", 0.0)
+    short = ("it has no finite standard error" if half is None else
+             f"|value| ≤ its 95% t half-width {half:.2g} + the loss's rounding floor {floor:.2g}")
+    why = (f"the Monte Carlo value {mc['value']:.3g} is not told apart from 0 at ρ = {rho:g} ({short}); "
+           "the second-order form resolves it")
     if not resolves(second, second["probes"] - 1):
         # still a value with its error bar (the result stays resolved: a gate reads the
         # interval); only its distance from zero is not shown
