@@ -372,6 +372,15 @@ def test_errors_name_the_call_s_own_arguments_not_the_command_line_s():
                          (dict(bn_mode="x"), "^bn_mode must be one of eval, train")):
         with pytest.raises(ConfigError, match=said):
             flatcheck.measure(model, (x, y), **kwargs)
+    # and a probe's refusal as it runs ("… needs about 2 GiB …; raise --max-memory or free memory"),
+    # where a flag is mid-sentence; a longer flag is not one of the call's
+    from flatcheck.api import _call_words
+
+    with pytest.raises(ConfigError, match=r"^probe mls needs 2 GiB \(max_memory less what is held\); raise "
+                                          r"max_memory, or --probes-max 8$"):
+        with _call_words():
+            raise ConfigError("probe mls needs 2 GiB (--max-memory less what is held); raise --max-memory, "
+                              "or --probes-max 8")
 
 
 class Structured(nn.Module):

@@ -452,3 +452,11 @@ def test_a_resumed_scan_reports_each_model_once_the_latest(tmp_path):
     other = {**scan_record("vit_0", 1.5, 2.5, samples=16), "checkpoint": "ck/vit_0.safetensors"}
     res, _ = report_json(write_jsonl(tmp_path / "s2.jsonl", [*old, other]))
     assert res.exit_code == 2 and "samples 8 vs 16" in res.stderr and "superseded" not in res.stderr
+    # two scan files of the same models: not a resume's superseded record (the note blamed a
+    # changed checkpoint); said as what it is, the later file's records shown
+    again = [{**r, "results": {**r["results"], "sharp": {**r["results"]["sharp"], "value": 7.0}}} for r in old[:3]]
+    a, b = write_jsonl(tmp_path / "a.jsonl", old[:3]), write_jsonl(tmp_path / "b.jsonl", again)
+    res, rows = report_json(a, b)
+    assert res.exit_code == 0 and "superseded" not in res.stderr, res.stderr
+    assert f"{b} measures 3 models of {a} again with the same settings" in res.stderr
+    assert [m["values"]["sharp"]["value"] for m in rows] == [7.0, 7.0, 7.0]

@@ -349,7 +349,8 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
                                     batch_size=batch_size, params=params, test_data=test_data, head=head,
                                     num_classes=num_classes, device=target, dtype=dtype, bn_mode=bn_mode,
                                     seed=seed, budget=budget, max_memory=max_memory, output_key=output_key)
-        return run(session.config, progress, session)
+        with _call_words():  # a probe's refusal ("raise --max-memory") in the call's words
+            return run(session.config, progress, session)
 
 
 # RunConfig's checks are worded for the command line; a call names its keyword arguments
@@ -360,16 +361,18 @@ _CALL_NAMES = {"--seed": "seed", "--probes": "probes", "--max-memory": "max_memo
 
 @contextlib.contextmanager
 def _call_words():
-    """A ConfigError that starts with a flag (`--seed must be …`) says the argument instead."""
+    """A ConfigError that names a flag (`--seed must be …`, a probe's "raise --max-memory")
+    says the argument instead; a longer flag (--probes-max) is not one of them."""
+    import re
+
     try:
         yield
     except ConfigError as exc:
         text = str(exc)
-        flag = next((f for f in _CALL_NAMES if text.startswith(f) and not text[len(f):len(f) + 1].isalnum()
-                     and text[len(f):len(f) + 1] != "-"), None)
-        if flag is None:
+        said = re.sub(r"(?<![\w-])(--[a-z][a-z-]*)(?![\w-])", lambda m: _CALL_NAMES.get(m[1], m[1]), text)
+        if said == text:
             raise
-        raise ConfigError(_CALL_NAMES[flag] + text[len(flag):]) from None
+        raise ConfigError(said) from None
 
 
 def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy", probes: Any = ("trace",),

@@ -215,6 +215,7 @@ def load_results(paths: Iterable[str | Path]) -> Loaded:
     kept: dict[tuple, tuple[dict[str, Any], str]] = {}
     notes: list[str] = []
     superseded: list[str] = []
+    repeated: dict[tuple[str, str], list[str]] = {}  # (earlier file, later file) -> models
     for path in expand_paths(paths):
         for rec, where in _read_one(path, notes):
             key = _identity(rec, where)
@@ -223,13 +224,21 @@ def load_results(paths: Iterable[str | Path]) -> Loaded:
             elif _is_report(rec):
                 kept[key] = _merge_reports(kept[key], (rec, where))
             else:
-                superseded.append(f"{kept[key][0].get('model')} ({kept[key][1]})")
+                before = kept[key][1].rsplit(":", 1)[0]
+                if before == str(path):  # a later line of the same file: a resume measured it again
+                    superseded.append(f"{kept[key][0].get('model')} ({kept[key][1]})")
+                else:  # another file holds the model again: two scans of one family, say
+                    repeated.setdefault((before, str(path)), []).append(str(kept[key][0].get("model")))
                 kept[key] = (rec, where)
     if superseded:
         notes.append(f"left out {len(superseded)} superseded record{'s' if len(superseded) > 1 else ''}, each "
                      f"replaced by a later record of the same model with the same settings (a checkpoint "
                      f"changed and `scan --resume` measured it again, or --retry-errors): "
                      f"{', '.join(superseded[:5])}{' …' if len(superseded) > 5 else ''}")
+    for (before, after), models in repeated.items():
+        notes.append(f"{after} measures {len(models)} model{'s' if len(models) > 1 else ''} of {before} again with "
+                     f"the same settings; its record{'s are' if len(models) > 1 else ' is'} shown (the file given "
+                     f"later): {', '.join(models[:5])}{' …' if len(models) > 5 else ''}")
     return Loaded([r for r, _ in kept.values()], notes, [w for _, w in kept.values()])
 
 

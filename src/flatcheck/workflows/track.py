@@ -193,14 +193,14 @@ class Tracker:
             warm[key] = self._handed[key] = extrapolated_start(previous, latest)
 
     def _measure(self, step: int):
-        from ..api import run
+        from ..api import _call_words, run
 
         session = self.session
         if session.model is not self.model:
             _copy_weights(self.model, session.model)  # measured on a copy in another device/dtype
         if not is_finite(session.model):
             raise ModelError(f"step {step}: the model's weights are not finite (the training run diverged)")
-        with preserved(self.model, session.device):
+        with preserved(self.model, session.device), _call_words():
             return run(session.config, None, session)
 
     def _start(self, step: int) -> None:
