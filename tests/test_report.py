@@ -38,6 +38,14 @@ def test_correlations_match_scipy():
     assert again["kendall"].low == got["kendall"].low  # the bootstrap is seeded
 
 
+def test_pearson_of_three_models_says_why_it_has_no_interval():
+    # the CI column showed "—" beside an interval column that said "Fisher z" (stranger test)
+    got = {c.method: c for c in correlate([1.0, 2.0, 3.0], [2.0, 1.0, 5.0], n_boot=200)}
+    assert got["pearson"].low is None and got["pearson"].interval.startswith("none: n ≤ 3")
+    assert {c.method: c for c in correlate([1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 5.0, 4.0], n_boot=200)}[
+        "pearson"].interval == "Fisher z"
+
+
 def test_rank_correlations_of_few_models_or_a_perfect_ranking_get_no_bootstrap_interval():
     # 4 models in perfect order: the bootstrap said [1, 1] beside p = 0.083 (stranger test)
     got = {c.method: c for c in correlate([1.0, 2.0, 3.0, 4.0], [2.0, 3.0, 5.0, 9.0], n_boot=200)}

@@ -352,7 +352,7 @@ def _plot(path, records, table, columns, xf, ys, correlate, logx, logy, labels, 
             f"axes: {which}")
     return write_scatter(path, points, xlabel=figure.get("xlabel") or _axis(records, xf),
                          ylabel=figure.get("ylabel") or _axis(records, yf), logx=logx, logy=logy,
-                         densities=_densities(records, Density), labels=labels)
+                         densities=_densities(records, Density), labels=labels, title=figure.get("title"))
 
 
 def _axis(records, field: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,7 +77,8 @@ def write_scatter(path: str | Path, points: list[Point], *, xlabel: str, ylabel:
         ax.set_yscale("log" if logy else "linear")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_title(title or f"{ylabel} vs {xlabel} · {len(shown)} models")
+        # wrapped: two long axis labels made a title wider than the figure, cut at both ends
+        ax.set_title(textwrap.fill(f"{title or f'{ylabel} vs {xlabel}'} · {len(shown)} models", 60), fontsize=10)
         ax.grid(True, alpha=0.3, which="both")
         if families and len(families) <= 20:
             ax.legend(fontsize="small", title="family", loc="best")

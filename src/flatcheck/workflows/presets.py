@@ -40,6 +40,7 @@ PRESETS = {
         figure={"x": "adaptive-sharpness", "y": "mls.normalized_mls", "logx": True, "logy": True,
                 "xlabel": "elementwise adaptive sharpness S_ρ (sigmoid + MSE)",
                 "ylabel": "normalized MLS of σ(f)  (1/N) Σ ‖x_n‖·‖J_n‖₂",
+                "title": "Chen et al. 2023, Fig. 4: normalized MLS vs adaptive sharpness",
                 # what the labels name: records measured otherwise are not this figure's points
                 "requires": {"adaptive-sharpness.details.loss": "sigmoid_mse", "mls.details.output": "sigmoid"}},
     ),

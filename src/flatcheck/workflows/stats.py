@@ -90,8 +90,10 @@ def correlate(x, y, *, confidence: float = 0.95, n_boot: int = 2000, seed: int =
                else "none: a bootstrap of |r| = 1 resamples only |r| = 1" if abs(r) == 1 else None)
         if why is not None:
             boot[m], how[m] = (None, None), why
+    # Fisher's z has n − 3 degrees of freedom: at n = 3 there is no interval, and the column says so
+    fisher = "Fisher z" if low is not None else "none: n ≤ 3 (Fisher z needs n > 3)"
     return [
-        Correlation("pearson", float(pr.statistic), low, high, _p(pr.pvalue), n, "Fisher z"),
+        Correlation("pearson", float(pr.statistic), low, high, _p(pr.pvalue), n, fisher),
         Correlation("spearman", ranks["spearman"], *boot["spearman"], _p(rs_p), n, how["spearman"]),
         Correlation("kendall", ranks["kendall"], *boot["kendall"], _p(kt.pvalue), n, how["kendall"]),
     ]
