@@ -316,6 +316,21 @@ def test_every_probe_reports_its_start_before_its_first_unit(probe, options, des
     assert calls[-1][1] == calls[-1][2] > 0  # and its last unit, done of a known total
 
 
+@pytest.mark.parametrize("probe, options, desc", [
+    ("mls", {"method": "exact"}, "mls"),
+    ("mls", {"method": "estimate", "nmls": False, "projections": 2, "lanczos_iters": 2}, "mls (estimate)"),
+    ("jacobian", {"method": "estimate", "projections": 2, "lanczos_iters": 2}, "jacobian (estimate)"),
+    ("decomposition", {"method": "exact"}, "decomposition"),
+])
+def test_per_sample_probes_count_samples_as_they_go(probe, options, desc):
+    """A batch of slow samples (1,000 rows each on a ViT) showed "starting" and then "1/1", with no
+    count or ETA between (stranger test): progress is in samples, after every chunk."""
+    calls = [c for c in recorded_calls(probe, **options) if c[0] == desc]
+    assert calls[0] == (desc, 0, 0) and calls[-1] == (desc, 32, 32), calls
+    done = [d for _, d, _ in calls[1:]]
+    assert done == sorted(done) and len(done) >= 2 and all(t == 32 for _, _, t in calls[1:])
+
+
 def test_cli_gini_and_gap_write_their_end_line_off_a_terminal():
     from flatcheck.cli import app
     from test_cli import make_runner

@@ -317,10 +317,10 @@ def iter_chunks(problem, chunk: int, budget: SampleBudget | None = None,
                 progress: Callable[[int, int], None] | None = None):
     """(index of the chunk's first sample in the sample set, x, y) for chunks of at most
     `chunk` samples of every batch, in order; `budget` caps the chunk and may end the loop
-    before a chunk. `progress(batches done, batches)` once a batch's last chunk is through, as
-    iter_rows reports, so that a loop the budget ends is not first reported complete."""
-    first = 0
-    for b, batch in enumerate(problem.samples):
+    before a chunk. `progress(samples done, samples)` after each chunk, as iter_rows reports:
+    a loop the budget ends is never reported complete."""
+    first = done = 0
+    for batch in problem.samples:
         start = 0
         while start < batch.x.shape[0]:
             step = chunk
@@ -329,7 +329,9 @@ def iter_chunks(problem, chunk: int, budget: SampleBudget | None = None,
                     return
                 step = budget.chunk(chunk, first + start)
             yield first + start, batch.x[start:start + step], batch.y[start:start + step]
-            start += step
+            taken = min(step, batch.x.shape[0] - start)
+            start += taken
+            done += taken
+            if progress is not None:
+                progress(done, problem.samples.n)
         first += batch.x.shape[0]
-        if progress is not None:
-            progress(b + 1, problem.samples.num_batches)
