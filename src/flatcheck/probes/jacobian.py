@@ -126,8 +126,7 @@ class JacobianProbe:
         fro, fro_se, spec, resid, spec_err, outside, outside_se = [], [], [], [], [], [], []
         passes, iters = 0, 0
         progress = progress_reporter(ctx, f"jacobian ({method})")
-        # whole batches, or under --budget pieces the budget can end between (on the estimate
-        # route the projections are then drawn piece by piece: other draws from the same seed)
+        # under --budget, pieces the budget can end between (each sample's draws are its own)
         budget = SampleBudget(ctx, f"jacobian ({method})")
         with model_mode(model, problem.bn_mode):
             for index, xb, _ in iter_chunks(problem, chunk, budget, progress):
