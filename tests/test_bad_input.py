@@ -1126,7 +1126,7 @@ def test_gate_baseline_from_another_model_or_data(tmp_path, release_16, where, k
 def test_gate_baseline_too_wide_for_the_rule(tmp_path, release):
     """4 probes of the demo's trace (about ±20 %) can never decide a 20 % rule at another seed."""
     bad(gate(tmp_path, _write(tmp_path, release), GATE_RULES, "--seed", "1"), "cannot pass an unchanged model",
-        "make the baseline with probes_max ≥")
+        "make the baseline, and run the gate, with probes_max ≥")
 
 
 def test_gate_rule_with_min_above_max(tmp_path):

@@ -350,14 +350,79 @@ def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
     cfg = gate({"field": "trace.value", "max_increase": "20%"})
     base = _baseline({"trace": traced(values)}, **META)
     with pytest.raises(InputError, match=r"cannot pass an unchanged model unpaired.*probes_max ≥ (\d+) "
-                                         r"\(it has 16\)") as exc:
+                                         r"\(the baseline has 16\)") as exc:
         check_baseline(cfg, base, META, seed=1)
     need = int(re.search(r"probes_max ≥ (\d+)", str(exc.value)).group(1))
-    # with that many probes of the same spread on both sides, an unchanged model's interval
-    # z·√(1 + 1.2²)·s_b falls inside the margin
+    # with that many probes of the same spread on both sides, twice an unchanged model's
+    # interval z·√(1 + 1.2²)·s_b falls inside the margin
     s_b = traced(values)["stderr"] * math.sqrt(16 / need)
-    assert stats_t.ppf(0.975, need - 1) * math.sqrt(1 + 1.2**2) * s_b < 0.2 * sum(values) / 16
+    assert 2 * stats_t.ppf(0.975, need - 1) * math.sqrt(1 + 1.2**2) * s_b < 0.2 * sum(values) / 16
     check_baseline(cfg, base, META, seed=0)  # paired at its own seed: decidable
+
+
+def _accepted(cfg_for, base_results) -> bool:
+    from flatcheck.workflows.gate import check_baseline
+
+    try:
+        check_baseline(cfg_for, _baseline(base_results, **META), META, seed=1)
+    except InputError:
+        return False
+    return True
+
+
+def test_an_unchanged_model_passes_the_tightest_accepted_unpaired_rule_in_97_5_percent_of_runs():
+    """The check accepted a margin just over z·σ, where an unchanged model passes about half the
+    time (stranger test: jacobian max_decrease 1% exit 1 at seeds 1, 2 and 3 of one model).
+    Simulated unchanged models against the tightest 1%-step margin the check accepts: at least
+    (1 + 0.95)/2 of them pass; at half that margin (what z·σ alone allowed) far fewer do."""
+    import numpy as np
+
+    mu, s = 40.0, 0.13
+    base = {"jacobian": result(mu, s, probe="jacobian").to_dict()}
+    x = next(p / 100 for p in range(1, 100)
+             if _accepted(gate({"field": "jacobian.value", "max_decrease": f"{p / 100:.0%}"}), base))
+    assert not _accepted(gate({"field": "jacobian.value", "max_decrease": f"{x - 0.01:.0%}"}), base)
+    rng = np.random.default_rng(0)
+
+    def pass_rate(fraction: float, runs: int = 2000) -> float:
+        cfg = gate({"field": "jacobian.value", "max_decrease": f"{fraction:.2%}"})
+        passed = 0
+        for b, v in rng.normal(mu, s, size=(runs, 2)):
+            (c,) = evaluate(cfg, {"jacobian": result(float(v), s, probe="jacobian")},
+                            {"jacobian": result(float(b), s, probe="jacobian").to_dict()})
+            passed += c.verdict == "pass"
+        return passed / runs
+
+    assert pass_rate(x) >= 0.975 - 3 * math.sqrt(0.975 * 0.025 / 2000)
+    assert pass_rate(x / 2) < 0.8  # the old acceptance: a gate that flips on an unchanged model
+
+
+def test_hutchpp_at_another_count_is_planned_unpaired_at_the_same_seed():
+    """A Hutch++ baseline of 6 products gated at 48 with the same seed was taken as paired and
+    accepted; the run then could not pair (other vectors at another count) and failed an
+    unchanged model (exit 1). Refused up front now, and at its own count still paired."""
+    from flatcheck.workflows.gate import check_baseline
+
+    values = [12.0, 16.3]  # ±2.15 over 1 degree of freedom, as the stranger's 6-product baseline
+    base = {"trace": {**traced(values, estimator="hutchpp", offset=14.3), "matvecs": 6}}
+    cfg = gate({"field": "trace.value", "max_increase": "50%"}, probes={"trace": {"estimator": "hutchpp",
+                                                                                  "probes_max": 48}})
+    with pytest.raises(InputError, match=r"unpaired \(hutchpp draws other vectors at another count \(baseline 6 "
+                                         r"products, now 48\)\)"):
+        check_baseline(cfg, _baseline(base, **META), META, seed=0)
+    same = gate({"field": "trace.value", "max_increase": "50%"}, probes={"trace": {"estimator": "hutchpp",
+                                                                                   "probes_max": 6}})
+    check_baseline(same, _baseline(base, **META), META, seed=0)
+
+
+def test_a_run_at_fewer_probes_than_the_baseline_is_planned_with_its_own_error():
+    """The check assumed the run as precise as the baseline: a Hutchinson baseline of 64
+    probes gated at 8 (seed 1, unpaired) has σ = √(8·s_b² + slope²·s_b²), not √(1 + slope²)·s_b."""
+    values = [10.0 + 0.3 * math.sin(3 * i) for i in range(64)]
+    base = {"trace": {**traced(values), "matvecs": 64}}
+    rule = {"field": "trace.value", "max_increase": "3%"}
+    assert _accepted(gate(rule, probes={"trace": {"probes_max": 64}}), base)
+    assert not _accepted(gate(rule, probes={"trace": {"probes_max": 8}}), base)
 
 
 def test_a_zero_margin_is_met_paired_and_refused_unpaired():

@@ -717,41 +717,70 @@ def _check_probe_values(bound: Bound, result: Mapping[str, Any], b: float, s_b: 
 
 def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, seed: int, level: float,
                      gate: GateConfig) -> None:
-    """Refuse a rule that an unchanged model could not pass, before the run.
+    """Refuse a rule that an unchanged model would not pass reliably, before the run.
 
-    Unpaired, an unchanged model measured as precisely as the baseline has v − T = −x·|b| with
-    error √(1 + slope²)·s_b. Paired, the per-probe statistic of an unchanged model is
-    (1 − slope)·b_i = ∓x·b_i: error x·s_b. Either must leave the interval z·error inside the
-    margin x·|b|; a 0 % margin can only be met paired (where an unchanged model differs by 0)."""
+    Paired, the per-probe statistic of an unchanged model is (1 − slope)·b_i = ∓x·b_i: v − T is
+    x·|b| exactly, with error x·s_b, so it passes when z·x·s_b < x·|b| (a 0 % margin too: an
+    unchanged model differs by 0).
+    Unpaired, an unchanged model's v − T is x·|b| plus noise of σ = √(s_c² + slope²·s_b²), s_c
+    the run's own error (s_b rescaled to the gate's count where the estimator's count is known),
+    and it passes when v − T > z·σ: only about half the time if x·|b| is just above z·σ, which a
+    gate must not do to an unchanged model. The rule is kept when x·|b| ≥ 2z·σ: the unchanged
+    model then passes with probability at least (1 + confidence)/2 (97.5 % at 0.95)."""
     if s_b == 0:
         return
     margin = bound.limit * abs(b)
     dof = _dof(baseline.results, bound)
     unpaired = _planned_unpaired(bound, gate, baseline, seed)
-    if not unpaired:
-        if margin == 0 or z_error_ok(level, dof, bound.limit * s_b, margin):
-            return
-        factor = bound.limit
-    else:
-        factor = math.sqrt(1 + _slope(bound, b) ** 2)
-        if margin > 0 and z_error_ok(level, dof, factor * s_b, margin):
-            return
     z = quantile(level, dof)
+    if not unpaired:
+        if margin == 0 or z * bound.limit * s_b < margin:
+            return
+        factor, times = bound.limit, 1
+    else:
+        scale = _planned_precision(bound, gate, baseline)
+        factor, times = math.sqrt(scale**2 + _slope(bound, b) ** 2), 2
+        if margin > 0 and times * z * factor * s_b <= margin:
+            return
     how = f"unpaired ({unpaired})" if unpaired else "paired (same seed and estimator)"
+    need_margin = ("twice that, for an unchanged model to pass in 97.5 % of runs rather than about half"
+                   if unpaired else "more than that")
     msg = (f"{baseline.where}: rule {bound.name} cannot pass an unchanged model {how}: the baseline's "
-           f"{bound.field} = {b:.6g} ± {s_b:.3g} gives an interval of ±{z * factor * s_b:.3g}, not inside the "
-           f"rule's margin {margin:.3g}")
+           f"{bound.field} = {b:.6g} ± {s_b:.3g} gives an interval of ±{z * factor * s_b:.3g}, and the rule's "
+           f"margin {margin:.3g} must be {need_margin}")
     if dof is not None and margin > 0:
         m = int(dof) + 1
-        need = math.ceil(m * (z * factor * s_b / margin) ** 2) + 1
+        # both runs at the new count: the run's error is then the baseline's (scale 1)
+        both = math.sqrt(1 + _slope(bound, b) ** 2) if unpaired else factor
+        need = math.ceil(m * (times * z * both * s_b / margin) ** 2) + 1
         # in the unit of the probe's effort option: Hutch++ spends 3 products per residual probe
         result = baseline.results.get(bound.probe) or {}
         per = result.get("matvecs", m) / m if isinstance(result.get("matvecs"), int) and result["matvecs"] else 1
         option = effort_option(bound.probe) or "probes"
-        msg += f"; make the baseline with {option} ≥ {math.ceil(need * per)} (it has {round(m * per)})"
+        msg += (f"; make the baseline, and run the gate, with {option} ≥ {math.ceil(need * per)} "
+                f"(the baseline has {round(m * per)})")
     if unpaired and _headline(bound):
         msg += ", or with this gate file at this seed (flatcheck gate … --no-baseline --json) to compare paired"
     raise InputError(msg)
+
+
+def _planned_precision(bound: Bound, gate: GateConfig, baseline: Baseline) -> float:
+    """The gate run's standard error over the baseline's, from their counts where the estimator
+    says how its error falls with them (a trace's headline: Hutchinson as 1/√m; Hutch++ as 1/m
+    when it takes fewer products than the baseline, and as 1/√m, conservatively, when more);
+    1 otherwise (the run as precise as the baseline)."""
+    result = baseline.results.get(bound.probe) or {}
+    had = result.get("matvecs")
+    if bound.probe != "trace" or not _headline(bound) or not isinstance(had, int) or had <= 0:
+        return 1.0
+    options = parse_options("trace", gate.probes.get("trace", {}))
+    now = getattr(options, "probes_max", None)
+    estimator = (result.get("details") or {}).get("estimator")
+    if not isinstance(now, int) or now <= 0 or estimator not in ("hutchinson", "hutchpp") \
+            or getattr(options, "estimator", None) != estimator:
+        return 1.0
+    ratio = had / now
+    return ratio if estimator == "hutchpp" and ratio > 1 else math.sqrt(ratio)
 
 
 def _check_bounded(bound: Bound, b: float, baseline: Baseline) -> None:
@@ -772,17 +801,23 @@ def _check_bounded(bound: Bound, b: float, baseline: Baseline) -> None:
                      f"{'tol' if bound.probe == 'lmax' else 'lanczos_tol'} (or --dtype float64)")
 
 
-def z_error_ok(level: float, dof: float | None, error: float, margin: float) -> bool:
-    return quantile(level, dof) * error < margin
-
-
 def _planned_unpaired(bound: Bound, gate: GateConfig, baseline: Baseline, seed: int) -> str:
     """Why this gate's run of `bound`'s probe will not pair with the baseline ("" when it will),
     from the options it is about to run with; `pairing` decides again on the results."""
     if not _headline(bound):
         return "only a headline value is paired"
     estimator, matrix = _planned(gate, bound.probe)
-    return _other_probes(baseline.results.get(bound.probe) or {}, seed, estimator, matrix)
+    base = baseline.results.get(bound.probe) or {}
+    why = _other_probes(base, seed, estimator, matrix)
+    if why or estimator != "hutchpp":
+        return why
+    # Hutch++'s vectors depend on its count (its sketch): it pairs only at equal counts, as
+    # `pairing` decides on the results
+    had, now = base.get("matvecs"), getattr(parse_options(bound.probe, gate.probes.get(bound.probe, {})),
+                                            "probes_max", None)
+    if isinstance(had, int) and isinstance(now, int) and had != now:
+        return f"hutchpp draws other vectors at another count (baseline {had} products, now {now})"
+    return ""
 
 
 def _other_probes(base: Mapping[str, Any], seed: Any, estimator: Any, matrix: Any) -> str:
