@@ -425,6 +425,58 @@ def test_a_run_at_fewer_probes_than_the_baseline_is_planned_with_its_own_error()
     assert not _accepted(gate(rule, probes={"trace": {"probes_max": 8}}), base)
 
 
+@pytest.mark.parametrize("probe, key, then, now", [("mls", "output", "softmax", "logits"),
+                                                   ("jacobian", "output", "softmax", "logits"),
+                                                   ("adaptive-sharpness", "rho", 0.05, 0.0005),
+                                                   ("adaptive-sharpness", "loss", "sigmoid_mse", None)])
+def test_a_baseline_of_another_quantity_of_the_probe_is_refused(probe, key, then, now):
+    """mls and jacobian of the softmax against the logits' gave exit 1, '26.92 needs ≤ 0.0907'
+    (stranger test): the options that define the quantity are compared as trace's matrix is."""
+    from flatcheck.workflows.gate import check_baseline
+
+    base = {probe: result(0.09, None, probe=probe, **{key: then}).to_dict()}
+    options = {} if now is None else {key: now}
+    cfg = gate({"field": f"{probe}.value", "max_increase": "10%"}, probes={probe: options})
+    with pytest.raises(InputError, match=rf"measured with {key} {then!r}, this gate's will be with .*not the same "
+                                         rf"quantity \(set probes.{probe}.{key}: {then}\)"):
+        check_baseline(cfg, _baseline(base, **META), META, seed=0)
+    same = gate({"field": f"{probe}.value", "max_increase": "10%"}, probes={probe: {key: then}})
+    check_baseline(same, _baseline(base, **META), META, seed=0)
+
+
+def test_another_probes_result_under_the_trace_key_is_refused():
+    """lmax's result copied into results.trace of a 2.4 report was compared unpaired "as schema
+    < 2.0" and gave exit 1 (stranger test)."""
+    from flatcheck.workflows.gate import Baseline, check_baseline
+
+    lmax = {**result(13.6, None, probe="lmax", matrix="hessian", eigenvalues=[13.6]).to_dict(), "probe": "trace"}
+    cfg = gate({"field": "trace.value", "max_increase": "10%"})
+    for schema, refused in (("2.4", True), ("1.0", False)):
+        base = Baseline({"trace": lmax}, {**META, "schema_version": schema}, "--baseline b.json")
+        if refused:
+            with pytest.raises(InputError, match="estimator None and no per-probe values.*another probe's result"):
+                check_baseline(cfg, base, META, seed=0)
+        else:
+            check_baseline(cfg, base, META, seed=0)  # a 1.0 trace had no per-probe values
+
+
+def test_rules_reach_layers_whose_names_hold_dots():
+    """`trace.details.layers.features.0.value` was "not in the trace result": the path was split at
+    every dot, so no nn.Sequential child (features.0, layer1.0.conv1) could be named (stranger test)."""
+    layers = {"features.0": {"value": 3.0, "stderr": 0.1, "parameters": 10},
+              "layer1.0.conv1": {"value": 5.0, "stderr": 0.2, "parameters": 20}, "head": {"value": 1.0, "stderr": 0.0}}
+    res = {"trace": result(9.0, 0.3, layers=layers, per_parameter={"features.0.weight": {"value": 2.5}})}
+    cfg = gate({"field": "trace.details.layers.features.0.value", "max": 4},
+               {"field": "trace.details.layers.layer1.0.conv1", "min": 4},
+               {"field": "trace.details.per_parameter.features.0.weight.value", "max": 3})
+    checks = evaluate(cfg, res)
+    assert [c.value for c in checks] == [3.0, 5.0, 2.5] and [c.verdict for c in checks] == ["pass"] * 3
+    # a misspelt layer names the layers there are
+    with pytest.raises(InputError, match=r"'trace.details.layers.features.1.value' is not in the trace result "
+                                         r"\(trace.details.layers holds features.0, head, layer1.0.conv1\)"):
+        evaluate(gate({"field": "trace.details.layers.features.1.value", "max": 4}), res)
+
+
 def test_a_zero_margin_is_met_paired_and_refused_unpaired():
     from flatcheck.workflows.gate import check_baseline
 
@@ -480,8 +532,10 @@ def test_a_baseline_of_another_matrix_is_refused():
         check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=0)
 
 
-@pytest.mark.parametrize("version, ok", [("2.1", True), ("1.0", True), (None, True), ("9.9", False),
-                                         (2.1, False), ("two", False)])
+# None and a newer minor ("2.5", "2.10") passed silently (stranger test): every flatcheck report
+# says its schema, and a newer minor may mean other things by the same keys
+@pytest.mark.parametrize("version, ok", [("2.1", True), ("1.0", True), ("2.4", True), (None, False), ("9.9", False),
+                                         ("2.5", False), ("2.10", False), (2.1, False), ("two", False)])
 def test_baseline_schema_version(tmp_path, version, ok):
     from flatcheck.workflows.gate import load_baseline
 

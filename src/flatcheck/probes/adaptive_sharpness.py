@@ -95,6 +95,7 @@ class AdaptiveSharpnessProbe:
     summary: ClassVar[str] = "elementwise adaptive sharpness (Monte Carlo and second-order form)"
     Options: ClassVar[type] = AdaptiveSharpnessOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, Outputs})
+    quantity_options: ClassVar[tuple[str, ...]] = ("rho", "loss")  # S_ρ grows as ρ²; loss None: the model's
     command_help: ClassVar[str] = ("Elementwise adaptive sharpness: Monte Carlo over ±δ noise pairs and its "
                                    "second-order Hutchinson form.")
 

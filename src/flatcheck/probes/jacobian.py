@@ -99,6 +99,7 @@ class JacobianProbe:
     summary: ClassVar[str] = "input-output Jacobian Frobenius and spectral norms (mean, max)"
     Options: ClassVar[type] = JacobianOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
+    quantity_options: ClassVar[tuple[str, ...]] = ("output",)
     command_help: ClassVar[str] = "Input-output Jacobian norms per sample (Frobenius, spectral): mean and max."
 
     def run(self, ctx: ProbeContext, options: JacobianOptions) -> ProbeResult:

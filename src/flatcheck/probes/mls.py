@@ -74,6 +74,7 @@ class MLSProbe:
     summary: ClassVar[str] = "maximum local sensitivity (MLS, NMLS), log-volume, local dimension, bounds"
     Options: ClassVar[type] = MLSOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
+    quantity_options: ClassVar[tuple[str, ...]] = ("output",)  # J of the logits is not J of the softmax
     command_help: ClassVar[str] = "MLS, normalized MLS, NMLS, log local volume and local dimensionality, with bounds."
 
     def run(self, ctx: ProbeContext, options: MLSOptions) -> ProbeResult:

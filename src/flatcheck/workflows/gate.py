@@ -47,7 +47,7 @@ from ..errors import ConfigError, InputError
 from ..linalg.random import SIGN_STREAM
 from ..probes.registry import get_probe_class, list_probes, parse_options
 from ..report.result import ProbeResult
-from .results_io import FieldMissing, as_number, field_sibling, resolve_field
+from .results_io import FieldMissing, as_number, field_sibling, keys_near, resolve_field
 
 POLICIES = ("fail", "pass", "rerun")
 BOUNDS = ("max", "min", "max_increase", "max_decrease")
@@ -356,9 +356,8 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
     try:
         raw, raw_se = resolve_field(results, bound.field)
     except FieldMissing:
-        have = ", ".join(sorted(results.get(bound.probe, {}).get("details", {}) or {})) or "none"
         raise InputError(f"{where + ': ' if where else ''}rule {bound.name}: field '{bound.field}' is not in the "
-                         f"{bound.probe} result (top-level: value, stderr; details: {have})") from None
+                         f"{bound.probe} result ({keys_near(results, bound.field)})") from None
     value, se = as_number(raw), as_number(raw_se) or 0.0
     if value is None:
         raise InputError(f"rule {bound.name}: field '{bound.field}' is {raw!r}, not a number")
@@ -574,17 +573,25 @@ def load_baseline(path: str | Path) -> Baseline:
     return Baseline(data["results"], meta, where)
 
 
+def _schema_at_least(version: Any, least: tuple[int, int]) -> bool:
+    parts = version.split(".") if isinstance(version, str) else []
+    return len(parts) == 2 and all(p.isdigit() for p in parts) and (int(parts[0]), int(parts[1])) >= least
+
+
 def _check_schema(version: Any, where: str) -> None:
-    """A report of a newer major schema may mean anything; an absent version is an old report
-    (compared unpaired: it holds no per-probe values)."""
+    """Every report flatcheck writes says its schema (from the first, 1.0): one without is not
+    its report, or an edited one. A newer one, minor included, may mean other things by the
+    same keys (2.3 changed rank's stderr, 2.4 what is exact): compared by the flatcheck that
+    wrote it, not guessed at."""
     from ..report.result import SCHEMA_VERSION
 
     if version is None:
-        return
+        raise ConfigError(f"{where}: no schema_version: not a report flatcheck wrote, or an edited one")
     parts = version.split(".") if isinstance(version, str) else []
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
         raise ConfigError(f"{where}: schema_version {version!r} is not MAJOR.MINOR")
-    if int(parts[0]) > int(SCHEMA_VERSION.split(".")[0]):
+    ours = tuple(int(p) for p in SCHEMA_VERSION.split("."))
+    if (int(parts[0]), int(parts[1])) > ours:
         raise ConfigError(f"{where}: schema_version {version} is newer than this flatcheck's "
                           f"{SCHEMA_VERSION}; compare with the flatcheck that wrote it")
 
@@ -640,17 +647,16 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
             if bound.probe not in baseline.results:
                 continue  # a probe added since: skipped, and said so
             # the probe is there and the field is not: a misspelt field, caught before any probe runs
-            have = ", ".join(sorted((baseline.results[bound.probe] or {}).get("details") or {})) or "none"
             raise InputError(f"{baseline.where}: rule {bound.name}: field '{bound.field}' is not in the baseline's "
-                             f"{bound.probe} result (top-level: value, stderr; details: {have})") from None
+                             f"{bound.probe} result ({keys_near(baseline.results, bound.field)})") from None
         b, s_b = _baseline_number(bound, raw, raw_se, baseline.where)
         result = baseline.results.get(bound.probe) or {}
         why = unresolved(result)
         if why:
             raise InputError(f"{baseline.where}: rule {bound.name}: the baseline's {why}")
-        _check_same_quantity(bound, result, gate, baseline.where)
+        _check_same_quantity(bound, result, gate, baseline.where, current_meta)
         if _headline(bound):
-            _check_probe_values(bound, result, b, s_b, baseline.where)
+            _check_probe_values(bound, result, b, s_b, baseline)
         _check_decidable(bound, b, s_b, baseline, seed, level, gate)
         _check_bounded(bound, b, baseline)
 
@@ -661,14 +667,30 @@ def _planned(gate: GateConfig, probe: str) -> tuple[Any, Any]:
     return getattr(options, "estimator", None), getattr(options, "resolved_matrix", getattr(options, "matrix", None))
 
 
-def _check_same_quantity(bound: Bound, result: Mapping[str, Any], gate: GateConfig, where: str) -> None:
-    """A Tr(G) baseline does not bound a Tr(H): refuse when the baseline says it measured
-    another matrix than the one this gate's options will."""
+def _check_same_quantity(bound: Bound, result: Mapping[str, Any], gate: GateConfig, where: str,
+                         current_meta: Mapping[str, Any] | None = None) -> None:
+    """A Tr(G) baseline does not bound a Tr(H), nor an MLS of the softmax one of the logits:
+    refuse when the baseline says it measured with another value of an option that defines
+    the quantity (`matrix`, and the probe's `quantity_options`) than this gate's run will."""
+    details = result.get("details") or {}
     now = _planned(gate, bound.probe)[1]
-    then = (result.get("details") or {}).get("matrix")
+    then = details.get("matrix")
     if now is not None and then is not None and now != then:
         raise InputError(f"{where}: rule {bound.name}: the baseline's {bound.probe} is of the {then} matrix, "
                          f"this gate's of the {now}: not the same quantity (set probes.{bound.probe}.matrix)")
+    try:
+        cls = get_probe_class(bound.probe)
+    except ConfigError:
+        return
+    options = parse_options(bound.probe, gate.probes.get(bound.probe, {}))
+    for key in getattr(cls, "quantity_options", ()):
+        planned, then = getattr(options, key, None), details.get(key)
+        if planned is None and key == "loss":  # the model's own loss
+            planned = ((current_meta or {}).get("model") or {}).get("loss")
+        if planned is not None and then is not None and planned != then:
+            raise InputError(f"{where}: rule {bound.name}: the baseline's {bound.probe} was measured with {key} "
+                             f"{then!r}, this gate's will be with {planned!r}: not the same quantity (set "
+                             f"probes.{bound.probe}.{key}: {then})")
 
 
 # Routes that are different estimators of a headline (adaptive sharpness: the Monte Carlo mean
@@ -691,12 +713,20 @@ def _check_same_route(bound: Bound, results: Mapping[str, Any], baseline: Mappin
                          f"{_METHOD_OF_ROUTE[then]} in the gate file, or remake the baseline)")
 
 
-def _check_probe_values(bound: Bound, result: Mapping[str, Any], b: float, s_b: float, where: str) -> None:
+def _check_probe_values(bound: Bound, result: Mapping[str, Any], b: float, s_b: float, baseline: Baseline) -> None:
     """Per-probe values a comparison would pair on must give the value and stderr the report
     shows (value = offset + mean, stderr = sd/√n): otherwise the verdict would follow numbers
-    the report does not show — an edited or corrupted baseline."""
+    the report does not show — an edited or corrupted baseline. A sampled trace of schema 2.0
+    or later always holds them, and a trace always says its estimator."""
+    where = baseline.where
     details = result.get("details") or {}
     values = details.get("probe_values")
+    if bound.probe == "trace" and _schema_at_least(baseline.schema, (2, 0)):
+        estimator = details.get("estimator")
+        if estimator not in ("hutchinson", "hutchpp", "exact") or (estimator != "exact" and values is None):
+            raise InputError(f"{where}: the trace result has estimator {estimator!r} and "
+                             f"{'no' if values is None else 'its'} per-probe values, which a trace of schema "
+                             f"{baseline.schema} always has: another probe's result, or an edited report")
     if values is None:
         return
     nums = [as_number(v) for v in values] if isinstance(values, list) else [None]

@@ -444,12 +444,12 @@ def _locate(results: dict[str, Any], path: str) -> tuple[Any, Any, str]:
         candidates.append([parts[0], "details", *parts[1:]])
     for cand in candidates:
         try:
-            parent, node = _walk(results, cand)
+            parent, node, last = _walk(results, cand)
         except FieldMissing:
             continue
         if isinstance(node, dict) and "value" in node:  # "trace" or "…layers.conv1"
             return node, node["value"], "value"
-        return parent, node, cand[-1]
+        return parent, node, last
     raise FieldMissing(path)
 
 
@@ -461,7 +461,7 @@ def record_value(record: dict[str, Any], path: str) -> tuple[Any, Any]:
             raise FieldMissing(path)
         return record[path], None
     if path.startswith("extra."):
-        _, node = _walk(record.get("extra") or {}, [p for p in path.split(".")[1:] if p])
+        _, node, _ = _walk(record.get("extra") or {}, [p for p in path.split(".")[1:] if p])
         return node, None
     return resolve_field(record.get("results", {}), path)
 
@@ -480,13 +480,47 @@ def field_label(records: Iterable[dict[str, Any]], path: str) -> str:
     return path
 
 
-def _walk(obj: Any, parts: list[str]) -> tuple[Any, Any]:
-    parent = None
-    for p in parts:
-        if not isinstance(obj, dict) or p not in obj:
-            raise FieldMissing(".".join(parts))
-        parent, obj = obj, obj[p]
-    return parent, obj
+def keys_near(results: dict[str, Any], path: str) -> str:
+    """What a result holds where `path` stops matching, for a message about a misspelt field:
+    the keys of the deepest mapping the path reaches below a probe's details (a layer's name
+    among `trace.details.layers`), else the probe's top level and details."""
+    parts = [p for p in path.split(".") if p]
+    node: Any = results
+    trail: list[str] = []
+    i = 0
+    while i < len(parts) and isinstance(node, dict):
+        key = next((".".join(parts[i:j]) for j in range(len(parts), i, -1) if ".".join(parts[i:j]) in node), None)
+        if key is None:
+            break
+        node, i = node[key], i + key.count(".") + 1
+        trail.append(key)
+    if len(trail) > 2 and isinstance(node, dict):
+        keys = sorted(map(str, node))
+        return f"{'.'.join(trail)} holds {', '.join(keys[:12])}{' …' if len(keys) > 12 else ''}"
+    probe = results.get(parts[0]) if parts else None
+    details = (probe or {}).get("details") if isinstance(probe, dict) else None
+    have = ", ".join(sorted(details)) if isinstance(details, dict) and details else "none"
+    return f"top-level: value, stderr; details: {have}"
+
+
+def _walk(obj: Any, parts: list[str]) -> tuple[Any, Any, str]:
+    """(parent, value, key) at `parts` below `obj`. A key may itself hold dots — a layer named
+    `features.0` or `layer1.0.conv1`, a parameter `features.0.weight` — so at each level the
+    longest run of parts that is a key is tried first, then shorter ones."""
+    if not parts:
+        raise FieldMissing("")
+    if isinstance(obj, dict):
+        for j in range(len(parts), 0, -1):
+            key = ".".join(parts[:j])
+            if key not in obj:
+                continue
+            if j == len(parts):
+                return obj, obj[key], key
+            try:
+                return _walk(obj[key], parts[j:])
+            except FieldMissing:
+                continue
+    raise FieldMissing(".".join(parts))
 
 
 def as_number(x: Any) -> float | None:
