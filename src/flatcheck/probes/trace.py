@@ -165,7 +165,9 @@ class TraceProbe:
             sampled = options.class_samples is not None
             ggn = ctx.backend.ggn_trace(options.class_samples, ctx.generator() if sampled else None,
                                         progress=progress)
-            value, stderr, probes, stop = ggn.per_param.sum().item(), ggn.stderr, 0, "exact"
+            # class-sampled: every sample's K columns drawn, an estimate, not "exact"
+            value, stderr, probes = ggn.per_param.sum().item(), ggn.stderr, 0
+            stop = "class_samples" if sampled else "exact"
             parts: dict = {}
             for name, g, v in zip(layout.names, layout.groups, ggn.per_param.tolist()):
                 parts[("module", g)] = (parts.get(("module", g), (0.0, None))[0] + v, None)

@@ -360,7 +360,8 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
                          f"{bound.probe} result ({keys_near(results, bound.field)})") from None
     value, se = as_number(raw), as_number(raw_se) or 0.0
     if value is None:
-        raise InputError(f"rule {bound.name}: field '{bound.field}' is {raw!r}, not a number")
+        raise InputError(f"{where + ': ' if where else ''}rule {bound.name}: field '{bound.field}' is {raw!r}, "
+                         "not a number")
     why = unresolved(results.get(bound.probe) or {})
     if why:
         raise InputError(f"rule {bound.name}: {why}; no verdict on an unfinished value")
