@@ -63,6 +63,7 @@ def test_ggn_degeneracy_matches_exact_rank(kind):
     assert all(s in (rank + 1, rank + 2) for s in d["steps_taken"]), d["steps_taken"]
     assert d["steps_taken"].count(rank + 1) >= STARTS - 1
     assert all(p["invariant"] and p["lower_bound_holds"] for p in d["per_start"])
+    assert d["stop_reason"] == "closed"  # it said "steps" with fewer steps taken than asked (stranger test)
     null, upper = bracket(kind, "ggn", r)
     assert upper == null
     assert abs(r.value - (1 - rank / P)) <= Z * r.stderr
@@ -200,6 +201,7 @@ def test_degeneracy_error_covers_the_true_null_share(distinct, copies, steps):
     d = r.details
     print(f"D = {r.value:.4f} ± {r.stderr:.4f} (statistical {d['statistical_stderr']:.4f}), null share {truth:.4f}")
     assert not any(p["invariant"] for p in d["per_start"])  # the resolution is what is at stake
+    assert d["stop_reason"] == "steps"
     assert r.value - truth > 3 * d["statistical_stderr"]  # the origin weight alone overstates it
     eps = 1e-12  # the batch bound is the bracket's low end, and attained for copies = 1
     assert abs(r.value - truth) <= 2 * r.stderr + eps
@@ -281,3 +283,4 @@ def test_spectrum_does_not_call_a_float32_breakdown_exact():
     r = create_probe("spectrum").run(ProbeContext(structured_mlp_case(torch.float32).backend(), seed=0), req.options)
     assert "closed their Krylov space early (to √eps·‖H‖ in float32: nodes closer than that merge" in r.notes
     assert "exact" not in r.notes
+    assert r.details["stop_reason"] == "closed"

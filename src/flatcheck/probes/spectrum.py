@@ -76,8 +76,12 @@ def reorth_note(memory: dict) -> str:
 
 
 def stop_reason(result: SLQ) -> str:
-    """Why the rules have the nodes they have (details.stop_reason)."""
-    return "budget" if result.stopped else "steps"
+    """Why the rules have the nodes they have (details.stop_reason): the budget, every start's
+    Krylov space closing before its steps ("closed", fewer steps taken than asked), or the
+    steps asked for."""
+    if result.stopped:
+        return "budget"
+    return "closed" if result.rules and all(r.invariant for r in result.rules) else "steps"
 
 
 # the SLQ options spectrum and rank share: one declaration each
