@@ -806,6 +806,8 @@ def _planned_precision(bound: Bound, gate: GateConfig, baseline: Baseline) -> fl
         return 1.0
     options = parse_options("trace", gate.probes.get("trace", {}))
     now = getattr(options, "probes_max", None)
+    if isinstance(now, int) and getattr(options, "estimator", None) == "hutchpp":
+        now = 3 * (now // 3)  # the products Hutch++ takes of it
     estimator = (result.get("details") or {}).get("estimator")
     if not isinstance(now, int) or now <= 0 or estimator not in ("hutchinson", "hutchpp") \
             or getattr(options, "estimator", None) != estimator:
@@ -842,12 +844,13 @@ def _planned_unpaired(bound: Bound, gate: GateConfig, baseline: Baseline, seed: 
     why = _other_probes(base, seed, estimator, matrix)
     if why or estimator != "hutchpp":
         return why
-    # Hutch++'s vectors depend on its count (its sketch): it pairs only at equal counts, as
-    # `pairing` decides on the results
-    had, now = base.get("matvecs"), getattr(parse_options(bound.probe, gate.probes.get(bound.probe, {})),
-                                            "probes_max", None)
-    if isinstance(had, int) and isinstance(now, int) and had != now:
-        return f"hutchpp draws other vectors at another count (baseline {had} products, now {now})"
+    # Hutch++'s vectors depend on its count (a sketch of k = products // 3 columns): it pairs only
+    # at equal k, as `pairing` decides on the results' k per-probe values
+    values = (base.get("details") or {}).get("probe_values")
+    now = getattr(parse_options(bound.probe, gate.probes.get(bound.probe, {})), "probes_max", None)
+    if isinstance(values, list) and isinstance(now, int) and len(values) != now // 3:
+        return (f"hutchpp draws other vectors at another count (baseline {3 * len(values)} products, "
+                f"now {3 * (now // 3)})")
     return ""
 
 
