@@ -114,7 +114,7 @@ def _vmap_sqnorms(problem: Problem, params: list[Tensor], x: Tensor, U: Tensor) 
 def _coupled_sqnorms(problem: Problem, params: list[Tensor], x: Tensor, U: Tensor) -> Tensor:
     logits = problem.model(x)
     b, c, kk = U.shape
-    cols = _column_chunk(sum(p.numel() for p in params), x.element_size(), kk)
+    cols = _column_chunk(problem.layout.dim, x.element_size(), kk)
     rows = []
     for n in range(b):
         parts = []

@@ -574,9 +574,15 @@ def load_baseline(path: str | Path) -> Baseline:
     return Baseline(data["results"], meta, where)
 
 
-def _schema_at_least(version: Any, least: tuple[int, int]) -> bool:
+def _schema_tuple(version: Any) -> tuple[int, int] | None:
+    """"2.4" → (2, 4); None for anything that is not MAJOR.MINOR."""
     parts = version.split(".") if isinstance(version, str) else []
-    return len(parts) == 2 and all(p.isdigit() for p in parts) and (int(parts[0]), int(parts[1])) >= least
+    return (int(parts[0]), int(parts[1])) if len(parts) == 2 and all(p.isdigit() for p in parts) else None
+
+
+def _schema_at_least(version: Any, least: tuple[int, int]) -> bool:
+    found = _schema_tuple(version)
+    return found is not None and found >= least
 
 
 def _check_schema(version: Any, where: str) -> None:
@@ -588,11 +594,10 @@ def _check_schema(version: Any, where: str) -> None:
 
     if version is None:
         raise ConfigError(f"{where}: no schema_version: not a report flatcheck wrote, or an edited one")
-    parts = version.split(".") if isinstance(version, str) else []
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+    found = _schema_tuple(version)
+    if found is None:
         raise ConfigError(f"{where}: schema_version {version!r} is not MAJOR.MINOR")
-    ours = tuple(int(p) for p in SCHEMA_VERSION.split("."))
-    if (int(parts[0]), int(parts[1])) > ours:
+    if found > _schema_tuple(SCHEMA_VERSION):
         raise ConfigError(f"{where}: schema_version {version} is newer than this flatcheck's "
                           f"{SCHEMA_VERSION}; compare with the flatcheck that wrote it")
 

@@ -488,11 +488,12 @@ def keys_near(results: dict[str, Any], path: str) -> str:
     node: Any = results
     trail: list[str] = []
     i = 0
-    while i < len(parts) and isinstance(node, dict):
-        key = next((".".join(parts[i:j]) for j in range(len(parts), i, -1) if ".".join(parts[i:j]) in node), None)
-        if key is None:
+    while i < len(parts):
+        j = next(iter(_key_runs(node, parts[i:])), None)
+        if j is None:
             break
-        node, i = node[key], i + key.count(".") + 1
+        key = ".".join(parts[i:i + j])
+        node, i = node[key], i + j
         trail.append(key)
     if len(trail) > 2 and isinstance(node, dict):
         keys = sorted(map(str, node))
@@ -507,20 +508,22 @@ def _walk(obj: Any, parts: list[str]) -> tuple[Any, Any, str]:
     """(parent, value, key) at `parts` below `obj`. A key may itself hold dots — a layer named
     `features.0` or `layer1.0.conv1`, a parameter `features.0.weight` — so at each level the
     longest run of parts that is a key is tried first, then shorter ones."""
-    if not parts:
-        raise FieldMissing("")
-    if isinstance(obj, dict):
-        for j in range(len(parts), 0, -1):
-            key = ".".join(parts[:j])
-            if key not in obj:
-                continue
-            if j == len(parts):
-                return obj, obj[key], key
-            try:
-                return _walk(obj[key], parts[j:])
-            except FieldMissing:
-                continue
+    for j in _key_runs(obj, parts):
+        key = ".".join(parts[:j])
+        if j == len(parts):
+            return obj, obj[key], key
+        try:
+            return _walk(obj[key], parts[j:])
+        except FieldMissing:
+            continue
     raise FieldMissing(".".join(parts))
+
+
+def _key_runs(obj: Any, parts: list[str]) -> list[int]:
+    """The lengths j, longest first, for which parts[:j] joined by dots is a key of `obj`."""
+    if not isinstance(obj, dict):
+        return []
+    return [j for j in range(len(parts), 0, -1) if ".".join(parts[:j]) in obj]
 
 
 def as_number(x: Any) -> float | None:
