@@ -76,7 +76,7 @@ def bench(name: str, p: Problem, hvp_block: int, probes: int) -> dict:
     est, t_h = timed(lambda: hutchinson(op, generator=torch.Generator().manual_seed(0), max_probes=probes))
     per_probe = t_h / probes
     need = math.ceil((est.stderr * math.sqrt(probes) / (0.01 * abs(est.value))) ** 2)
-    exact, t_exact = timed(lambda: backend.ggn_trace().sum().item())
+    exact, t_exact = timed(lambda: backend.ggn_trace().per_param.sum().item())
     return {
         "model": name, "P": p.layout.dim, "N": p.samples.n, "batches": p.samples.num_batches,
         "grad_s": g, "hvp_s": t_block / hvp_block, "ratio": t_block / hvp_block / g,
