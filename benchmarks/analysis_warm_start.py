@@ -1,4 +1,4 @@
-"""Warm-start analysis for the tracker's λmax (issue 17 §2): which start needs the fewest
+"""Warm-start analysis for the tracker's λmax: which start needs the fewest
 products to relative residual 1e-3 on the demo CNN's real training trajectory.
 
 The trajectory is bench_tracker's (examples/track_training.py's loop: full-batch gradient

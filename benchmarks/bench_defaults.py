@@ -39,7 +39,7 @@ std: [0.2470, 0.2435, 0.2616]
 loss: cross_entropy
 """
 SAMPLES = 64
-GOAL_SECONDS = 180  # issue 16 §2: each default run within 3 minutes on a 2-core CPU
+GOAL_SECONDS = 180  # the goal: each default run within 3 minutes on a 2-core CPU
 
 
 def child(probe: str, spec_path: str, budget: float | None) -> None:

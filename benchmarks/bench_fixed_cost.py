@@ -1,4 +1,4 @@
-"""The fixed cost of a flatcheck run (issue 16 §5): process wall time of a two-probe trace on the
+"""The fixed cost of a flatcheck run: process wall time of a two-probe trace on the
 demo CNN, beside what its parts cost on their own (the interpreter, importing torch, importing
 the CLI, torch's compiler stack that make_fx pulls in).
 

@@ -7,7 +7,7 @@ number of classes.
   hutchinson    500 Rademacher probes through the same HVPs, with its standard error
   torch.func    vmap over basis vectors of a forward-over-reverse HVP, diagonal only
 
-The network has random weights and the inputs are uniform on [0, 1) (as in 003 §5.1), one
+The network has random weights and the inputs are uniform on [0, 1) (as in Taleghani et al. 2026, §5.1), one
 batch of B samples. Absolute errors are against the autograd value; times are wall-clock
 seconds of one run on this machine (the closed form: best of three, it is milliseconds).
 

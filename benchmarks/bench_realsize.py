@@ -1,6 +1,6 @@
 """Every registered probe on ImageNet-sized timm ViTs (random weights, 224 px, 1,000 classes) on
 this machine: seconds and peak resident memory of each run, at two sample counts so the fixed
-cost (model build, first forward, tracing) shows apart from the per-sample one (issue 19 §4).
+cost (model build, first forward, tracing) shows apart from the per-sample one.
 
 Each run is its own `flatcheck probe` process under an address-space cap (RLIMIT_AS, as
 `ulimit -v` sets it); its peak RSS is the child's ru_maxrss from wait4, so a run the kernel or

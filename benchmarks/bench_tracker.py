@@ -1,4 +1,4 @@
-"""Tracker benchmark (issue 17 §2): warm vs cold λmax products per tracked step, and the
+"""Tracker benchmark: warm vs cold λmax products per tracked step, and the
 tracker's share of a real training run's wall time.
 
 The demo CNN trains on the bundled digits with full-batch gradient descent (examples/

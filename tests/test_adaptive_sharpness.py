@@ -1,4 +1,4 @@
-"""Adaptive sharpness (SPEC probe 5): Monte Carlo vs second-order form vs the dense
+"""Adaptive sharpness: Monte Carlo vs second-order form vs the dense
 (ρ²/2)·Tr(diag|w| H diag|w|), weights restored bit for bit, loss override, --params.
 
 Tolerances are z = 4 standard errors (false-alarm rate below 1e-4 for a normal estimate);

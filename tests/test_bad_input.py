@@ -35,7 +35,7 @@ def bad(result, *names: str, code: int = 2) -> str:
     """Assert the contract for a refused input and return the message."""
     assert result.exit_code == code, f"exit {result.exit_code}\nstderr: {result.stderr}\nstdout: {result.stdout}"
     assert "Traceback" not in result.stderr + result.stdout
-    # progress lines ("flatcheck …", issue 16 §3: a probe that ended before the error) may come first
+    # progress lines ("flatcheck …": a probe that ended before the error) may come first
     lines = result.stderr.strip().splitlines()
     assert all(line.startswith("flatcheck") for line in lines[:-1]), f"more than one line on stderr:\n{result.stderr}"
     err = lines[-1] if lines else ""
@@ -226,7 +226,7 @@ def test_samples_zero():
 
 
 def test_wrong_channel_count(tmp_path):
-    # grey → RGB and RGB → grey are converted (issue 16 §4, test_output_text.py); 1 → 2 has no standard way
+    # grey → RGB and RGB → grey are converted (test_output_text.py); 1 → 2 has no standard way
     spec = spec_copy(tmp_path, "input_size: [1, 8, 8]", "input_size: [2, 8, 8]")
     bad(trace(spec=spec), "digits", "2 channels", "input_size")
 
@@ -1265,7 +1265,7 @@ def one_error_line(proc: subprocess.CompletedProcess, *names: str) -> str:
     """The contract on the raw stderr of a real process: nothing before or after the line."""
     assert proc.returncode == 2, f"exit {proc.returncode}\nstderr: {proc.stderr!r}"
     assert proc.stdout == "", proc.stdout
-    # progress lines (issue 16 §3: "flatcheck trace: starting …" within a second) may come first
+    # progress lines ("flatcheck trace: starting …" within a second) may come first
     lines = proc.stderr.splitlines(keepends=True)
     assert all(line.startswith("flatcheck") for line in lines[:-1]), repr(proc.stderr)
     error = lines[-1] if lines else ""
@@ -1295,7 +1295,7 @@ def test_a_run_without_q_writes_only_progress_lines_to_stderr_when_not_a_termina
 @pytest.mark.parametrize("args, names", [
     (["trace", CKPT, "--spec", SPEC, "--samples", "x"], ["--samples", "integer", "trace --help"]),
     (["gate", CKPT, "--spec", SPEC, "--config", SPEC, "--confidence", "high"], ["--confidence", "number"]),
-    # the checkpoint alone may say what it is (issue 16 §1): when it does not, the ways are listed
+    # the checkpoint alone may say what it is: when it does not, the ways are listed
     (["trace", CKPT], ["--spec", "--model", "does not say which model"]),
     (["trace"], ["CHECKPOINT", "--spec", "--model"]),
     (["nosuch", CKPT], ["nosuch", "command", "flatcheck --help"]),

@@ -61,7 +61,7 @@ def test_conv_layers_are_flagged_approximate():
     assert d["dense_total"] == pytest.approx(d["dense_ggn_trace"], rel=EXACT)
 
 
-# -- the matrix-free route (issue 19 §1) against the exact one ------------------------------
+# -- the matrix-free route against the exact one ------------------------------
 
 @pytest.mark.parametrize("kind,loss", [("mlp", "cross_entropy"), ("cnn", "cross_entropy"), ("mlp", "sigmoid_mse")])
 def test_estimate_route_within_its_reported_error(kind, loss):

@@ -1,4 +1,4 @@
-"""`flatcheck explain PROBE` (issue 16 §4): every registered probe is explained, its knobs are its
+"""`flatcheck explain PROBE`: every registered probe is explained, its knobs are its
 Options' own fields and flags, and the text fits 80 columns."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The front door's leftovers (issue 16, stranger test): a --model python: module in the working
+"""The front door's leftovers (what a stranger's first runs tripped on): a --model python: module in the working
 directory, the spec named in a checkpoint/model mismatch, a Lightning .ckpt's `model.` prefix,
 an empty --summary path, the notice of a resize to the spec's input size."""
 

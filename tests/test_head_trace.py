@@ -1,4 +1,4 @@
-"""Closed-form head trace (SPEC probe 7) against the dense float64 autograd Hessian of the head.
+"""Closed-form head trace against the dense float64 autograd Hessian of the head.
 
 Ground truth is torch.func.hessian of the whole-sample-set loss as a function of the head's
 parameters alone (the rest of the model frozen), so the tolerance is float64 rounding:

@@ -1,4 +1,4 @@
-"""The package's shape (issue 18 §4): a top level a newcomer can read and no import cycles.
+"""The package's shape: a top level a newcomer can read and no import cycles.
 
 Imports are read from the source with `ast`, function-local ones included: a cycle hidden in
 a function body still means two modules that cannot be understood (or moved) one at a time.

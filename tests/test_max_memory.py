@@ -1,4 +1,4 @@
-"""--max-memory (issue 19 §2): the Jacobian probes chunk their samples to fit it with values that do
+"""--max-memory: the Jacobian probes chunk their samples to fit it with values that do
 not depend on the chunking (float64, 1e-12), refuse up front (exit 2, the size they would need)
 when one sample cannot fit, and the flag is parsed at the edge."""
 

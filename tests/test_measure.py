@@ -1,4 +1,4 @@
-"""flatcheck.measure on live objects (issue 17 §1): dense float64 truth for tensors, loaders
+"""flatcheck.measure on live objects: dense float64 truth for tensors, loaders
 and iterables; the caller's model and RNG left bitwise as they were; shuffled data held once,
 a changing stream refused; the CLI's run and measure the same path."""
 

@@ -102,7 +102,7 @@ def test_bounds_hold_on_trained_mlp():
             assert layer["dense"] and layer["sensitivity"] <= layer["bound"]
 
 
-# -- the matrix-free route (issue 19 §1) against the exact one ------------------------------
+# -- the matrix-free route against the exact one ------------------------------
 
 Z = 4.0  # Hutchinson estimates: within 4 reported standard errors (a 6e-5 two-sided miss rate)
 

@@ -1,6 +1,6 @@
 """A model by name (--model), by its checkpoint alone (embedded spec, STEM.yaml, spec.yaml,
 config.json), the spec-field flags every command shares, `flatcheck spec`, `embed-spec`,
---pretrained from a local cache, and flatcheck.load_model (issue 16 §1)."""
+--pretrained from a local cache, and flatcheck.load_model."""
 
 from __future__ import annotations
 

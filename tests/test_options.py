@@ -1,6 +1,6 @@
-"""One source of truth for options (issue 18 §5): every probe's command is generated from its
+"""One source of truth for options: every probe's command is generated from its
 Options dataclass, so `flatcheck PROBE --flag` and `flatcheck probe -o PROBE.key=` take the
-same keys with the same defaults; and --budget (issue 16 §2) reaches every probe command."""
+same keys with the same defaults; and --budget reaches every probe command."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Output a person reads once (issue 16 §4): whole help texts at 80 columns, tables that wrap
+"""Output a person reads once: whole help texts at 80 columns, tables that wrap
 rather than cut, zero within noise said as such, no shares of a total that is noise, and an
 invariance table that never says "same" for a rescaling that changed the predictions."""
 

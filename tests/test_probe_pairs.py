@@ -1,4 +1,4 @@
-"""Probes in one run do not damage each other (issue 15 §3).
+"""Probes in one run do not damage each other.
 
 Every ordered pair of registered probes runs back to back in one run, on the demo CNN (it
 has a BatchNorm, a head and a test split, so every probe accepts it), and each probe's

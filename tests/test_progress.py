@@ -1,4 +1,4 @@
-"""Progress on stderr (issue 16 §3): the first line within a second, a plain line on a timer and at
+"""Progress on stderr: the first line within a second, a plain line on a timer and at
 each probe's end when stderr is not a terminal, an ETA from the completed units, --quiet silences."""
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Relative flatness κ (SPEC probe 6): the dense Hessian value, the cross-entropy formula of the
-SPEC, and the property it exists for — invariance under a function-preserving layer rescaling
+"""Relative flatness κ: the dense Hessian value, its cross-entropy closed form, and the property it exists for — invariance under a function-preserving layer rescaling
 that moves the plain head trace by exactly α²."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""flatcheck.Tracker (issue 17 §2): records as training runs, warm λmax equal to the dense
+"""flatcheck.Tracker: records as training runs, warm λmax equal to the dense
 truth (no stale graph after the optimiser moves the weights), a valid and resumable JSONL,
 failed steps recorded without stopping training, nothing imported or traced after the first
 tracked step."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a lent GPU machine (device tool): the CUDA tests, the GPU-sized peer benchmark, then every
-# probe on ImageNet-sized timm ViTs (issue 19 §5). Each stage has its own time limit, so one that
+# probe on ImageNet-sized timm ViTs. Each stage has its own time limit, so one that
 # runs long leaves the others their share of a short lease; what each wrote stays under $OUT.
 #   TESTS_TIMEOUT=90 BENCH_TIMEOUT=180 REALSIZE_TIMEOUT=270 bash tools/gpu_check.sh [all|tests|bench|realsize]
 # The machine has torch, timm, typer, rich, safetensors, pyyaml and scipy but no network, so the

@@ -75,7 +75,7 @@ def print_tables(models, rows, machine, console=None) -> None:
 
 
 def summary(rows: list[Row]) -> list[tuple[str, str, str, str]]:
-    """The numbers issue 7's targets are stated in, per flatcheck backend."""
+    """The headline ratios flatcheck's performance is judged by, per flatcheck backend."""
     out = []
 
     def find(model, kind, pred=lambda r: True):

@@ -1,6 +1,6 @@
 """Per-sample losses and their Hessians in output space.
 
-Conventions (SPEC "Conventions"), with f the logits and e_y the one-hot target:
+Conventions, with f the logits and e_y the one-hot target:
 - cross_entropy:   ℓ = −log softmax(f)_y
 - label_smoothing: cross entropy against (1 − α)·e_y + α/C (torch's definition)
 - mse:             ℓ = ½‖f − e_y‖²            (the ½ makes A = I)
@@ -75,7 +75,7 @@ def apply_output_hessian(logits: Tensor, y: Tensor, loss: LossSpec, u: Tensor) -
 def _sigmoid_mse_curvature(logits: Tensor, y: Tensor) -> Tensor:
     # d²/df² ½(σ(f) − t)² = σ'² + (σ − t)·σ'', with σ' = σ(1−σ), σ'' = σ'(1 − 2σ).
     # The second term makes A indefinite away from interpolation; we keep it because
-    # the SPEC defines A as the exact loss Hessian in logit space.
+    # A is defined as the exact loss Hessian in logit space, whatever its sign.
     s = torch.sigmoid(logits)
     t = one_hot(y, logits)
     ds = s * (1 - s)

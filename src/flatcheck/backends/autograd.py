@@ -136,7 +136,7 @@ class AutogradBackend:
         grad_outputs v_j: the same backward (the product's derivative hands each g_j exactly
         1·v_j = v_j, so H v agrees bit for bit), but torch checks tensor grad_outputs' shapes
         with torch.fx.experimental.symbolic_shapes, whose first import (sympy with it) costs
-        about a second of a short run (issue 16 §5)."""
+        about a second of a short run."""
         try:
             inner = sum((g * v[j]).sum() for j, g in zip(index, outputs))
             return torch.autograd.grad(inner, self._params, retain_graph=True, allow_unused=True)

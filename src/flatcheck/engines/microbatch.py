@@ -1,5 +1,5 @@
 """How much one sample's autograd graph holds, and batches cut into micro-batches so that a
-batch's graph fits a memory allowance (--max-memory, issue 19 §2).
+batch's graph fits a memory allowance (--max-memory).
 
 A product over a batch holds that batch's graph while it runs; the graph grows with the
 batch. Cutting batch b (weight |b|/N) into micro-batches m with weights |m|/N leaves the

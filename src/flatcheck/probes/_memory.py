@@ -1,4 +1,4 @@
-"""--max-memory for the curvature probes (issue 19 §2): the limit split between the vectors an
+"""--max-memory for the curvature probes: the limit split between the vectors an
 estimator stores (planned in flatcheck.linalg) and the graphs of the batches the backend's
 products run over (cut into micro-batches by the backend, flatcheck.engines.microbatch)."""
 

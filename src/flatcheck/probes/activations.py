@@ -1,4 +1,4 @@
-"""Probe 11 (SPEC; Anonymous 2025, "Sharpness can be manipulated and misleading for generalization", §2):
+"""Activations (Anonymous 2025, "Sharpness can be manipulated and misleading for generalization", §2):
 activation frequency η and death frequency ξ per ReLU-like layer."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Probe 5 (SPEC; Kwon et al. 2021, Andriushchenko et al. 2023, Chen et al. 2023 §E.2, App. F):
+"""Adaptive sharpness (Kwon et al. 2021, Andriushchenko et al. 2023, Chen et al. 2023 §E.2, App. F):
 elementwise adaptive average-case sharpness."""
 
 from __future__ import annotations

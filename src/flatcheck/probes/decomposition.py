@@ -1,4 +1,4 @@
-"""Probe 12 (SPEC, Anonymous 2025 §3, App. A.1): the centered decomposition of Tr(G) per Linear/Conv
+"""Decomposition (Anonymous 2025 §3, App. A.1): the centered decomposition of Tr(G) per Linear/Conv
 layer and its scale-aware upper bound, next to the exact GGN trace of the same weights.
 
 Anonymous 2025: "Sharpness can be manipulated and misleading for generalization", under

@@ -1,4 +1,4 @@
-"""Generalisation gap (SPEC "Diagnostics"): loss and accuracy on train and test, and their difference."""
+"""Generalisation gap: loss and accuracy on train and test, and their difference."""
 
 from __future__ import annotations
 

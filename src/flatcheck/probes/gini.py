@@ -1,4 +1,4 @@
-"""Probe 8 (SPEC): mean Gini impurity 1 − ‖p‖², with mean entropy, accuracy and mean loss."""
+"""Gini: mean Gini impurity 1 − ‖p‖², with mean entropy, accuracy and mean loss."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Probe 7 (SPEC; Taleghani et al. 2026, Theorem 1, Corollary 3): exact Hessian trace of the loss
+"""Head trace (Taleghani et al. 2026, Theorem 1, Corollary 3): exact Hessian trace of the loss
 w.r.t. the head."""
 
 from __future__ import annotations

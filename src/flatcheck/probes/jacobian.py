@@ -1,4 +1,4 @@
-"""Probe 9 (SPEC): input-output Jacobian norms ‖J(x_n)‖_F and ‖J(x_n)‖_2, mean and max over S."""
+"""Jacobian: input-output Jacobian norms ‖J(x_n)‖_F and ‖J(x_n)‖_2, mean and max over S."""
 
 from __future__ import annotations
 

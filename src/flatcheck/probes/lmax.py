@@ -1,4 +1,4 @@
-"""Probe 2 (SPEC): the top-k eigenvalues of H or G, with residuals and the products spent."""
+"""lmax: the top-k eigenvalues of H or G, with residuals and the products spent."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Probe 10 (SPEC, Chen et al. 2023 §3): MLS, normalized MLS, NMLS, log local volume, local dimensionality,
+"""MLS (Chen et al. 2023 §3): MLS, normalized MLS, NMLS, log local volume, local dimensionality,
 and the right-hand sides of the MLS / NMLS bounds next to the quantities."""
 
 from __future__ import annotations

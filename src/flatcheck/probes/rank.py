@@ -1,4 +1,4 @@
-"""Probe 4 (SPEC): rank degeneracy at the origin from SLQ nodes, beside two rank bounds.
+"""Rank: rank degeneracy at the origin from SLQ nodes, beside two rank bounds.
 
 "SLQ resolution". With m nodes t_1 < … < t_m and weights w_j, the Chebyshev–Markov–Stieltjes
 inequalities bound the spectral measure μ_v seen from a start vector v:

@@ -1,4 +1,4 @@
-"""Probe 6 (SPEC; Petzka et al. 2021, Taleghani et al. 2026 Definition 1): relative flatness κ of the head."""
+"""Relative flatness (Petzka et al. 2021, Taleghani et al. 2026 Definition 1): relative flatness κ of the head."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Probe 3 (SPEC): the eigenvalue density of H or G by stochastic Lanczos quadrature."""
+"""Spectrum: the eigenvalue density of H or G by stochastic Lanczos quadrature."""
 
 from __future__ import annotations
 

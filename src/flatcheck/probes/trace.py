@@ -1,4 +1,4 @@
-"""Probe 1 (SPEC): Tr(H) or Tr(G) of the whole-sample-set loss, with a per-layer breakdown."""
+"""Trace: Tr(H) or Tr(G) of the whole-sample-set loss, with a per-layer breakdown."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ DEFAULT_RTOL = 0.05
 # imports torch's compiler stack (make_fx imports torch._dynamo: 1.6–2 s of CPU) and traces the
 # loss (about a second more on a ResNet-18); on a ResNet-18, where a product saves ~0.2 s, that
 # is repaid after ~15 products, and on a small model (the demo CNN) not within 60. Fewer planned
-# products than this take HVPs (route "auto"; issue 16 §5).
+# products than this take HVPs (route "auto").
 TANGENT_MIN_PRODUCTS = 16
 ROUTES = ("auto", "tangent", "hvp")
 

@@ -1,7 +1,7 @@
 """Progress on stderr while probes run: a rich bar per probe at a terminal, plain lines elsewhere.
 
 The probes call `renderer(desc, done, total, *, value=None, stderr=None)` after each unit of
-work (the callback of interfaces §1). Off a terminal (a CI log, nohup, a notebook's
+work (the progress callback every probe takes). Off a terminal (a CI log, nohup, a notebook's
 subprocess) a line is written at each probe's end and, from a background ticker, every
 `period` seconds while work runs — a ticker because one unit (one HVP of a large model) can
 take minutes and then no callback comes to write the line.
@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
-# the off-terminal line's period: at most every 10 s, at least every 30 s (issue 16 §3);
+# the off-terminal line's period: at most every 10 s, at least every 30 s, so a CI log
+# shows life without flooding;
 # FLATCHECK_PROGRESS_SECONDS overrides it (tests use a fraction of a second)
 DEFAULT_PERIOD = 15.0
 PERIOD_ENV = "FLATCHECK_PROGRESS_SECONDS"

@@ -37,7 +37,7 @@ def within_noise(value: float | None, stderr: float | None) -> bool:
 
 
 def fmt_estimate(value: float | None, stderr: float | None) -> str:
-    """value ± stderr, said to be zero within noise when it is (issue 16: '−2.8e-08 ± 4.2e-08'
+    """value ± stderr, said to be zero within noise when it is ('−2.8e-08 ± 4.2e-08'
     with no word that it is zero reads as a tiny negative sharpness)."""
     text = fmt_pm(value, stderr)
     return f"0 within noise: {text}" if within_noise(value, stderr) else text

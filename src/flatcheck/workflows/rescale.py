@@ -1,4 +1,4 @@
-"""Function-preserving reparametrisations (SPEC "Diagnostics"; Fig. 1 of Anonymous 2025, "Sharpness
+"""Function-preserving reparametrisations (Fig. 1 of Anonymous 2025, "Sharpness
 can be manipulated and misleading for generalization").
 
 - relu-pair: z_{l+1} = W_{l+1} φ(W_l x + b_l) with φ positively homogeneous (ReLU, pooling, …):
