@@ -1,120 +1,32 @@
-"""Shared ground truth: tiny float64 models, their data, and dense Hessian / GGN matrices."""
+"""Fixtures every test folder shares; helpers that are plain functions live in tests/support."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-from torch.func import functional_call
-from torch.utils.data import TensorDataset
+from safetensors.torch import save_file
 
-from flatcheck.backends import ParamLayout, Problem, create_backend
-from flatcheck.backends.base import model_mode
-from flatcheck.data.batches import SampleSet
-from flatcheck.losses import apply_output_hessian, per_sample_loss
-from flatcheck.models.spec import LossSpec
-
-
-def tiny_mlp(num_classes: int = 4) -> nn.Module:
-    torch.manual_seed(1)
-    return nn.Sequential(nn.Flatten(), nn.Linear(12, 10), nn.Tanh(), nn.Linear(10, 8), nn.ReLU(),
-                         nn.Linear(8, num_classes)).double()
-
-
-def tiny_cnn(num_classes: int = 4) -> nn.Module:
-    torch.manual_seed(2)
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 6, 3), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, num_classes),
-    ).double()
-
-
-MODELS = {"mlp": tiny_mlp, "cnn": tiny_cnn}
-
-
-@dataclass
-class Case:
-    model: nn.Module
-    problem: Problem
-    X: torch.Tensor
-    Y: torch.Tensor
-
-    def backend(self, name: str = "autograd"):
-        return create_backend(name, self.problem)
-
-
-def make_case(kind: str, *, loss: str = "cross_entropy", n: int = 23, batch_size: int = 10,
-              bn_mode: str = "eval", seed: int = 0) -> Case:
-    model = MODELS[kind]()
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(n, 1, 3, 4, generator=g, dtype=torch.float64) if kind == "mlp" else \
-        torch.randn(n, 1, 6, 6, generator=g, dtype=torch.float64)
-    Y = torch.randint(0, 4, (n,), generator=g)
-    if kind == "cnn":
-        # put the BN running statistics somewhere other than (0, 1) so eval ≠ train mode
-        bn = model[1]
-        bn.running_mean.copy_(torch.linspace(-0.5, 0.5, 4))
-        bn.running_var.copy_(torch.linspace(0.5, 2.0, 4))
-    samples = SampleSet(TensorDataset(X, Y), samples=n, batch_size=batch_size, dtype=torch.float64)
-    spec = LossSpec(loss)
-    problem = Problem(model=model, loss=spec, samples=samples, layout=ParamLayout.from_model(model), bn_mode=bn_mode)
-    return Case(model, problem, X, Y)
-
-
-def dense(case: Case, reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense float64 Hessian and GGN of L(θ) = (1/N) Σ ℓ_n, computed on the whole set at once.
-
-    reverse: the Hessian by reverse-over-reverse autograd even in eval mode (see below)."""
-    model, layout, problem = case.model, case.problem.layout, case.problem
-    buffers = dict(model.named_buffers())
-    theta0 = torch.cat([p.detach().reshape(-1) for p in layout.params(model)])
-
-    def unflat(theta):
-        return dict(zip(layout.names, (t.view(s) for t, s in zip(theta.split(layout.sizes), layout.shapes))))
-
-    def logits_of(theta, x):
-        return functional_call(model, (unflat(theta), buffers), (x,))
-
-    # batch statistics (train mode) are per batch, so ground truth follows the batching
-    with model_mode(model, problem.bn_mode):
-        def total_loss(theta):
-            out = 0
-            for b in problem.samples:
-                out = out + per_sample_loss(logits_of(theta, b.x), b.y, problem.loss).mean() * b.weight
-            return out
-
-        # torch.func's second derivative through batch norm with batch statistics is off
-        # by ~1.6% (torch 2.14.1, checked against finite differences on a tanh CNN), so
-        # train mode uses plain autograd; eval mode the vectorised (fast) transform.
-        if problem.bn_mode == "train" or reverse:
-            H = torch.autograd.functional.hessian(total_loss, theta0, vectorize=True)
-        else:
-            H = torch.func.hessian(total_loss)(theta0)
-        G = torch.zeros_like(H)
-        for b in problem.samples:
-            J = torch.func.jacrev(lambda t: logits_of(t, b.x))(theta0)  # (B, C, P)
-            out = logits_of(theta0, b.x)
-            AJ = apply_output_hessian(out, b.y, problem.loss, J.permute(2, 0, 1)).permute(1, 2, 0)
-            G += torch.einsum("bcp,bcq->pq", J, AJ) * (b.weight / b.x.shape[0])
-    return H, G
-
-
-class DenseOperator:
-    """A dense symmetric matrix as an operator, for testing estimators on their own."""
-
-    def __init__(self, A: torch.Tensor):
-        self.A, self.dim, self.dtype, self.device, self.matvecs = A, A.shape[0], A.dtype, A.device, 0
-
-    def matmat(self, V):
-        self.matvecs += V.shape[0]
-        return V @ self.A
+from flatcheck.models.sources import build_model
+from flatcheck.models.spec import load_spec
+from tests.support.cli import ROOT
+from tests.support.dense import make_case
 
 
 @pytest.fixture
 def case_factory():
     return make_case
+
+
+@pytest.fixture(scope="module")
+def resnet_checkpoint(tmp_path_factory) -> Path:
+    """The shipped CIFAR ResNet-18 spec at a random init, saved as a checkpoint."""
+    torch.manual_seed(0)
+    model = build_model(load_spec(ROOT / "model_specs" / "resnet18_cifar.yaml"))
+    path = tmp_path_factory.mktemp("ckpt") / "resnet18.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from flatcheck.config import RunConfig, probe_requests
 from flatcheck.errors import ConfigError, DataError, InputError, SpecError
 from flatcheck.probes.registry import list_probes
 
-from conftest import dense, make_case
+from tests.support.dense import dense, make_case
 
 # exact probes in float64: the only difference from the dense truth is summation order over
 # batches and samples, a few ulps of the terms summed (≤ 1e-12 relative on these sizes)
@@ -374,7 +374,7 @@ def test_errors_name_the_call_s_own_arguments_not_the_command_line_s():
             flatcheck.measure(model, (x, y), **kwargs)
     # and a probe's refusal as it runs ("… needs about 2 GiB …; raise --max-memory or free memory"),
     # where a flag is mid-sentence; a longer flag is not one of the call's
-    from flatcheck.api import _call_words
+    from flatcheck.live import _call_words
 
     with pytest.raises(ConfigError, match=r"^probe mls needs 2 GiB \(max_memory less what is held\); raise "
                                           r"max_memory, or --probes-max 8$"):

@@ -1,0 +1,197 @@
+"""CUDA: every backend on the GPU against dense float64 ground truth computed on the CPU.
+
+Skipped where torch sees no GPU (the CI machine); run on a lent GPU machine with
+`python -m pytest tests/test_cuda.py`. The OOM-halving logic itself is tested on the CPU
+in test_conformance.py; here it meets a real CUDA out-of-memory error.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+from typer.testing import CliRunner
+
+from tests.support.dense import dense, make_case
+from flatcheck.backends import ParamLayout, create_backend, list_backends
+from flatcheck.problem import Problem
+from flatcheck.cli import app
+from flatcheck.data.batches import SampleSet
+from flatcheck.linalg.thick_restart import restart_bytes
+from flatcheck.probes import ProbeContext, create_probe, parse_options
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+ROOT = Path(__file__).resolve().parents[2]
+EPS64 = torch.finfo(torch.float64).eps
+EPS32 = torch.finfo(torch.float32).eps
+BACKENDS = [b for b in list_backends() if b != "distributed"]
+CASES = [("mlp", "cross_entropy", "eval"), ("cnn", "cross_entropy", "eval"), ("cnn", "mse", "eval"),
+         ("cnn", "cross_entropy", "train")]
+
+
+def _on_cuda(case, dtype=torch.float64) -> Problem:
+    """The same problem as `case` (model, data, batching, loss), moved to the GPU in `dtype`."""
+    model = case.model.to(device="cuda", dtype=dtype)
+    samples = SampleSet(TensorDataset(case.X, case.Y), samples=case.X.shape[0],
+                        batch_size=case.problem.samples.batch_size, device=torch.device("cuda"), dtype=dtype)
+    return Problem(model=model, loss=case.problem.loss, samples=samples, layout=ParamLayout.from_model(model),
+                   bn_mode=case.problem.bn_mode)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double().cpu() - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind,loss,bn_mode", CASES)
+def test_products_on_cuda_match_dense(backend, kind, loss, bn_mode):
+    case = make_case(kind, loss=loss, bn_mode=bn_mode)
+    H, G = dense(case)  # on the CPU, before the model moves
+    b = create_backend(backend, _on_cuda(case))
+    V = torch.randn(5, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    Vc = V.cuda()
+    assert _rel(b.hvp(Vc), V @ H) < 1e3 * EPS64
+    assert _rel(b.ggn_vp(Vc), V @ G) < 1e3 * EPS64
+    got = b.ggn_trace().per_param.sum().item()
+    assert abs(got - G.trace().item()) <= 1e3 * EPS64 * G.trace().item()
+
+
+@pytest.mark.parametrize("kind,loss,bn_mode", CASES)
+def test_vhv_by_forward_tangents_on_cuda_matches_dense(kind, loss, bn_mode):
+    """The total-only trace route (backends/quadform.py) traced and run on the GPU."""
+    case = make_case(kind, loss=loss, bn_mode=bn_mode)
+    H, _ = dense(case)
+    b = create_backend("autograd", _on_cuda(case))
+    S = (torch.randint(0, 2, (4, H.shape[0]), generator=torch.Generator().manual_seed(3)) * 2 - 1).to(torch.int8)
+    got = b.vhv(S.cuda())
+    assert b.vhv_error is None
+    want = ((S.double() @ H) * S.double()).sum(1)
+    assert (got.cpu() - want).abs().max().item() <= 1e3 * EPS64 * H.abs().sum().item()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float32_on_cuda_is_float32_accurate(backend):
+    """TF32 (10 mantissa bits, ~5e-4 relative) is off unless asked for: products stay near float32 round-off."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    case = make_case("cnn")
+    H, _ = dense(case)
+    b = create_backend(backend, _on_cuda(case, torch.float32))
+    V = torch.randn(4, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    assert _rel(b.hvp(V.float().cuda()), V.float().double() @ H) < 1e3 * EPS32
+
+
+def test_compiled_hvp_on_cuda_matches_dense():
+    case = make_case("cnn")
+    H, _ = dense(case)
+    b = create_backend("func", _on_cuda(case), compile=True)
+    V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    # an eager fallback would hide a broken compile, so none may happen; torch's own warnings
+    # while compiling are not turned into errors, which would break the compile they describe
+    # (Inductor warns that it splits a softmax reduction, then compiles it)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = b.hvp(V.cuda())
+    assert b.compile_error is None
+    assert not [w for w in seen if "--compile" in str(w.message)]
+    assert _rel(got, V @ H) < 1e3 * EPS64
+
+
+def test_a_real_cuda_out_of_memory_halves_the_chunk():
+    """A block that does not fit in a capped allocator is cut until it does, and the result is unchanged."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Tanh(), torch.nn.Linear(2048, 10)).cuda()
+    X, Y = torch.randn(64, 2048), torch.randint(0, 10, (64,))
+    samples = SampleSet(TensorDataset(X, Y), samples=64, batch_size=64, device=torch.device("cuda"))
+    from flatcheck.models.spec import LossSpec
+
+    problem = Problem(model, LossSpec("cross_entropy"), samples, ParamLayout.from_model(model))
+    P = problem.layout.dim  # ~4.2M parameters: one vector is 17 MB, a 64-vector chunk several GB of tangents
+    V = torch.randn(64, P, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    ref = create_backend("autograd", problem).hvp(V[:2])
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    allowed = torch.cuda.memory_allocated() + 1.5 * 2**30
+    torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total))
+    try:
+        b = create_backend("func", problem)
+        b.chunk = 64
+        with pytest.warns(UserWarning, match="CUDA out of memory; retrying with \\d+ vectors per pass"):
+            out = b.hvp(V)
+        assert b.chunk < 64
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert _rel(out[:2], ref.double().cpu()) < 1e3 * EPS32
+
+
+def _trace_json(tmp_path, device: str, *extra: str) -> dict:
+    out = tmp_path / f"{device.replace(':', '_')}.json"
+    args = ["trace", str(ROOT / "demo/digits_cnn.safetensors"), "--spec", str(ROOT / "model_specs/demo_digits.yaml"),
+            "--data", "digits", "--samples", "200", "--batch-size", "64", "--dtype", "float64", "--device", device,
+            "--max-probes", "8", "--json", str(out), "-q", *extra]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cli_on_cuda_equals_cpu(tmp_path, backend):
+    """Same seed, same probes, same data: the GPU's trace is the CPU's to float64 round-off."""
+    cpu = _trace_json(tmp_path, "cpu", "--backend", backend)
+    gpu = _trace_json(tmp_path, "cuda", "--backend", backend)
+    a, b = cpu["results"]["trace"]["value"], gpu["results"]["trace"]["value"]
+    assert gpu["device"].startswith("cuda")
+    assert abs(a - b) <= 1e6 * EPS64 * abs(a)
+    assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+
+
+def _probe_on_cuda(case, probe: str, max_memory: int, **opts):
+    ctx = ProbeContext(create_backend("func", _on_cuda(case)), seed=0, max_memory=max_memory)
+    return create_probe(probe).run(ctx, parse_options(probe, opts))
+
+
+def test_restarted_lmax_on_cuda_matches_dense():
+    """The thick-restarted basis (a --max-memory too small for the full one) on the GPU: the top
+    two eigenvalues within the Kato–Temple bound of their reported residuals."""
+    case = make_case("mlp")
+    H, _ = dense(case)
+    per, fixed = restart_bytes(0, H.shape[0], torch.float64)
+    res = _probe_on_cuda(case, "lmax", 2 * (fixed + 12 * per) + 1, k=2, tol=1e-9)
+    d = res.details
+    assert d["basis"] == "thick-restart" and d["basis_rows"] == 12 and all(d["converged"])
+    ev = torch.linalg.eigvalsh(H).flip(0)
+    gap = (ev[1] - ev[2]).item()
+    for value, r, truth in zip(d["eigenvalues"], d["residuals"], ev[:2].tolist()):
+        assert abs(value - truth) <= r * r / gap + 1e-12 * abs(truth)
+
+
+@pytest.mark.parametrize("probe,opts", [("trace", {"rtol": "none", "probes_max": 12, "block_size": 4}),
+                                        ("spectrum", {"lanczos_steps": 12})])
+def test_a_small_max_memory_on_cuda_gives_the_unchunked_values(probe, opts):
+    """Micro-batches planned against a small device allowance change no value (float64, 1e-12)."""
+    case = make_case("mlp")
+    whole = _probe_on_cuda(case, probe, 2**40, **opts)
+    memory = whole.details["memory"]
+    assert memory["microbatch_samples"] is None
+    cut = _probe_on_cuda(case, probe, memory["stored_vector_bytes"] + 2 * memory["graph_bytes_per_sample"] + 1,
+                         **opts)
+    assert cut.details["memory"]["microbatch_samples"] == 2
+    assert abs(cut.value - whole.value) <= 1e-12 * abs(whole.value)
+
+
+def test_max_memory_on_cuda_caps_what_the_device_holds(tmp_path):
+    """--max-memory on a GPU is device memory: what torch holds there (model, samples) is taken
+    off it, and a cap the device already holds more than is one line, exit 2."""
+    report = _trace_json(tmp_path, "cuda", "--max-memory", "2G")
+    memory = report["results"]["trace"]["details"]["memory"]
+    assert memory["max_memory_bytes"] == 2 * 2**30 and 0 < memory["process_held_bytes"] < 2**30
+    args = ["trace", str(ROOT / "demo/digits_cnn.safetensors"), "--spec", str(ROOT / "model_specs/demo_digits.yaml"),
+            "--data", "digits", "--samples", "200", "--device", "cuda", "--max-memory", "1000", "-q"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "--max-memory 1,000 bytes" in res.output and "leaves no room" in res.output

@@ -1,0 +1,212 @@
+"""Adaptive sharpness: Monte Carlo vs second-order form vs the dense
+(ρ²/2)·Tr(diag|w| H diag|w|), weights restored bit for bit, loss override, --params.
+
+Tolerances are z = 4 standard errors (false-alarm rate below 1e-4 for a normal estimate);
+the MC–second-order comparison uses the two independent standard errors combined.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from tests.support.dense import dense, make_case
+from flatcheck.backends import ParamLayout
+from flatcheck.errors import ConfigError
+from flatcheck.models.spec import LossSpec
+from flatcheck.probes import adaptive_sharpness as mod
+from flatcheck.probes.registry import ProbeContext, create_probe, parse_options
+
+Z = 4.0
+
+
+def run(case, seed: int = 0, **options):
+    ctx = ProbeContext(backend=case.backend(), seed=seed)
+    return create_probe("adaptive-sharpness").run(ctx, parse_options("adaptive-sharpness", options))
+
+
+def dense_second_order(case, rho: float) -> float:
+    H, _ = dense(case)
+    w = torch.cat([p.detach().abs().reshape(-1) for p in case.problem.layout.params(case.model)])
+    return rho**2 / 2 * (w[:, None] * H * w[None, :]).trace().item()
+
+
+def snapshot(model):
+    return {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+
+
+def assert_bitwise_equal(model, saved):
+    now = model.state_dict(keep_vars=True)
+    for k, v in saved.items():
+        assert torch.equal(now[k].detach(), v), k  # torch.equal: every element identical
+
+
+def test_second_order_matches_dense_within_its_stderr():
+    case = make_case("cnn")
+    r = run(case, method="second-order", probes_max=60)
+    so = r.details["second_order"]
+    assert r.value == so["value"] and r.stderr == so["stderr"] and r.matvecs == so["matvecs"] == 60
+    assert abs(so["value"] - dense_second_order(case, rho=0.0005)) <= Z * so["stderr"]
+    assert "mc" not in r.details
+    # ρ only scales: the same probes at another ρ give the ratio (ρ'/ρ)² exactly
+    r2 = run(case, method="second-order", probes_max=60, rho=0.05)
+    assert math.isclose(r2.value, r.value * (0.05 / 0.0005) ** 2, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "sigmoid_mse"])
+def test_monte_carlo_agrees_with_second_order_for_small_rho(loss):
+    """The ± pair removes the odd Taylor terms, so the MC mean is ½E[δᵀHδ] + O(ρ⁴) — with
+    ρ = 1e-3 the quartic term is ~1e-6 of the quadratic, far inside the standard errors."""
+    case = make_case("mlp", loss=loss)
+    r = run(case, rho=1e-3, noise_draws=64, probes_max=100)
+    mc, so = r.details["mc"], r.details["second_order"]
+    assert r.value == mc["value"] and r.stderr == mc["stderr"] and r.seed == 0
+    assert mc["draws"] == 64 and mc["loss_evaluations"] == 129
+    combined = math.hypot(mc["stderr"], so["stderr"])
+    assert abs(mc["value"] - so["value"]) <= Z * combined
+    assert abs(mc["value"] - dense_second_order(case, 1e-3)) <= Z * mc["stderr"]
+
+
+def test_weights_restored_bitwise():
+    case = make_case("cnn")
+    saved = snapshot(case.model)
+    run(case, rho=0.3, noise_draws=3, method="mc")  # large ρ: a bad restore would show
+    assert_bitwise_equal(case.model, saved)
+
+
+def test_weights_restored_when_a_loss_evaluation_fails(monkeypatch):
+    case = make_case("mlp")
+    saved = snapshot(case.model)
+    calls = {"n": 0}
+    real = mod.sample_loss
+
+    def failing(backend):
+        calls["n"] += 1
+        if calls["n"] == 3:  # inside the first perturbation pair
+            raise RuntimeError("boom")
+        return real(backend)
+
+    monkeypatch.setattr(mod, "sample_loss", failing)
+    with pytest.raises(RuntimeError, match="boom"):
+        run(case, rho=0.3, noise_draws=2, method="mc")
+    assert_bitwise_equal(case.model, saved)
+
+
+def test_loss_override_uses_a_new_problem_and_leaves_the_spec_loss():
+    case = make_case("mlp")  # cross entropy
+    r = run(case, method="second-order", loss="sigmoid-mse", probes_max=60)
+    assert r.details["loss"] == "sigmoid_mse"
+    assert case.problem.loss.name == "cross_entropy"
+    truth = dense_second_order(make_case("mlp", loss="sigmoid_mse"), 0.0005)
+    assert abs(r.value - truth) <= Z * r.stderr
+
+
+def test_params_subset_is_respected():
+    case = make_case("mlp")
+    case.problem = dataclasses.replace(case.problem, layout=ParamLayout.from_model(case.model, ("5.*",)))
+    saved = snapshot(case.model)
+    r = run(case, method="both", noise_draws=4, probes_max=40)
+    assert r.details["parameters"] == 8 * 4 + 4
+    assert_bitwise_equal(case.model, saved)
+    assert abs(r.details["second_order"]["value"] - dense_second_order(case, 0.0005)) \
+        <= Z * r.details["second_order"]["stderr"]
+
+
+def test_same_seed_same_numbers_and_second_order_independent_of_method():
+    case = make_case("mlp")
+    a = run(case, noise_draws=4, probes_max=20, seed=7)
+    b = run(case, noise_draws=4, probes_max=20, seed=7)
+    c = run(case, method="second-order", probes_max=20, seed=7)
+    assert a.details == b.details
+    assert c.details["second_order"] == a.details["second_order"]
+
+
+@pytest.mark.parametrize("bad, flag", [
+    ({"rho": -1.0}, "--rho"), ({"rho": float("nan")}, "--rho"), ({"noise_draws": 0}, "--noise-draws"),
+    ({"noise_draws": 1}, "--noise-draws"), ({"loss": "hinge"}, "--loss"), ({"probes_max": 1}, "--probes-max"),
+])
+def test_bad_options_name_their_flag(bad, flag):
+    with pytest.raises(ConfigError, match=flag):
+        parse_options("adaptive-sharpness", bad)
+
+
+def test_loss_names_are_normalised():
+    assert parse_options("adaptive-sharpness", {"loss": "Sigmoid-MSE"}).loss == "sigmoid_mse"
+    assert LossSpec("sigmoid_mse").name == "sigmoid_mse"
+
+
+def test_second_order_by_forward_tangents_equals_the_product_route():
+    """The autograd backend takes (|w|⊙v)ᵀH(|w|⊙v) by forward tangents; forcing the (k, P)
+    product route gives the same probes, so the same value and stderr to round-off."""
+    from flatcheck.linalg import hutchinson
+    from flatcheck.operators import CurvatureOperator
+
+    case = make_case("cnn", bn_mode="train")
+    H, _ = dense(case)
+    op = CurvatureOperator(case.backend("autograd"))
+    w = torch.cat([p.detach().abs().reshape(-1) for p in case.problem.layout.params(case.model)])
+    fast = mod._ScaledOperator(op, w)
+    assert fast.streams_total
+    slow = mod._ScaledOperator(CurvatureOperator(case.backend("autograd")), w)
+    slow.streams_total = False
+    a, b = (hutchinson(o, generator=torch.Generator().manual_seed(5), max_probes=9, block_size=4)
+            for o in (fast, slow))
+    assert op.matvecs == 9 and a.matvecs == b.matvecs == 9
+    # each probe value is a sum of P² terms no larger than |w_i H_ij w_j|
+    tol = 1e3 * torch.finfo(torch.float64).eps * (w[:, None] * H * w[None, :]).abs().sum().item()
+    assert math.isclose(a.value, b.value, abs_tol=tol) and math.isclose(a.stderr, b.stderr, abs_tol=tol)
+    from flatcheck.backends import Vhv
+
+    assert not isinstance(case.backend("func"), Vhv)
+    assert not mod._ScaledOperator(CurvatureOperator(case.backend("func")), w).streams_total
+
+
+def test_result_carries_the_degrees_of_freedom_of_its_stderr():
+    """A gate's interval on S_ρ takes Student's t with draws − 1 (Monte Carlo) or probes − 1
+    (second order) degrees of freedom."""
+    from flatcheck.probes.adaptive_sharpness import AdaptiveSharpnessOptions, AdaptiveSharpnessProbe
+    from flatcheck.probes.registry import ProbeContext
+    from tests.support.dense import make_case
+
+    backend = make_case("mlp").backend()
+    probe = AdaptiveSharpnessProbe()
+    mc = probe.run(ProbeContext(backend=backend, seed=0), AdaptiveSharpnessOptions(method="mc", noise_draws=5))
+    assert mc.dof == 4 and mc.details["mc"]["draws"] == 5
+    second = probe.run(ProbeContext(backend=backend, seed=0),
+                       AdaptiveSharpnessOptions(method="second-order", probes_max=7))
+    assert second.dof == 6 and second.details["second_order"]["probes"] == 7
+
+
+def test_headline_route_is_the_monte_carlo_where_it_resolves_the_value():
+    case = make_case("mlp")
+    r = run(case, rho=1e-5, noise_draws=16, probes_max=50)
+    d = r.details
+    assert d["route"] == "monte-carlo" and "resolved" in d["route_reason"]
+    assert (r.value, r.stderr, r.dof) == (d["mc"]["value"], d["mc"]["stderr"], d["mc"]["draws"] - 1)
+    assert abs(r.value - dense_second_order(case, 1e-5)) <= Z * r.stderr
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_headline_falls_back_to_the_second_order_form_below_the_rounding_floor(kind):
+    """At ρ = 1e-8 S_ρ (~3e-18) is far below one rounding of L (~3e-16 in float64): the ± pairs
+    share L(w)'s rounding, and on the CNN their mean, 1.2e-16 ± 4e-17, looks 'significant'
+    by its standard error alone while being 50× the truth. The headline must not be it."""
+    case = make_case(kind)
+    r = run(case, rho=1e-8, noise_draws=16, probes_max=50)
+    d = r.details
+    truth = dense_second_order(case, 1e-8)
+    assert d["route"] == "second-order" and "not told apart from 0" in d["route_reason"]
+    # the reason gives what the value fell short of, in numbers (it said "0 within noise" of a
+    # value 2.3 standard errors off 0 that only the rounding floor held back)
+    from scipy.stats import t
+
+    half = t.ppf(0.975, d["mc"]["draws"] - 1) * d["mc"]["stderr"]
+    assert f"half-width {half:.2g} + the loss's rounding floor {d['mc']['rounding_floor']:.2g}" in d["route_reason"]
+    assert d["mc"]["rounding_floor"] == pytest.approx(torch.finfo(torch.float64).eps * d["mc"]["base_loss"])
+    assert (r.value, r.stderr, r.dof) == (d["second_order"]["value"], d["second_order"]["stderr"],
+                                          d["second_order"]["probes"] - 1)
+    assert abs(r.value - truth) <= Z * r.stderr
+    assert "headline: second-order" in r.notes

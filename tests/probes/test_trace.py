@@ -1,0 +1,352 @@
+"""Trace estimators and the trace probe against dense float64 ground truth.
+
+Tolerances come from the estimators' own standard errors (a z-bound of 4, i.e. a
+false-alarm rate below 1e-4 for a normal estimate) and from binomial / chi-square
+reasoning for the calibration checks, never from a loose constant.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from tests.support.dense import DenseOperator, dense, make_case
+from flatcheck.config import probe_requests
+from flatcheck.linalg import hutchinson, hutchpp
+from flatcheck.probes.registry import ProbeContext, create_probe
+
+Z = 4.0
+
+
+def _sym(n: int, seed: int, rank: int | None = None) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    B = torch.randn(n, rank or n, generator=g, dtype=torch.float64)
+    return B @ B.T / n if rank else (B + B.T) / 2
+
+
+def _block_traces(M: torch.Tensor, layout) -> dict[str, float]:
+    out: dict[str, float] = {}
+    start = 0
+    for size, group in zip(layout.sizes, layout.groups):
+        out[group] = out.get(group, 0.0) + M.diagonal()[start : start + size].sum().item()
+        start += size
+    return out
+
+
+# -- estimators on dense matrices -----------------------------------------------------------
+
+def test_hutchinson_standard_error_is_calibrated():
+    """Over many seeds, |error|/stderr exceeds the t-quantile as often as it should, and the
+    mean reported variance matches Rademacher theory 2(‖A‖²_F − Σ A_ii²)."""
+    A = _sym(40, 0)
+    true = A.trace().item()
+    m, seeds = 30, 400
+    z, var = [], []
+    for seed in range(seeds):
+        est = hutchinson(DenseOperator(A), generator=torch.Generator().manual_seed(seed), max_probes=m)
+        z.append((est.value - true) / est.stderr)
+        var.append(est.stderr ** 2 * m)
+    q = stats.t.ppf(0.975, m - 1)
+    exceed = sum(abs(x) > q for x in z)
+    # the t-quantile is exact for normal summands; allow the binomial 1e-4 band around 5 %
+    lo, hi = stats.binom.ppf(1e-4, seeds, 0.05), stats.binom.isf(1e-4, seeds, 0.05)
+    assert lo <= exceed <= hi, exceed
+    theory = 2 * (A.pow(2).sum() - A.diagonal().pow(2).sum()).item()
+    var_t = torch.tensor(var)
+    assert abs(var_t.mean().item() - theory) <= Z * var_t.std().item() / math.sqrt(seeds)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_hutchinson_interval_covers_the_dense_trace_at_20_probes(kind):
+    """The 95 % interval a gate draws (value ± t₀.₉₇₅,m−1·stderr, flatcheck.workflows.gate.quantile) covers
+    the dense float64 Tr(H) of a small network within the binomial band over 400 seeds at m = 20.
+    The CNN's Hessian has two outlying eigenvalues (1.16 and 0.68 of a trace of 1.96), so its
+    probe values are right-skewed, and misses fall on the low side."""
+    from flatcheck.workflows.gate import quantile
+
+    H, _ = dense(make_case(kind))
+    true = H.trace().item()
+    m, seeds = 20, 400
+    covered = 0
+    for seed in range(seeds):
+        est = hutchinson(DenseOperator(H), generator=torch.Generator().manual_seed(seed), max_probes=m)
+        assert est.dof == m - 1 and len(est.samples) == m
+        covered += abs(est.value - true) <= quantile(0.95, est.dof) * est.stderr
+    # the seeds are fixed, so the two-sided 1 % binomial band is a fixed bar, not a false-alarm
+    # rate: t covers 381 (MLP) and 374 (CNN) of 400 inside [368, 390]; the normal quantile's
+    # 367 on the CNN falls below it
+    lo, hi = stats.binom.ppf(0.005, seeds, 0.95), stats.binom.isf(0.005, seeds, 0.95)
+    assert lo <= covered <= hi, (covered, lo, hi)
+
+
+def test_hutchinson_rtol_stops_on_standard_error():
+    A = _sym(60, 1, rank=60) + 5 * torch.eye(60, dtype=torch.float64)
+    op = DenseOperator(A)
+    est = hutchinson(op, generator=torch.Generator().manual_seed(0), max_probes=10_000, rtol=0.01, block_size=4)
+    assert est.stop_reason == "rtol"
+    assert est.stderr / abs(est.value) < 0.01
+    assert est.probes < 10_000 and est.matvecs == est.probes == op.matvecs
+    assert abs(est.value - A.trace().item()) <= Z * est.stderr
+
+
+def test_hutchinson_stops_at_max_probes_without_rtol():
+    op = DenseOperator(_sym(20, 2))
+    est = hutchinson(op, generator=torch.Generator().manual_seed(0), max_probes=13, block_size=5)
+    assert (est.probes, est.matvecs, op.matvecs, est.stop_reason) == (13, 13, 13, "max_probes")
+
+
+def test_hutchpp_is_exact_for_low_rank():
+    """With more sketch vectors than the rank, Q spans the range and the estimate is exact."""
+    A = _sym(80, 3, rank=5)
+    est = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30)
+    assert est.matvecs == 30
+    assert abs(est.value - A.trace().item()) <= 1e-10 * A.trace().item()
+    assert est.stderr <= 1e-10 * A.trace().item()
+
+
+def test_hutchpps_last_progress_report_carries_its_estimate():
+    # the progress line at the end said only 30/30, where Hutchinson's says value ± stderr
+    A = _sym(80, 3, rank=40)
+    reports = []
+    est = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30,
+                  progress=lambda done, total, **kw: reports.append((done, total, kw)))
+    assert reports[-1] == (30, 30, {"value": est.value, "stderr": est.stderr})
+
+
+def test_hutchpp_beats_hutchinson_on_decaying_spectrum():
+    """Same matvec budget, spectrum decaying like 1/i²: Hutch++'s reported error is smaller."""
+    n = 200
+    Q, _ = torch.linalg.qr(torch.randn(n, n, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
+    A = Q @ torch.diag(1.0 / torch.arange(1, n + 1, dtype=torch.float64) ** 2) @ Q.T
+    hp = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=60)
+    hu = hutchinson(DenseOperator(A), generator=torch.Generator().manual_seed(0), max_probes=60)
+    true = A.trace().item()
+    assert abs(hp.value - true) <= Z * hp.stderr
+    assert hp.stderr < hu.stderr / 3
+
+
+# -- the trace probe on tiny networks ---------------------------------------------------------
+
+def _run(case, seed=0, **opts):
+    (req,) = probe_requests(["trace"], {"trace": opts})
+    return create_probe("trace").run(ProbeContext(case.backend(), seed=seed), req.options)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("estimator,matrix", [("hutchinson", "hessian"), ("hutchinson", "ggn"),
+                                              ("hutchpp", "hessian"), ("hutchpp", "ggn")])
+def test_stochastic_trace_within_reported_error(kind, estimator, matrix):
+    case = make_case(kind)
+    H, G = dense(case)
+    M = H if matrix == "hessian" else G
+    r = _run(case, estimator=estimator, matrix=matrix, probes_max=150, rtol=None)  # a fixed count
+    assert r.stderr is not None and r.stderr > 0
+    assert abs(r.value - M.trace().item()) <= Z * r.stderr
+    assert r.matvecs == 150 and r.seed == 0
+    layers = r.details["layers"]
+    assert math.isclose(sum(p["value"] for p in layers.values()), r.value, rel_tol=1e-12, abs_tol=1e-14)
+    truth = _block_traces(M, case.problem.layout)
+    for name, part in layers.items():
+        assert abs(part["value"] - truth[name]) <= Z * part["stderr"] + 1e-12, name
+    assert math.isclose(r.details["mean_eigenvalue"], r.value / case.problem.layout.dim)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("loss", ["cross_entropy", "mse", "sigmoid_mse"])
+def test_exact_ggn_trace(kind, loss):
+    case = make_case(kind, loss=loss)
+    _, G = dense(case)
+    r = _run(case, estimator="exact")
+    assert r.label == "Tr(G)" and r.stderr is None and r.matvecs == 0 and r.seed is None
+    assert abs(r.value - G.trace().item()) <= 1e-8 * abs(G.trace().item())
+    truth = _block_traces(G, case.problem.layout)
+    for name, part in r.details["layers"].items():
+        assert abs(part["value"] - truth[name]) <= 1e-8 * abs(G.trace().item()), name
+
+
+def test_hutchinson_budget_stops_after_two_probes_with_an_honest_error():
+    """A spent budget ends the run after the block in progress (never before two probes, for
+    a standard error); what it reached is an ordinary Hutchinson estimate of fewer probes."""
+    A = _sym(60, 1, rank=60) + 5 * torch.eye(60, dtype=torch.float64)
+    op = DenseOperator(A)
+    calls = []
+
+    def spent() -> bool:
+        calls.append(op.matvecs)
+        return op.matvecs >= 8
+
+    est = hutchinson(op, generator=torch.Generator().manual_seed(0), max_probes=100, block_size=4,
+                     should_stop=spent)
+    assert est.stop_reason == "budget" and est.probes == est.matvecs == 8 and len(est.samples) == 8
+    assert calls == [4, 8]
+    assert abs(est.value - A.trace().item()) <= Z * est.stderr
+    same = hutchinson(DenseOperator(A), generator=torch.Generator().manual_seed(0), max_probes=8, block_size=4)
+    assert (same.value, same.stderr) == (est.value, est.stderr)  # the same draws, the same estimate
+    first = hutchinson(DenseOperator(A), generator=torch.Generator().manual_seed(0), max_probes=100, block_size=1,
+                       should_stop=lambda: True)
+    assert first.probes == 2 and first.stderr is not None  # at once: still two probes
+
+
+def test_hutchinson_budget_sizes_its_blocks_from_a_timed_probe(monkeypatch):
+    """Under a budget the first block is two probes (a block of 8 or 16 was the overrun: trace
+    --budget 1 took 5 s on a small ViT), each later one what the time left takes at the rate
+    measured (a stepped clock: 1 s a block), and the values are the unbudgeted run's."""
+    import flatcheck.linalg.trace as trace_module
+
+    A = _sym(60, 1, rank=60) + 5 * torch.eye(60, dtype=torch.float64)
+    clock = iter(range(1000))
+    monkeypatch.setattr(trace_module.time, "monotonic", lambda: float(next(clock)))
+    op = DenseOperator(A)
+    sizes, left = [], iter([3.0, 1.0])
+
+    def spent() -> bool:
+        sizes.append(op.matvecs)
+        return len(sizes) == 3
+
+    est = hutchinson(op, generator=torch.Generator().manual_seed(0), max_probes=100, block_size=8,
+                     should_stop=spent, time_left=lambda: next(left))
+    # 2 probes in 1 s: 0.5 s a probe, 3 s left → 6; 6 in 1 s, 1 s left → 6; then spent
+    assert sizes == [2, 8, 14] and est.stop_reason == "budget"
+    same = hutchinson(DenseOperator(A), generator=torch.Generator().manual_seed(0), max_probes=14, block_size=8)
+    assert (same.value, same.stderr) == (est.value, est.stderr)
+
+
+def test_hutchpp_budget_sizes_its_thirds_from_a_timed_product(monkeypatch):
+    """Hutch++ cannot stop midway (its residual probes are projected off the finished sketch),
+    so a budget sizes k up front: the sketch's first product is timed (a stepped clock: 1 s)
+    and 3k products fit the time left. It ignored --budget: 11 s under --budget 2."""
+    import flatcheck.linalg.trace as trace_module
+
+    A = _sym(60, 1, rank=60) + 5 * torch.eye(60, dtype=torch.float64)
+    clock = iter(range(1000))
+    monkeypatch.setattr(trace_module.time, "monotonic", lambda: float(next(clock)))
+    est = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30, time_left=lambda: 11.0)
+    assert est.stop_reason == "budget" and est.matvecs == 12 and est.probes == 8 and len(est.samples) == 4
+    assert abs(est.value - A.trace().item()) <= Z * est.stderr
+    least = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30, time_left=lambda: 0.0)
+    assert least.matvecs == 6 and least.stderr is not None  # at least two residual probes
+    ample = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30,
+                    time_left=lambda: 1e6)
+    free = hutchpp(DenseOperator(A), generator=torch.Generator().manual_seed(0), matvecs=30)
+    assert ample.stop_reason == free.stop_reason == "matvecs"
+    assert (ample.value, ample.stderr) == (free.value, free.stderr)  # the time only sizes, never draws
+
+
+def test_trace_probe_default_stops_at_5_percent_and_reports_it():
+    case = make_case("mlp")
+    _, G = dense(case)
+    r = _run(case, matrix="ggn")  # reaches 5 % after 88 probes at seed 0
+    assert r.details["rtol"] == 0.05 and r.details["stop_reason"] == "rtol"
+    assert r.stderr / abs(r.value) < 0.05 and r.details["probes"] < 100
+    assert abs(r.value - G.trace().item()) <= Z * r.stderr
+
+
+def test_trace_probe_reports_a_spent_budget():
+    import time
+
+    case = make_case("mlp")
+    H, _ = dense(case)
+    (req,) = probe_requests(["trace"], {"trace": {"rtol": None, "probes_max": 500}})
+    ctx = ProbeContext(case.backend(), seed=0, deadline=time.monotonic())  # already spent
+    r = create_probe("trace").run(ctx, req.options)
+    assert r.details["stop_reason"] == "budget" and 2 <= r.details["probes"] < 500
+    assert r.matvecs == r.details["probes"] and r.stderr is not None
+    # a spent budget stops after the first block, of two probes: a standard error of one
+    # degree of freedom, judged by Student's t at the confidence Z gives a normal interval
+    from flatcheck.workflows.gate import quantile
+
+    assert r.details["probes"] == 2 and r.dof == 1
+    assert abs(r.value - H.trace().item()) <= quantile(math.erf(Z / math.sqrt(2)), r.dof) * r.stderr
+
+
+def test_progress_reports_the_running_estimate():
+    case = make_case("mlp")
+    seen = []
+    (req,) = probe_requests(["trace"], {"trace": {"rtol": None, "probes_max": 12, "block_size": 4}})
+    ctx = ProbeContext(case.backend(), seed=0, progress=lambda *a, **k: seen.append((a, k)))
+    r = create_probe("trace").run(ctx, req.options)
+    assert [a for a, _ in seen] == [("trace (hutchinson)", 0, 0),  # the start, before the first block
+                                    ("trace (hutchinson)", 4, 12), ("trace (hutchinson)", 8, 12),
+                                    ("trace (hutchinson)", 12, 12)]
+    assert seen[-1][1]["value"] == pytest.approx(r.value, rel=1e-12)
+    assert seen[-1][1]["stderr"] == pytest.approx(r.stderr, rel=1e-12)
+
+
+def test_exact_ggn_trace_in_train_mode():
+    case = make_case("cnn", bn_mode="train")
+    _, G = dense(case)
+    r = _run(case, estimator="exact")
+    assert abs(r.value - G.trace().item()) <= 1e-8 * abs(G.trace().item())
+
+
+def test_same_seed_same_number_other_seed_other_number():
+    case = make_case("mlp")
+    a, b, c = _run(case, probes_max=20), _run(case, probes_max=20), _run(case, seed=1, probes_max=20)
+    assert a.value == b.value and a.stderr == b.stderr
+    assert a.value != c.value
+
+
+def test_exact_on_hessian_is_refused():
+    from flatcheck.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--matrix ggn"):
+        probe_requests(["trace"], {"trace": {"estimator": "exact", "matrix": "hessian"}})
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "sigmoid_mse"])
+@pytest.mark.parametrize("bn_mode", ["eval", "train"])
+def test_class_sampled_ggn_trace_is_unbiased_within_its_error(loss, bn_mode):
+    """Sampling K classes ∝ |λ|·‖u‖² per sample: within Z reported standard errors of the dense Tr(G),
+    and the reported error matches the spread over independent seeds."""
+    case = make_case("cnn", loss=loss, bn_mode=bn_mode)
+    _, G = dense(case)
+    true = G.trace().item()
+    runs = [_run(case, seed=s, estimator="exact", class_samples=2) for s in range(12)]
+    for r in runs:
+        assert r.stderr > 0 and r.seed is not None and not r.exact
+        assert r.details["stop_reason"] == "class_samples"  # it said "exact" (stranger test)
+        assert abs(r.value - true) <= Z * r.stderr
+    values = torch.tensor([r.value for r in runs], dtype=torch.float64)
+    mean_se = sum(r.stderr for r in runs) / len(runs)
+    # the mean of 12 unbiased draws is within Z of its own standard error
+    assert abs(values.mean().item() - true) <= Z * mean_se / math.sqrt(len(runs))
+
+
+def test_class_samples_needs_exact():
+    from flatcheck.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--class-samples"):
+        probe_requests(["trace"], {"trace": {"class_samples": 4}})
+
+
+def test_streamed_hutchinson_equals_the_block_product_route():
+    """The autograd backend streams vᵀHv from int8 signs; forcing the (k, P) product route
+    gives the same probes, hence the same values and parts, to float64 round-off."""
+    from flatcheck.linalg.random import rademacher, rademacher_signs
+    from flatcheck.operators import CurvatureOperator, LayoutParts
+
+    g1, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    assert torch.equal(rademacher_signs(3, 50, g1, device="cpu").double(),
+                       rademacher(3, 50, g2, dtype=torch.float64, device="cpu"))
+
+    case = make_case("cnn")
+    op = CurvatureOperator(case.backend("autograd"))
+    assert op.streams_quadratic
+
+    class Unstreamed(CurvatureOperator):
+        streams_quadratic = False
+
+    ref = Unstreamed(case.backend("autograd"))
+    split = LayoutParts(case.problem.layout)
+    runs = [hutchinson(o, generator=torch.Generator().manual_seed(9), max_probes=12, block_size=5, split=split)
+            for o in (op, ref)]
+    a, b = runs
+    assert a.matvecs == b.matvecs == 12 and op.matvecs == ref.matvecs == 12
+    tol = 1e3 * torch.finfo(torch.float64).eps
+    assert math.isclose(a.value, b.value, rel_tol=tol) and math.isclose(a.stderr, b.stderr, rel_tol=1e-9)
+    assert a.groups.keys() == b.groups.keys()
+    for key in a.groups:
+        assert math.isclose(a.groups[key][0], b.groups[key][0], rel_tol=tol, abs_tol=tol * abs(a.value))

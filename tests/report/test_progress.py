@@ -1,0 +1,398 @@
+"""Progress on stderr: the first line within a second, a plain line on a timer and at
+each probe's end when stderr is not a terminal, an ETA from the completed units, --quiet silences."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flatcheck.report.progress import PREFIX, ProgressRenderer, Task, starting_line
+
+ROOT = Path(__file__).resolve().parents[2]
+CKPT = ROOT / "demo" / "digits_cnn.safetensors"
+SPEC = ROOT / "model_specs" / "demo_digits.yaml"
+RUN = [sys.executable, "-m", "flatcheck", "trace", str(CKPT), "--spec", str(SPEC), "--samples", "64",
+       "--batch-size", "32", "--no-layers"]
+LINE = re.compile(r"^flatcheck (?P<desc>.+?): (?P<done>done · )?(?P<n>\d+)/(?P<total>\d+) · elapsed (\d+:\d\d:\d\d)"
+                  r"(?: · ETA (?P<eta>[\d:?]+))?(?: · (?P<value>\S+)(?: ± (?P<stderr>\S+))?)?$")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lines_of(stream: io.StringIO) -> list[str]:
+    return stream.getvalue().splitlines()
+
+
+# ---------------------------------------------------------------- the ETA
+
+def test_eta_leaves_out_the_first_unit_and_holds_within_2x_after_10_percent():
+    # the first unit carries the one-off costs (30 s of tracing), the others take 1 s ± 40 %:
+    # the ETA must stay within 2x of the time actually left from 10 % of the work on
+    clock = FakeClock()
+    task = Task("trace", started=clock.now)
+    total, costs = 100, [30.0] + [1.0 + 0.4 * ((7 * i) % 11 - 5) / 5 for i in range(1, 100)]
+    finish = clock.now + sum(costs)
+    ratios = []
+    for i, cost in enumerate(costs, start=1):
+        clock.now += cost
+        task.update(clock.now, i, total, None, None)
+        eta = task.eta()
+        if i == 1:
+            assert eta is None  # one report: no rate yet
+        elif i >= total // 10 and i < total:
+            ratios.append(eta / (finish - clock.now))
+    assert 0.5 <= min(ratios) and max(ratios) <= 2.0, (min(ratios), max(ratios))
+    # averaging the first unit in would have said 4x the truth at 10 %
+    naive = (sum(costs[:10]) / 10) * 90 / sum(costs[10:])
+    assert naive > 2.0
+
+
+def test_eta_is_unknown_until_a_second_report():
+    task = Task("lmax", started=0.0)
+    assert task.eta() is None
+    task.update(5.0, 1, 10, None, None)
+    assert task.eta() is None
+    task.update(7.0, 2, 10, None, None)
+    assert task.eta() == pytest.approx(16.0)
+
+
+# ---------------------------------------------------------------- plain lines off a terminal
+
+def test_plain_lines_at_each_probe_end_with_value_and_stderr():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        for i in range(1, 5):
+            clock.now += 2
+            progress("trace (hutchinson)", i, 4, value=40.0 + i, stderr=1.5)
+        clock.now += 1
+        progress("lmax (power)", 1, 20)
+        progress("lmax (power)", 2, 20, value=7.25, stderr=None)
+        # lmax converges at 2 of 20: its end line comes when the run ends
+    got = [LINE.match(line) for line in lines_of(out)]
+    assert all(got), lines_of(out)
+    assert [(m["desc"], bool(m["done"]), m["n"], m["total"]) for m in got] == [
+        ("trace (hutchinson)", True, "4", "4"), ("lmax (power)", True, "2", "20")]
+    assert (got[0]["value"], got[0]["stderr"]) == ("44", "1.5")
+    assert lines_of(out)[1].endswith(" · 7.25")  # a value without an error bar
+
+
+def test_no_end_line_when_the_run_fails():
+    out = io.StringIO()
+    with pytest.raises(RuntimeError):
+        with ProgressRenderer(out, interactive=False, period=3600) as progress:
+            progress("trace", 1, 4)
+            raise RuntimeError("boom")
+    assert out.getvalue() == ""  # the error line that follows is the last line
+
+
+def test_a_single_long_unit_still_gets_lines_from_the_ticker():
+    # one unit of work that takes many periods: no callback comes, the ticker writes the lines
+    out, period = io.StringIO(), 0.05
+    stamps: list[float] = []
+
+    class Stamped(io.StringIO):
+        def write(self, s: str) -> int:
+            if s.endswith("\n"):
+                stamps.append(time.monotonic())
+            return out.write(s)
+
+    with ProgressRenderer(Stamped(), interactive=False, period=period) as progress:
+        time.sleep(4 * period)  # loading
+        progress("lmax (power)", 1, 3, value=2.0, stderr=0.1)
+        time.sleep(6 * period)  # the second unit, still running
+    lines = lines_of(out)
+    assert lines[0].startswith(f"{PREFIX}: loading the model and data · elapsed")
+    running = [line for line in lines if line.startswith("flatcheck lmax (power): 1/3")]
+    assert len(running) >= 3 and "2 ± 0.1" in running[0]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:-1])]  # the last line is the probe's end, due at once
+    assert min(gaps) >= period * 0.95, gaps  # the ticker: never more often than its period
+    assert lines[-1].startswith("flatcheck lmax (power): done · 1/3")
+    assert threading.active_count() == 1 or all(t.name != "flatcheck-progress" for t in threading.enumerate())
+
+
+def test_the_bar_gets_our_eta_and_estimate():
+    clock = FakeClock()
+    with ProgressRenderer(io.StringIO(), interactive=True, clock=clock) as progress:
+        for i in range(1, 4):
+            clock.now += 10 if i == 1 else 2
+            progress("trace", i, 11, value=3.0, stderr=0.5)
+        fields = progress._bar.tasks[0].fields
+        assert fields["eta"] == "0:00:16" and fields["estimate"] == "3 ± 0.5"  # 8 left at 2 s each
+
+
+# ---------------------------------------------------------------- the first line
+
+@pytest.mark.parametrize("argv, expected", [
+    (["flatcheck", "trace", "m.safetensors", "--spec", "s.yaml"], "loading m.safetensors"),
+    (["flatcheck", "adaptive-sharpness", "a.pt"], "loading a.pt"),
+    (["flatcheck", "probe", "x"], "loading the model"),
+    (["flatcheck", "trace", "m.safetensors", "-q"], None),
+    (["flatcheck", "trace", "--help"], None),
+    (["flatcheck", "list-probes"], None),
+    (["flatcheck", "report", "a.json"], None),
+    (["flatcheck"], None),
+])
+def test_starting_line(argv, expected):
+    line = starting_line(argv)
+    assert (line is None) if expected is None else (expected in line and line.startswith(f"{PREFIX} {argv[1]}: "))
+
+
+# ---------------------------------------------------------------- the CLI, stderr to a pipe
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def test_cli_off_a_terminal_first_line_within_a_second_then_timer_and_end_lines():
+    start = time.monotonic()
+    proc = subprocess.Popen(RUN + ["--probes-max", "24"], cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="0.3"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()
+    first_after = time.monotonic() - start
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert first.startswith("flatcheck trace: starting") and "digits_cnn.safetensors" in first
+    assert first_after < 1.0, f"first line after {first_after:.2f} s"
+    lines = stderr.splitlines()
+    assert all(line.startswith(PREFIX) for line in lines), lines
+    # the timer, while loading and while the first block of probes runs (the probe's start report
+    # names it from its start on)
+    assert any(line.startswith(("flatcheck: loading the model and data", "flatcheck trace (hutchinson): starting"))
+               for line in lines), lines
+    end = [m for m in map(LINE.match, lines) if m and m["done"]]
+    assert len(end) == 1 and end[0]["desc"] == "trace (hutchinson)" and end[0]["n"] == end[0]["total"] == "24"
+    assert end[0]["value"] and end[0]["stderr"]
+    assert lines[-1] == end[0].string
+
+
+def test_cli_quiet_writes_nothing_to_stderr():
+    proc = subprocess.run(RUN + ["--probes-max", "2", "-q"], cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="0.1"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "Tr(H)" in proc.stdout
+
+
+def test_cli_refuses_a_bad_period():
+    proc = subprocess.run(RUN + ["--probes-max", "2"], cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="soon"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith("error: $FLATCHECK_PROGRESS_SECONDS")
+
+
+def test_a_probe_run_twice_gets_two_end_lines():
+    # invariance runs the probes before and after the rescaling under one renderer
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        for _ in range(2):
+            for i in range(1, 4):
+                clock.now += 1
+                progress("trace (hutchinson)", i, 3, value=5.0, stderr=0.5)
+    ends = [line for line in lines_of(out) if ": done · 3/3" in line]
+    assert len(ends) == 2 and all(line.endswith("5 ± 0.5") for line in ends)
+
+
+def test_scan_off_a_terminal_says_which_model_loads_and_each_model_done(tmp_path):
+    models = tmp_path / "models.txt"
+    models.write_text("test_resnet\ntest_convnext\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "flatcheck", "scan", "--models-file", str(models), "--probes", "gini,trace",
+           "-o", "trace.probes_max=2", "--data", "synthetic", "--samples", "8", "--batch-size", "8",
+           "--out", str(tmp_path / "scan.jsonl")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="0.3"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert all(line.startswith(PREFIX) for line in lines), lines
+    assert any(line.startswith("flatcheck: model 1/2: loading test_resnet") for line in lines)
+    done = [line for line in lines if line.startswith("flatcheck scan: ok")]
+    assert [d.split()[3] for d in done] == ["test_resnet", "test_convnext"], done
+    assert done[0].endswith("1/2 models · ETA ?") and "2/2 models · ETA 0:00:00" in done[1]
+    assert any(line.startswith("flatcheck test_convnext: trace (hutchinson): done · 2/2") for line in lines)
+
+
+def test_a_zero_done_report_starts_the_clock_and_is_not_a_unit():
+    clock = FakeClock()
+    out = io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        clock.now += 50  # loading
+        progress("lmax", 0, 4)
+        clock.now += 20  # the first unit: tracing and the like
+        progress("lmax", 1, 4)
+        assert progress.current.eta() is None  # one unit done: no rate yet
+        clock.now += 2
+        progress("lmax", 2, 4)
+        assert progress.current.eta() == pytest.approx(4.0)
+        clock.now += 2
+        progress("lmax", 4, 4)
+    assert lines_of(out) == ["flatcheck lmax: done · 4/4 · elapsed 0:00:24"]
+
+
+# ---------------------------------------------------------------- a probe's start, a budget's stop
+
+def test_a_start_report_names_the_probe_before_its_first_unit():
+    # the start report ("0 done", total not yet known) comes before the first block of products:
+    # the ticker names the probe from then on instead of "loading the model and data"
+    out, period = io.StringIO(), 0.05
+    with ProgressRenderer(out, interactive=False, period=period) as progress:
+        time.sleep(3 * period)  # loading
+        progress("trace (hutchinson)", 0, 0)
+        time.sleep(4 * period)  # the first block, still running
+        progress("trace (hutchinson)", 10, 20, value=3.0, stderr=0.5)
+        assert progress.current.eta() is None  # the block is the first unit: no rate yet
+        progress("trace (hutchinson)", 20, 20, value=3.0, stderr=0.5)
+    lines = lines_of(out)
+    start = next(i for i, line in enumerate(lines) if "trace" in line)
+    assert lines[0].startswith(f"{PREFIX}: loading the model and data · elapsed")
+    assert len(lines) - start >= 3 and all(
+        line.startswith("flatcheck trace (hutchinson): starting · elapsed ") for line in lines[start:-1]), lines
+    assert re.match(r"flatcheck trace \(hutchinson\): done · 20/20 · elapsed 0:00:00 · 3 ± 0.5$", lines[-1])
+
+
+def test_a_probe_that_only_started_ends_with_a_plain_done_line():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("gap", 0, 0)
+        clock.now += 3
+    assert lines_of(out) == ["flatcheck gap: done · elapsed 0:00:03"]
+
+
+def test_a_start_report_pulses_at_a_terminal():
+    with ProgressRenderer(io.StringIO(), interactive=True, clock=FakeClock()) as progress:
+        progress("lmax (lanczos)", 0, 0)
+        bar = progress._bar.tasks
+        assert [t.description for t in bar] == ["lmax (lanczos)"] and bar[0].total is None  # phase bar gone
+        progress("lmax (lanczos)", 1, 8)
+        assert bar[0].total == 8 and bar[0].completed == 1
+
+
+def test_a_budget_stop_says_so_with_how_far_it_got():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        for i in range(1, 8):
+            clock.now += 1
+            progress("spectrum (SLQ)", i, 300)
+        progress.stopped("spectrum (SLQ)", "budget")
+        progress.stopped("never reported", "budget")  # nothing to say
+    assert lines_of(out) == ["flatcheck spectrum (SLQ): stopped by the budget · 7/300 · elapsed 0:00:07"]
+
+
+def recorded_calls(probe: str, **options) -> list[tuple]:
+    """The progress calls of one probe run on the demo model, in order."""
+    from flatcheck import api
+    from flatcheck.config import RunConfig, probe_requests
+
+    calls: list[tuple] = []
+
+    def listener(desc, done, total, *, value=None, stderr=None):
+        calls.append((desc, done, total))
+
+    config = RunConfig(checkpoint=CKPT, spec=SPEC, probes=probe_requests(probe, {probe: options}), data="digits",
+                       samples=32, batch_size=16, seed=0)
+    api.run(config, listener)
+    return calls
+
+
+@pytest.mark.parametrize("probe, options, desc", [
+    ("trace", {"probes_max": 4, "block_size": 4, "parts": False}, "trace (hutchinson)"),
+    ("lmax", {"k": 1, "max_iter": 3}, "lmax (lanczos)"),
+    ("spectrum", {"lanczos_steps": 3, "starts": 2}, "spectrum (SLQ)"),
+    ("gini", {}, "gini"),
+])
+def test_every_probe_reports_its_start_before_its_first_unit(probe, options, desc):
+    calls = recorded_calls(probe, **options)
+    assert calls[0] == (desc, 0, 0), calls[:3]
+    assert calls[-1][1] == calls[-1][2] > 0  # and its last unit, done of a known total
+
+
+@pytest.mark.parametrize("probe, options, desc", [
+    ("mls", {"method": "exact"}, "mls"),
+    ("mls", {"method": "estimate", "nmls": False, "projections": 2, "lanczos_iters": 2}, "mls (estimate)"),
+    ("jacobian", {"method": "estimate", "projections": 2, "lanczos_iters": 2}, "jacobian (estimate)"),
+    ("decomposition", {"method": "exact"}, "decomposition"),
+])
+def test_per_sample_probes_count_samples_as_they_go(probe, options, desc):
+    """A batch of slow samples (1,000 rows each on a ViT) showed "starting" and then "1/1", with no
+    count or ETA between (stranger test): progress is in samples, after every chunk."""
+    calls = [c for c in recorded_calls(probe, **options) if c[0] == desc]
+    assert calls[0] == (desc, 0, 0) and calls[-1] == (desc, 32, 32), calls
+    done = [d for _, d, _ in calls[1:]]
+    assert done == sorted(done) and len(done) >= 2 and all(t == 32 for _, _, t in calls[1:])
+
+
+def test_cli_gini_and_gap_write_their_end_line_off_a_terminal():
+    from flatcheck.cli import app
+    from tests.support.cli import make_runner
+
+    for probe in ("gini", "gap"):
+        result = make_runner().invoke(app, [probe, str(CKPT), "--spec", str(SPEC), "--samples", "32"])
+        assert result.exit_code == 0, result.output
+        ends = [m for m in map(LINE.match, result.stderr.splitlines()) if m and m["done"]]
+        assert [(m["desc"], m["n"], m["total"]) for m in ends] == [(probe, "1" if probe == "gini" else "2",
+                                                                     "1" if probe == "gini" else "2")]
+        assert ends[0]["value"], ends[0].string
+
+
+def test_cli_spectrum_under_a_budget_ends_with_the_products_it_made():
+    proc = subprocess.run([sys.executable, "-m", "flatcheck", "spectrum", str(CKPT), "--spec", str(SPEC),
+                           "--samples", "64", "--budget", "0.3", "--json", "-"], cwd=ROOT,
+                          env=env(FLATCHECK_PROGRESS_SECONDS="3600"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = __import__("json").loads(proc.stdout)["results"]["spectrum"]
+    assert result["details"]["stop_reason"] == "budget"
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith(f"flatcheck spectrum (SLQ): stopped by the budget · {result['matvecs']}/200 · "), last
+
+
+@pytest.mark.parametrize("probe, options, desc", [
+    ("trace", {"probes_max": 40}, "trace (hutchinson)"),
+    ("lmax", {"k": 1}, "lmax (lanczos)"),
+    ("adaptive-sharpness", {"method": "second-order", "probes_max": 40}, "adaptive-sharpness (second order)"),
+])
+def test_a_budget_stop_of_an_iterative_probe_is_told_to_the_display(probe, options, desc):
+    """trace, lmax and adaptive sharpness stopped by --budget end their line "stopped by the
+    budget", as spectrum does, not as though they had run their course."""
+    import time as _time
+
+    from flatcheck.probes.registry import ProbeContext, create_probe, parse_options
+    from tests.support.dense import make_case
+
+    events = []
+
+    class Listener:
+        def __call__(self, desc, done, total, **_k):
+            events.append(("progress", desc))
+
+        def stopped(self, desc, reason):
+            events.append(("stopped", desc, reason))
+
+    ctx = ProbeContext(make_case("mlp").backend(), seed=0, progress=Listener(), deadline=_time.monotonic() - 1)
+    result = create_probe(probe).run(ctx, parse_options(probe, options))
+    assert result.details["stop_reason"] == "budget"
+    assert events[-1] == ("stopped", desc, "budget")
+
+
+def test_adaptive_sharpness_progress_shows_the_headline_units():
+    """The second-order route estimates Tr(diag|w| H diag|w|); the headline is ρ²/2 times it,
+    and so is the running estimate on the progress line."""
+    from flatcheck.probes.registry import ProbeContext, create_probe, parse_options
+    from tests.support.dense import make_case
+
+    seen = []
+    ctx = ProbeContext(make_case("mlp").backend(), seed=0,
+                       progress=lambda desc, done, total, value=None, stderr=None: seen.append((desc, value)))
+    result = create_probe("adaptive-sharpness").run(ctx, parse_options("adaptive-sharpness", {
+        "method": "second-order", "probes_max": 12, "rho": 0.01}))
+    last = [v for d, v in seen if d == "adaptive-sharpness (second order)" and v is not None][-1]
+    assert last == pytest.approx(result.value, rel=1e-12)

@@ -1,0 +1,727 @@
+"""Gate decisions on constructed results with known standard errors, plus the CLI end to end
+on the demo checkpoint. Thresholds are placed relative to value ± q·stderr, q = Φ⁻¹(0.975)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from scipy.stats import norm, t as stats_t
+
+from flatcheck.errors import ConfigError, InputError
+from flatcheck.workflows.gate import GateOutcome, decide_with_reruns, evaluate, parse_gate_config
+from flatcheck.probes.trace import TraceOptions
+from flatcheck.report.gate_formats import junit_xml, markdown
+from flatcheck.report.result import ProbeResult, Report
+from tests.support.cli import CKPT, SPEC, invoke
+
+Q = norm.ppf(0.975)
+
+
+def result(value, stderr, probe="trace", **details):
+    return ProbeResult(probe=probe, value=value, stderr=stderr, matvecs=0, seconds=0.0, details=details)
+
+
+def gate(*rules, **top):
+    return parse_gate_config({"rules": list(rules), **top})
+
+
+def verdicts(cfg, results, baseline=None):
+    return [c.verdict for c in evaluate(cfg, results, baseline)]
+
+
+# ---------------------------------------------------------------- decisions
+
+
+def test_stochastic_value_passes_fails_or_is_inconclusive_by_its_interval():
+    v, se = 10.0, 1.0
+    half = Q * se
+    cfg = gate({"field": "trace.value", "max": v + half + 0.01},   # interval wholly below
+               {"field": "trace.value", "max": v - half - 0.01},   # wholly above
+               {"field": "trace.value", "max": v + half - 0.01},   # straddles
+               {"field": "trace.value", "min": v - half + 0.01},   # straddles from below
+               {"field": "trace.value", "min": v + half + 0.01})   # wholly below the minimum
+    checks = evaluate(cfg, {"trace": result(v, se)})
+    assert [c.verdict for c in checks] == ["pass", "fail", "inconclusive", "inconclusive", "fail"]
+    assert checks[0].ci == pytest.approx((v - half, v + half))
+    assert checks[2].failed  # default policy: inconclusive counts as failed
+
+
+def test_confidence_level_moves_the_interval():
+    cfg = gate({"field": "trace.value", "max": 11.5})  # 1.5 standard errors away
+    assert verdicts(cfg, {"trace": result(10.0, 1.0)}) == ["inconclusive"]  # 95%: 1.96 se
+    assert [c.verdict for c in evaluate(cfg, {"trace": result(10.0, 1.0)}, confidence=0.8)] == ["pass"]  # 1.28 se
+
+
+def test_exact_values_compare_directly_and_details_are_reachable():
+    cfg = gate({"field": "gini.details.accuracy", "min": 0.9}, {"field": "gini.value", "max": 0.1})
+    res = {"gini": result(0.1, None, probe="gini", accuracy=0.89)}
+    assert verdicts(cfg, res) == ["fail", "pass"]  # 0.1 ≤ 0.1 passes
+
+
+def test_inconclusive_policy_pass_does_not_fail_the_gate():
+    cfg = gate({"field": "trace.value", "max": 11.0, "inconclusive": "pass"})
+    (c,) = evaluate(cfg, {"trace": result(10.0, 1.0)})
+    assert c.verdict == "inconclusive" and not c.failed
+
+
+def test_baseline_rule_threshold_and_baseline_stderr():
+    cfg = gate({"field": "trace.value", "max_increase": "20%"}, {"field": "trace.value", "max_decrease": 0.5})
+    base = {"trace": result(10.0, None).to_dict()}
+    checks = evaluate(cfg, {"trace": result(12.0, None)}, base)
+    assert [c.threshold for c in checks] == [pytest.approx(12.0), pytest.approx(5.0)]
+    assert [c.verdict for c in checks] == ["pass", "pass"]
+    assert verdicts(cfg, {"trace": result(12.5, None)}, base)[0] == "fail"
+    # baseline stderr 1 moves T = 1.2·b by 1.2 standard errors: interval 13 ± Q·1.2 straddles 12
+    (c, _) = evaluate(cfg, {"trace": result(13.0, None)}, {"trace": result(10.0, 1.0).to_dict()})
+    assert c.verdict == "inconclusive" and c.stderr == pytest.approx(1.2)
+    # negative baseline: "20% more" is b + 0.2·|b|
+    (c, _) = evaluate(cfg, {"trace": result(-7.0, None)}, {"trace": result(-10.0, None).to_dict()})
+    assert c.threshold == pytest.approx(-8.0) and c.verdict == "fail"
+
+
+def test_baseline_without_the_field_is_skipped_and_missing_baseline_is_bad_input():
+    cfg = gate({"field": "gini.value", "max_increase": "10%"})
+    (c,) = evaluate(cfg, {"gini": result(0.1, None, probe="gini")}, {"trace": result(1.0, None).to_dict()})
+    assert c.verdict == "skipped" and not c.failed
+    with pytest.raises(InputError, match="baseline"):
+        evaluate(cfg, {"gini": result(0.1, None, probe="gini")})
+
+
+def test_rerun_raises_the_effort_option_until_decided():
+    # stderr ∝ 1/√probes_max: 4 → 2.0, 8 → 1.41, 16 → 1.0, 32 → 0.71, 64 → 0.5
+    def se(n):
+        return 4.0 / math.sqrt(n)
+
+    threshold = 10.0 + Q * se(64) + 0.01  # decided only at 64 probes
+    cfg = gate({"field": "trace.value", "max": threshold, "inconclusive": "rerun"}, max_reruns=5)
+    asked = []
+
+    def rerun(more):
+        n = more["trace"].probes_max
+        asked.append(n)
+        return {"trace": result(10.0, se(n))}
+
+    checks, final = decide_with_reruns(cfg, {"trace": result(10.0, se(4))}, {"trace": TraceOptions(probes_max=4)},
+                                       rerun)
+    assert asked == [8, 16, 32, 64]
+    assert checks[0].verdict == "pass" and checks[0].reruns == 4
+    assert final["trace"].stderr == pytest.approx(se(64))
+
+    capped = dataclasses.replace(cfg, max_reruns=2)
+    asked.clear()
+    checks, _ = decide_with_reruns(capped, {"trace": result(10.0, se(4))}, {"trace": TraceOptions(probes_max=4)},
+                                   rerun)
+    assert asked == [8, 16] and checks[0].verdict == "inconclusive" and checks[0].failed
+
+
+def test_probes_without_an_effort_option_are_not_rerun():
+    cfg = gate({"field": "gini.value", "max": 0.5, "inconclusive": "rerun"})
+    calls = []
+    checks, _ = decide_with_reruns(cfg, {"gini": result(0.5, 0.1, probe="gini")}, {"gini": None},
+                                   lambda more: calls.append(more) or {})
+    assert calls == [] and checks[0].verdict == "inconclusive" and checks[0].failed
+
+
+@pytest.mark.parametrize("data, where", [
+    ({"rules": [{"field": "trace.value", "maxx": 1}]}, "rules[0].maxx"),
+    ({"rules": [{"field": "trace.value"}]}, "rules[0]"),
+    ({"rules": [{"field": "nosuchprobe.value", "max": 1}]}, "rules[0].field"),
+    ({"rules": [{"field": "trace.value", "max": "big"}]}, "rules[0].max"),
+    ({"rules": [{"field": "trace.value", "max_increase": "lots"}]}, "rules[0].max_increase"),
+    ({"rules": [{"field": "trace.value", "max": 1, "inconclusive": "maybe"}]}, "rules[0].inconclusive"),
+    ({"rules": [{"field": "trace.value", "max": 1}], "probes": {"trace": {"probes_max": 1}}}, "probes.trace"),
+    ({"rules": []}, "rules"),
+    ({"rules": [{"field": "trace.value", "max": 1}], "confidence": 1.5}, "confidence"),
+])
+def test_bad_gate_files_name_the_field(data, where):
+    with pytest.raises(ConfigError, match=re.escape(f"gates.yaml: field '{where}'")):
+        parse_gate_config(data, where="gates.yaml")
+
+
+def test_junit_counts_and_markdown():
+    cfg = gate({"field": "trace.value", "max": 100},                       # pass
+               {"field": "trace.value", "max": 1},                         # fail
+               {"field": "trace.value", "max": 11, "inconclusive": "pass"},  # tolerated → skipped
+               {"field": "trace.value", "max": 11},                        # inconclusive → failure
+               {"field": "gini.value", "max_increase": "5%"})              # baseline lacks it → skipped
+    res = {"trace": result(10.0, 1.0), "gini": result(0.2, None, probe="gini")}
+    checks = evaluate(cfg, res, {"trace": result(10.0, None).to_dict()})
+    outcome = GateOutcome(checks, Report(meta={"seconds": 1.5}, results=res), 0.95)
+    root = ET.fromstring(junit_xml(outcome))
+    cases = root.findall(".//testcase")
+    assert len(cases) == 5
+    assert len(root.findall(".//testcase/failure")) == 2 == int(root.get("failures"))
+    assert len(root.findall(".//testcase/skipped")) == 2 == int(root.get("skipped"))
+    assert outcome.exit_code == 1
+    md = markdown(outcome)
+    assert md.startswith("### flatcheck gate: ❌ failed") and md.count("\n| ") == 6  # header + 5 rules
+
+
+# ---------------------------------------------------------------- end to end (demo checkpoint)
+
+
+def write_gates(folder: Path, text: str) -> Path:
+    path = folder / "gates.yaml"
+    path.write_text(text)
+    return path
+
+
+def gate_cli(config: Path, *extra):
+    return invoke("gate", CKPT, "--spec", SPEC, "--data", "digits", "--samples", "64", "--batch-size", "64",
+                  "--config", config, "-q", *extra)
+
+
+@pytest.fixture(scope="module")
+def passing(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gate")
+    cfg = write_gates(folder, "probes:\n  trace: {probes_max: 4}\nrules:\n"
+                              "  - {field: gini.details.accuracy, min: 0.5}\n"
+                              "  - {field: trace.value, max: 1.0e+6}\n")
+    junit, summary, out = folder / "r.xml", folder / "s.md", folder / "gate.json"
+    res = gate_cli(cfg, "--junit", junit, "--summary", summary, "--json", out)
+    return res, folder, junit, summary, out
+
+
+def test_gate_cli_passes_and_writes_junit_summary_json(passing):
+    res, _, junit, summary, out = passing
+    assert res.exit_code == 0, res.stderr
+    root = ET.parse(junit).getroot()
+    assert len(root.findall(".//testcase")) == 2 and root.get("failures") == "0"
+    assert "✅ passed" in summary.read_text()
+    data = json.loads(out.read_text())
+    assert data["gate"]["passed"] and set(data["results"]) == {"trace", "gini"}
+    # no rule reads the trace's per-layer parts: the total alone; 4 products are too few to
+    # repay tracing the loss for forward tangents (TANGENT_MIN_PRODUCTS), so by HVPs
+    trace = data["results"]["trace"]
+    assert trace["details"]["parts"] is False and trace["details"]["route"] == "hvp_sums"
+
+
+def test_gate_cli_fails_with_exit_1_and_baseline(passing):
+    _, folder, _, _, out = passing
+    cfg = write_gates(folder, "rules:\n  - {field: gini.details.accuracy, min: 1.01}\n"
+                              "  - {field: gini.value, max_increase: 0%}\n")
+    res = gate_cli(cfg, "--baseline", out)  # the passing gate's JSON serves as baseline
+    assert res.exit_code == 1, res.stderr
+    assert "FAILED" in res.stdout and "Traceback" not in res.stderr
+
+
+def test_gate_cli_bad_input_exits_2(tmp_path):
+    cfg = write_gates(tmp_path, "rules:\n  - {field: gini.value, mx: 1}\n")
+    res = gate_cli(cfg)
+    assert res.exit_code == 2 and res.stderr.startswith("error: ") and "rules[0].mx" in res.stderr
+    cfg = write_gates(tmp_path, "rules:\n  - {field: gini.value, max_increase: 10%}\n")
+    res = gate_cli(cfg)
+    assert res.exit_code == 2 and "--baseline" in res.stderr
+
+
+def test_trace_parts_only_where_a_rule_reads_them_or_the_file_asks():
+    # rtol None: a gate's trace takes its fixed count, not the probe's default 5 % stop
+    assert gate({"field": "trace.value", "max": 1}).probes["trace"] == {"parts": False, "rtol": None}
+    layered = gate({"field": "trace.details.layers.head.value", "max": 1})
+    assert "parts" not in layered.probes["trace"]  # the probe's default: with parts
+    kept = gate({"field": "trace.value", "max": 1}, probes={"trace": {"parts": True, "probes_max": 8}})
+    assert kept.probes["trace"] == {"parts": True, "probes_max": 8, "rtol": None}
+    assert "trace" not in gate({"field": "gini.value", "max": 1}).probes
+
+
+def test_example_gates_file_is_valid():
+    from flatcheck.workflows.gate import load_gate_config
+    from tests.support.cli import ROOT
+
+    cfg = load_gate_config(ROOT / "examples" / "gates.yaml")
+    assert cfg.needs_baseline and {"trace", "gini"} <= set(cfg.probes)
+
+
+# ---------------------------------------------------------------- baselines and pairing
+
+
+def traced(values, seed=0, offset=0.0, estimator="hutchinson", **top):
+    """A trace result with per-probe values, as schema 2.0 reports hold them."""
+    n = len(values)
+    mean = sum(values) / n
+    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    from flatcheck.linalg.random import SIGN_STREAM
+
+    details = {"probe_values": list(values), "offset": offset, "estimator": estimator, "matrix": "hessian",
+               "sign_stream": SIGN_STREAM}
+    return ProbeResult("trace", offset + mean, se, n, 0.0, seed=seed, details=details, dof=n - 1, **top).to_dict()
+
+
+def test_paired_comparison_tests_the_per_probe_differences():
+    values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]  # spread 4.4: unpaired, 20% is undecidable
+    cfg = gate({"field": "trace.value", "max_increase": "20%"})
+    same = evaluate(cfg, {"trace": traced(values)}, {"trace": traced(values)})[0]
+    # unchanged: v − 1.2·b = −0.2·b̄ with error 0.2·s_b, t with 15 degrees of freedom
+    b = sum(values) / 16
+    assert same.verdict == "pass" and same.paired == 16 and same.value == pytest.approx(b)
+    s_b = traced(values)["stderr"]
+    assert same.stderr == pytest.approx(0.2 * s_b)
+    half = stats_t.ppf(0.975, 15) * 0.2 * s_b
+    assert same.ci == pytest.approx((b - half, b + half))
+    # every probe value 1.5× larger: decided as a failure, paired
+    grown = evaluate(cfg, {"trace": traced([1.5 * v for v in values])}, {"trace": traced(values)})[0]
+    assert grown.verdict == "fail"
+    # the same values at another seed: unpaired, the interval straddles, and it says why
+    other = evaluate(cfg, {"trace": traced(values, seed=1)}, {"trace": traced(values)})[0]
+    assert other.verdict == "inconclusive" and other.paired is None and "seeds differ" in other.message
+
+
+def test_pairing_takes_the_common_first_probes_and_hutchpp_only_at_equal_counts():
+    values = [float(v) for v in range(1, 33)]
+    cfg = gate({"field": "trace.value", "max_increase": "20%"})
+    (c,) = evaluate(cfg, {"trace": traced(values[:8])}, {"trace": traced(values)})
+    assert c.paired == 8 and not c.capped and c.baseline == pytest.approx(sum(values[:8]) / 8)
+    (c,) = evaluate(cfg, {"trace": traced(values)}, {"trace": traced(values[:8])})
+    assert c.paired == 8 and c.capped  # a rerun cannot add pairs: the baseline holds 8
+    (c,) = evaluate(cfg, {"trace": traced(values[:8], estimator="hutchpp")},
+                    {"trace": traced(values, estimator="hutchpp")})
+    assert c.paired is None and "another count" in c.message
+    old = {"trace": {k: v for k, v in traced(values).items() if k != "details"}}
+    (c,) = evaluate(cfg, {"trace": traced(values)}, old)
+    assert c.paired is None and "no per-probe values" in c.message
+    # a report of a flatcheck that drew one int8 per sign (no sign_stream) holds other vectors
+    # for the same seed: compared unpaired, saying why
+    earlier = traced(values)
+    del earlier["details"]["sign_stream"]
+    (c,) = evaluate(cfg, {"trace": traced(values)}, {"trace": earlier})
+    assert c.paired is None and "random stream" in c.message
+
+
+def test_student_t_for_few_draws_and_welch_for_two_sides():
+    from flatcheck.workflows.gate import quantile
+
+    assert quantile(0.95, 4) == pytest.approx(stats_t.ppf(0.975, 4))
+    assert quantile(0.95) == pytest.approx(Q)
+    cfg = gate({"field": "trace.value", "max": 100})
+    (c,) = evaluate(cfg, {"trace": traced([1.0, 2.0, 4.0])})
+    assert c.ci[1] - c.value == pytest.approx(stats_t.ppf(0.975, 2) * c.stderr)
+
+
+def _baseline(results, **meta):
+    from flatcheck.workflows.gate import Baseline
+
+    return Baseline(results, meta, "--baseline b.json")
+
+
+META = {"model": {"arch": "a", "source": "python", "parameters": 10, "probed_parameters": 10, "num_classes": 3,
+                  "loss": "cross_entropy", "label_smoothing": None, "params_filter": None},
+        "bn_mode": "eval", "data": {"name": "digits", "split": "train", "samples": 64, "fingerprint": "f"}}
+
+
+@pytest.mark.parametrize("value, match", [("nan", "not a finite number"), ("abc", "not a finite number"),
+                                          (None, "not a finite number"), ("inf", "not a finite number")])
+def test_a_baseline_value_a_rule_needs_must_be_a_finite_number(value, match):
+    from flatcheck.workflows.gate import check_baseline
+
+    cfg = gate({"field": "gini.value", "max_increase": "10%"})
+    with pytest.raises(InputError, match=match):
+        check_baseline(cfg, _baseline({"gini": {"value": value, "stderr": None}}, **META), META, seed=0)
+
+
+@pytest.mark.parametrize("path, new", [(("model", "arch"), "b"), (("model", "parameters"), 11),
+                                       (("data", "name"), "npz:x.npz"), (("data", "split"), "test"),
+                                       (("data", "samples"), 65)])
+def test_a_baseline_of_another_model_or_data_is_refused_unless_allowed(path, new):
+    import copy
+
+    from flatcheck.workflows.gate import check_baseline
+
+    cfg = gate({"field": "gini.value", "max_increase": "10%"})
+    base = _baseline({"gini": result(0.1, None, probe="gini").to_dict()}, **META)
+    other = copy.deepcopy(META)
+    other[path[0]][path[1]] = new
+    with pytest.raises(InputError, match=re.escape(".".join(path)) + ".*--allow-foreign-baseline"):
+        check_baseline(cfg, base, other, seed=0)
+    check_baseline(cfg, base, other, seed=0, allow_foreign=True)
+    check_baseline(cfg, base, META, seed=0)  # the same model: fine
+
+
+def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
+    from flatcheck.workflows.gate import check_baseline
+
+    values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]
+    cfg = gate({"field": "trace.value", "max_increase": "20%"})
+    base = _baseline({"trace": traced(values)}, **META)
+    with pytest.raises(InputError, match=r"cannot pass an unchanged model unpaired.*probes_max ≥ (\d+) "
+                                         r"\(the baseline has 16\)") as exc:
+        check_baseline(cfg, base, META, seed=1)
+    need = int(re.search(r"probes_max ≥ (\d+)", str(exc.value)).group(1))
+    # with that many probes of the same spread on both sides, twice an unchanged model's
+    # interval z·√(1 + 1.2²)·s_b falls inside the margin
+    s_b = traced(values)["stderr"] * math.sqrt(16 / need)
+    assert 2 * stats_t.ppf(0.975, need - 1) * math.sqrt(1 + 1.2**2) * s_b < 0.2 * sum(values) / 16
+    check_baseline(cfg, base, META, seed=0)  # paired at its own seed: decidable
+
+
+def _accepted(cfg_for, base_results) -> bool:
+    from flatcheck.workflows.gate import check_baseline
+
+    try:
+        check_baseline(cfg_for, _baseline(base_results, **META), META, seed=1)
+    except InputError:
+        return False
+    return True
+
+
+def test_an_unchanged_model_passes_the_tightest_accepted_unpaired_rule_in_97_5_percent_of_runs():
+    """The check accepted a margin just over z·σ, where an unchanged model passes about half the
+    time (stranger test: jacobian max_decrease 1% exit 1 at seeds 1, 2 and 3 of one model).
+    Simulated unchanged models against the tightest 1%-step margin the check accepts: at least
+    (1 + 0.95)/2 of them pass; at half that margin (what z·σ alone allowed) far fewer do."""
+    import numpy as np
+
+    mu, s = 40.0, 0.13
+    base = {"jacobian": result(mu, s, probe="jacobian").to_dict()}
+    x = next(p / 100 for p in range(1, 100)
+             if _accepted(gate({"field": "jacobian.value", "max_decrease": f"{p / 100:.0%}"}), base))
+    assert not _accepted(gate({"field": "jacobian.value", "max_decrease": f"{x - 0.01:.0%}"}), base)
+    rng = np.random.default_rng(0)
+
+    def pass_rate(fraction: float, runs: int = 2000) -> float:
+        cfg = gate({"field": "jacobian.value", "max_decrease": f"{fraction:.2%}"})
+        passed = 0
+        for b, v in rng.normal(mu, s, size=(runs, 2)):
+            (c,) = evaluate(cfg, {"jacobian": result(float(v), s, probe="jacobian")},
+                            {"jacobian": result(float(b), s, probe="jacobian").to_dict()})
+            passed += c.verdict == "pass"
+        return passed / runs
+
+    assert pass_rate(x) >= 0.975 - 3 * math.sqrt(0.975 * 0.025 / 2000)
+    assert pass_rate(x / 2) < 0.8  # the old acceptance: a gate that flips on an unchanged model
+
+
+def test_hutchpp_at_another_count_is_planned_unpaired_at_the_same_seed():
+    """A Hutch++ baseline of 6 products gated at 48 with the same seed was taken as paired and
+    accepted; the run then could not pair (other vectors at another count) and failed an
+    unchanged model (exit 1). Refused up front now, and at its own count still paired."""
+    from flatcheck.workflows.gate import check_baseline
+
+    values = [12.0, 16.3]  # ±2.15 over 1 degree of freedom, as the stranger's 6-product baseline
+    base = {"trace": {**traced(values, estimator="hutchpp", offset=14.3), "matvecs": 6}}
+    cfg = gate({"field": "trace.value", "max_increase": "50%"}, probes={"trace": {"estimator": "hutchpp",
+                                                                                  "probes_max": 48}})
+    with pytest.raises(InputError, match=r"unpaired \(hutchpp draws other vectors at another count \(baseline 6 "
+                                         r"products, now 48\)\)"):
+        check_baseline(cfg, _baseline(base, **META), META, seed=0)
+    for count in (6, 7, 8):  # 7 and 8 take the same 6 products: k = 2 sketch columns, paired
+        same = gate({"field": "trace.value", "max_increase": "50%"}, probes={"trace": {"estimator": "hutchpp",
+                                                                                       "probes_max": count}})
+        check_baseline(same, _baseline(base, **META), META, seed=0)
+
+
+def test_a_run_at_fewer_probes_than_the_baseline_is_planned_with_its_own_error():
+    """The check assumed the run as precise as the baseline: a Hutchinson baseline of 64
+    probes gated at 8 (seed 1, unpaired) has σ = √(8·s_b² + slope²·s_b²), not √(1 + slope²)·s_b."""
+    values = [10.0 + 0.3 * math.sin(3 * i) for i in range(64)]
+    base = {"trace": {**traced(values), "matvecs": 64}}
+    rule = {"field": "trace.value", "max_increase": "3%"}
+    assert _accepted(gate(rule, probes={"trace": {"probes_max": 64}}), base)
+    assert not _accepted(gate(rule, probes={"trace": {"probes_max": 8}}), base)
+
+
+@pytest.mark.parametrize("probe, key, then, now", [("mls", "output", "softmax", "logits"),
+                                                   ("jacobian", "output", "softmax", "logits"),
+                                                   ("adaptive-sharpness", "rho", 0.05, 0.0005),
+                                                   ("adaptive-sharpness", "loss", "sigmoid_mse", None)])
+def test_a_baseline_of_another_quantity_of_the_probe_is_refused(probe, key, then, now):
+    """mls and jacobian of the softmax against the logits' gave exit 1, '26.92 needs ≤ 0.0907'
+    (stranger test): the options that define the quantity are compared as trace's matrix is."""
+    from flatcheck.workflows.gate import check_baseline
+
+    base = {probe: result(0.09, None, probe=probe, **{key: then}).to_dict()}
+    options = {} if now is None else {key: now}
+    cfg = gate({"field": f"{probe}.value", "max_increase": "10%"}, probes={probe: options})
+    with pytest.raises(InputError, match=rf"measured with {key} {then!r}, this gate's will be with .*not the same "
+                                         rf"quantity \(set probes.{probe}.{key}: {then}\)"):
+        check_baseline(cfg, _baseline(base, **META), META, seed=0)
+    same = gate({"field": f"{probe}.value", "max_increase": "10%"}, probes={probe: {key: then}})
+    check_baseline(same, _baseline(base, **META), META, seed=0)
+
+
+def test_another_probes_result_under_the_trace_key_is_refused():
+    """lmax's result copied into results.trace of a 2.4 report was compared unpaired "as schema
+    < 2.0" and gave exit 1 (stranger test)."""
+    from flatcheck.workflows.gate import Baseline, check_baseline
+
+    lmax = {**result(13.6, None, probe="lmax", matrix="hessian", eigenvalues=[13.6]).to_dict(), "probe": "trace"}
+    cfg = gate({"field": "trace.value", "max_increase": "10%"})
+    for schema, refused in (("2.4", True), ("1.0", False)):
+        base = Baseline({"trace": lmax}, {**META, "schema_version": schema}, "--baseline b.json")
+        if refused:
+            with pytest.raises(InputError, match="estimator None and no per-probe values.*another probe's result"):
+                check_baseline(cfg, base, META, seed=0)
+        else:
+            check_baseline(cfg, base, META, seed=0)  # a 1.0 trace had no per-probe values
+
+
+def test_rules_reach_layers_whose_names_hold_dots():
+    """`trace.details.layers.features.0.value` was "not in the trace result": the path was split at
+    every dot, so no nn.Sequential child (features.0, layer1.0.conv1) could be named (stranger test)."""
+    layers = {"features.0": {"value": 3.0, "stderr": 0.1, "parameters": 10},
+              "layer1.0.conv1": {"value": 5.0, "stderr": 0.2, "parameters": 20}, "head": {"value": 1.0, "stderr": 0.0}}
+    res = {"trace": result(9.0, 0.3, layers=layers, per_parameter={"features.0.weight": {"value": 2.5}})}
+    cfg = gate({"field": "trace.details.layers.features.0.value", "max": 4},
+               {"field": "trace.details.layers.layer1.0.conv1", "min": 4},
+               {"field": "trace.details.per_parameter.features.0.weight.value", "max": 3})
+    checks = evaluate(cfg, res)
+    assert [c.value for c in checks] == [3.0, 5.0, 2.5] and [c.verdict for c in checks] == ["pass"] * 3
+    # a misspelt layer names the layers there are
+    with pytest.raises(InputError, match=r"'trace.details.layers.features.1.value' is not in the trace result "
+                                         r"\(trace.details.layers holds features.0, head, layer1.0.conv1\)"):
+        evaluate(gate({"field": "trace.details.layers.features.1.value", "max": 4}), res)
+
+
+def test_a_zero_margin_is_met_paired_and_refused_unpaired():
+    from flatcheck.workflows.gate import check_baseline
+
+    values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]
+    cfg = gate({"field": "trace.value", "max_increase": 0})
+    base = _baseline({"trace": traced(values)}, **META)
+    check_baseline(cfg, base, META, seed=0)
+    (c,) = evaluate(cfg, {"trace": traced(values)}, {"trace": traced(values)})
+    assert c.verdict == "pass" and c.stderr is None  # every per-probe difference is 0
+    with pytest.raises(InputError, match=r"cannot pass an unchanged model unpaired.*margin 0"):
+        check_baseline(cfg, base, META, seed=1)
+    zero = _baseline({"trace": result(0.0, 0.5).to_dict()}, **META)
+    with pytest.raises(InputError, match="margin 0"):
+        check_baseline(cfg, zero, META, seed=0)
+
+
+def test_a_layer_rule_at_the_same_seed_is_refused_when_an_unchanged_model_could_not_pass():
+    """Parts are compared unpaired: a rule an unchanged model could fail is refused up front."""
+    from flatcheck.workflows.gate import check_baseline
+
+    layers = {"head": {"value": 2.1587, "stderr": 0.1535}}
+    cfg = gate({"field": "trace.details.layers.head.value", "max_increase": "20%"})
+    base = _baseline({"trace": {**traced([1.0, 2.0, 3.0]), "details": {**traced([1.0, 2.0, 3.0])["details"],
+                                                                        "layers": layers}}}, **META)
+    with pytest.raises(InputError, match="only a headline value is paired"):
+        check_baseline(cfg, base, META, seed=0)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda r: r["details"].pop("offset"), "probe_values/offset"),
+    (lambda r: r.update(value=r["value"] * 10), "edited or corrupted"),
+    (lambda r: r["details"].update(probe_values=[2 * v for v in r["details"]["probe_values"]]), "edited or corrupted"),
+    (lambda r: r["details"].update(probe_values=[1.0]), "probe_values/offset"),
+])
+def test_a_baseline_whose_probe_values_do_not_give_its_value_is_refused(edit, match):
+    from flatcheck.workflows.gate import check_baseline
+
+    res = traced([10.0 + 6 * math.sin(3 * i) for i in range(16)])
+    check_baseline(gate({"field": "trace.value", "max_increase": "20%"}), _baseline({"trace": res}, **META), META,
+                   seed=0)
+    edit(res)
+    with pytest.raises(InputError, match=match):
+        check_baseline(gate({"field": "trace.value", "max_increase": "20%"}), _baseline({"trace": res}, **META),
+                       META, seed=0)
+
+
+def test_a_baseline_of_another_matrix_is_refused():
+    from flatcheck.workflows.gate import check_baseline
+
+    res = traced([1.0, 2.0, 3.0])
+    cfg = gate({"field": "trace.value", "max_increase": "20%"}, probes={"trace": {"estimator": "exact"}})
+    with pytest.raises(InputError, match="hessian matrix, this gate's of the ggn"):
+        check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=0)
+
+
+# None and a newer minor ("2.5", "2.10") passed silently (stranger test): every flatcheck report
+# says its schema, and a newer minor may mean other things by the same keys
+@pytest.mark.parametrize("version, ok", [("2.1", True), ("1.0", True), ("2.4", True), (None, False), ("9.9", False),
+                                         ("2.5", False), ("2.10", False), (2.1, False), ("two", False)])
+def test_baseline_schema_version(tmp_path, version, ok):
+    from flatcheck.workflows.gate import load_baseline
+
+    data = {"results": {"gini": {"value": 0.1}}}
+    if version is not None:
+        data["schema_version"] = version
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(data))
+    if ok:
+        load_baseline(path)
+    else:
+        with pytest.raises(ConfigError, match="schema_version"):
+            load_baseline(path)
+
+
+def test_min_above_max_and_rtol_are_refused_in_gate_files():
+    with pytest.raises(ConfigError, match=r"rules\[0\]' has min 2 above max 1"):
+        gate({"field": "trace.value", "min": 2, "max": 1})
+    with pytest.raises(ConfigError, match="probes.trace.rtol"):
+        gate({"field": "trace.value", "max": 1}, probes={"trace": {"rtol": 0.1}})
+
+
+def test_gate_file_with_a_duplicate_key_is_refused(tmp_path):
+    from flatcheck.workflows.gate import load_gate_config
+
+    path = write_gates(tmp_path, "rules:\n  - {field: gini.value, max: 1}\nrules:\n  - {field: gini.value, max: 2}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'rules'"):
+        load_gate_config(path)
+
+
+def test_summary_counts_one_outcome_per_rule():
+    cfg = gate({"field": "trace.value", "max": 100}, {"field": "trace.value", "max": 11})
+    res = {"trace": result(10.0, 1.0)}
+    outcome = GateOutcome(evaluate(cfg, res), Report(meta={}, results=res), 0.95)
+    assert "1 passed · 0 failed · 1 inconclusive (1 counted as failed) · 0 skipped" in markdown(outcome)
+    assert sum(outcome.counts().values()) == 2
+
+
+def test_non_finite_numbers_in_a_check_are_null_in_json():
+    cfg = gate({"field": "trace.value", "max": 1})
+    (c,) = evaluate(cfg, {"trace": {"value": "nan", "stderr": None}})
+    assert c.verdict == "fail" and c.to_dict()["value"] is None
+    json.dumps(c.to_dict(), allow_nan=False)
+
+
+def test_rules_table_folds_long_names_instead_of_cutting_them():
+    from rich.console import Console
+
+    cfg = gate({"field": "gini.details.accuracy", "min": 0.9, "name": "a_rather_long_rule_name_for_accuracy"})
+    res = {"gini": result(0.1, None, probe="gini", accuracy=0.95)}
+    console = Console(width=80, record=True, file=io.StringIO())
+    GateOutcome(evaluate(cfg, res), Report(meta={}, results=res), 0.95).render(console)
+    text = console.export_text()
+    first_column = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│"))
+    assert "…" not in text and "a_rather_long_rule_name_for_accuracymin0.9" in first_column.replace(" ", "")
+
+
+def test_a_paired_rerun_remeasures_the_baseline_when_it_can():
+    """Paired over all 4 values the baseline holds, a 20% rule is inconclusive (t₃ is wide);
+    doubling both sides decides it. Without the baseline's checkpoint, no rerun is spent."""
+    import itertools
+
+    stream = [10.0 + 20 * math.sin(1.7 * i) for i in range(64)]  # the i-th probe value of one seed
+    cfg = gate({"field": "trace.value", "max_increase": "20%", "inconclusive": "rerun"}, max_reruns=4)
+    grown = [1.05 * v for v in stream]  # 5% more: passes once decided
+
+    def run(values, options):
+        return {"trace": ProbeResult(**{k: v for k, v in traced(values[:options["trace"].probes_max]).items()
+                                        if k in ("value", "stderr", "details", "dof", "seed", "probe")},
+                                     matvecs=0, seconds=0.0)}
+
+    calls = []
+
+    def rerun_baseline(more):
+        calls.append(more["trace"].probes_max)
+        return run(stream, more)
+
+    start = {"trace": TraceOptions(probes_max=4)}
+    base = {"trace": traced(stream[:4])}
+    (c,), _ = decide_with_reruns(cfg, run(grown, start), start, lambda more: run(grown, more), base,
+                                 rerun_baseline=rerun_baseline)
+    assert evaluate(cfg, run(grown, start), base)[0].verdict == "inconclusive"
+    assert c.verdict == "pass" and c.paired == calls[-1] > 4 and "re-measured" in c.message
+    spent = []
+    (c,), _ = decide_with_reruns(cfg, run(grown, start), start, lambda more: spent.append(1) or run(grown, more),
+                                 base, rerun_baseline=lambda more: None)
+    assert c.verdict == "inconclusive" and c.failed and spent == [] and c.capped
+
+
+def test_an_adaptive_sharpness_headline_follows_the_baselines_estimator():
+    """Adaptive sharpness takes its headline from the Monte Carlo mean or the second-order form,
+    whichever resolves it; a gate runs the baseline's estimator (method pinned where the gate file
+    leaves it open) and refuses to compare two different estimators."""
+    import dataclasses
+
+    from flatcheck.config import RunConfig, probe_requests
+    from flatcheck.errors import InputError
+    from flatcheck.workflows.gate import follow_baseline
+
+    rule = {"field": "adaptive-sharpness.value", "max_increase": "20%"}
+    cfg = gate(rule, probes={"adaptive-sharpness": {"rho": 0.001}})
+    run = RunConfig(checkpoint=CKPT, spec=SPEC, probes=probe_requests("adaptive-sharpness", {
+        "adaptive-sharpness": dict(cfg.probes["adaptive-sharpness"])}))
+    for route, method in (("monte-carlo", "mc"), ("second-order", "second-order")):
+        base = _baseline({"adaptive-sharpness": {"value": 1.0, "stderr": 0.01, "details": {"route": route}}}, **META)
+        (req,) = follow_baseline(run, cfg, base).probes
+        assert req.options.method == method and req.options.rho == 0.001
+    # the gate file's own choice stands
+    fixed = gate(rule, probes={"adaptive-sharpness": {"method": "both"}})
+    run_both = dataclasses.replace(run, probes=probe_requests("adaptive-sharpness", {"adaptive-sharpness": {}}))
+    (req,) = follow_baseline(run_both, fixed, base).probes
+    assert req.options.method == "both"
+    now = {"adaptive-sharpness": result(1.0, 0.01, "adaptive-sharpness", route="second-order")}
+    then = {"adaptive-sharpness": result(1.0, 0.01, "adaptive-sharpness", route="monte-carlo")}
+    with pytest.raises(InputError, match="not the same estimate"):
+        evaluate(fixed, now, then)
+    assert verdicts(fixed, now, {"adaptive-sharpness": result(1.0, 0.01, "adaptive-sharpness",
+                                                              route="second-order")}) == ["pass"]
+
+
+def test_a_threshold_in_e_notation_without_a_dot_is_a_number():
+    """PyYAML reads `max: 1e9` as the string '1e9' (YAML 1.1 wants 1.0e9); a threshold written
+    so is still the number, and text that is not one is still refused."""
+    import yaml
+
+    from flatcheck.errors import InputError
+    from flatcheck.workflows.gate import parse_gate_config
+
+    raw = yaml.safe_load("rules:\n  - {field: trace.value, max: 1e9, min: -2e-3}\n")
+    assert raw["rules"][0]["max"] == "1e9"  # what PyYAML gives
+    limits = {b.kind: b.limit for b in parse_gate_config(raw).bounds}
+    assert limits == {"max": 1e9, "min": -2e-3}
+    for bad in ("abc", "nan", "inf"):
+        with pytest.raises(InputError, match="finite number"):
+            parse_gate_config({"rules": [{"field": "trace.value", "max": bad}]})
+
+
+# ---------------------------------------------------------------- values good to a stated bound
+
+
+def _lmax(value, residual, seed=0):
+    """A converged lmax result: its Ritz value lies within `residual` of an eigenvalue."""
+    return {"probe": "lmax", "value": value, "stderr": None, "resolved": True, "seed": seed, "matvecs": 40,
+            "details": {"eigenvalues": [value], "residuals": [residual], "converged": [True], "tol": 1e-3}}
+
+
+def test_an_lmax_that_moves_within_its_residual_does_not_fail_an_unchanged_model():
+    """At another seed (another start vector) an unchanged model's λmax moves within its
+    residual; a rule decided as if the value were exact failed it (13.664832 vs 13.664819)."""
+    cfg = gate({"field": "lmax.value", "max_increase": "1%"})
+    base = {"lmax": _lmax(13.664819, 0.004)}
+    [check] = evaluate(cfg, {"lmax": _lmax(13.664832, 0.004, seed=1)}, base)
+    assert check.verdict == "pass"
+    lo, hi = check.ci
+    assert math.isclose(hi - 13.664832, 0.004 + 1.01 * 0.004) and check.stderr is None
+    assert "stated error bound ±0.00804" in check.message
+    # a rise past the margin and both bounds fails, a rise inside them is inconclusive
+    assert verdicts(cfg, {"lmax": _lmax(13.664819 * 1.01 + 0.02, 0.004)}, base) == ["fail"]
+    assert verdicts(cfg, {"lmax": _lmax(13.664819 * 1.01 + 0.004, 0.004)}, base) == ["inconclusive"]
+
+
+def test_a_rule_tighter_than_lmax_is_good_to_is_refused_before_the_run():
+    from flatcheck.workflows.gate import check_baseline
+
+    base = _baseline({"lmax": _lmax(13.664819, 0.004)}, **META)
+    with pytest.raises(InputError, match=r"rule .* cannot pass an unchanged model: the baseline's lmax.value = "
+                                         r"13.6648 is good to ±0.004 .*margin 0; .*probes.lmax.tol"):
+        check_baseline(gate({"field": "lmax.value", "max_increase": "0%"}), base, META, seed=0)
+    # 2.01 · 0.004 = 0.00804 fits a 0.1 % margin (0.0137)
+    check_baseline(gate({"field": "lmax.value", "max_increase": "0.1%"}), base, META, seed=0)
+
+
+def test_a_fail_message_prints_value_and_threshold_apart():
+    cfg = gate({"field": "gini.value", "max": 13.664819})
+    [check] = evaluate(cfg, {"gini": {"probe": "gini", "value": 13.664832, "stderr": None, "details": {}}})
+    assert check.verdict == "fail" and "13.664832 needs ≤ 13.664819" in check.message
+
+
+def test_an_mls_estimate_is_compared_within_its_error_bound():
+    cfg = gate({"field": "mls.value", "max": 1.0})
+    mls = {"probe": "mls", "value": 0.999, "stderr": None, "details": {"mls": 0.999, "mls_error_bound": 0.01}}
+    assert verdicts(cfg, {"mls": mls}) == ["inconclusive"]
+    assert verdicts(cfg, {"mls": {**mls, "details": {"mls": 0.999, "mls_error_bound": 1e-4}}}) == ["pass"]
+    # a detail's sibling bound, written with or without "details" (jacobian's spectral max)
+    jac = {"probe": "jacobian", "value": 2.0, "stderr": 0.1,
+           "details": {"spectral": {"max": 0.999, "max_error_bound": 0.01}}}
+    for field in ("jacobian.spectral.max", "jacobian.details.spectral.max"):
+        assert verdicts(gate({"field": field, "max": 1.0}), {"jacobian": jac}) == ["inconclusive"]
