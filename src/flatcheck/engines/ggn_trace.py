@@ -9,13 +9,15 @@ pulling back e_n ⊗ u_nk through the whole batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import Tensor
 from torch.func import functional_call, vjp, vmap
 
-from ..backends.base import GGNTrace, Problem, model_mode
+from ..backends.base import GGNTrace
+from ..problem import Problem, model_mode
 from ..losses import output_hessian_factors, sample_columns
 from .persample import layer_sqnorms
 from .pullback import pullback
@@ -24,6 +26,21 @@ from .pullback import pullback
 # stays this whatever the number of classes C (all C columns of a 1,000-class model's
 # factorisation at once held C gradients of every parameter: gigabytes).
 PER_SAMPLE_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class SampledGGNTrace(GGNTrace):
+    """A class-sampled Tr(G) with the covariance of its per-parameter parts, so that the
+    standard error of any sum of parts (the weights alone, say) is known, not only the total's."""
+
+    covariance: Tensor | None = None  # (n_params, n_params) float64; sums to stderr²
+
+    def stderr_of(self, mask: Tensor) -> float | None:
+        """The standard error of the sum of the parts where `mask` (bool, one per parameter tensor) holds."""
+        if self.covariance is None:
+            return None
+        m = mask.to(dtype=torch.float64, device=self.covariance.device)
+        return max((m @ self.covariance @ m).item(), 0.0) ** 0.5
 
 
 def _column_chunk(dim: int, element_size: int, columns: int) -> int:
@@ -45,7 +62,8 @@ def ggn_trace(problem: Problem, class_samples: int | None = None, generator: tor
     """
     params = problem.layout.params(problem.model)
     total = torch.zeros(len(params), dtype=torch.float64, device=problem.device)
-    variance, columns = 0.0, 0
+    covariance = torch.zeros(len(params), len(params), dtype=torch.float64)
+    columns = 0
     with model_mode(problem.model, problem.bn_mode):
         for i, batch in enumerate(problem.samples):
             with torch.no_grad():
@@ -64,12 +82,19 @@ def ggn_trace(problem: Problem, class_samples: int | None = None, generator: tor
             total += torch.einsum("bk,bkp->p", lam.to(torch.float64), sq) * scale
             columns += U.shape[0] * U.shape[-1]
             if class_samples is not None and class_samples > 1:
-                draws = lam.to(torch.float64) * class_samples * sq.sum(-1)  # (B, K) single-draw estimates
-                variance += (draws.var(dim=1, unbiased=True) / class_samples).sum().item() * scale**2
+                # (B, K, n_params) single-draw estimates per parameter tensor: their spread within
+                # each sample, as a covariance, gives the stderr of the total and of any sum of parts
+                draws = (lam.to(torch.float64) * class_samples).unsqueeze(-1) * sq
+                centred = draws - draws.mean(1, keepdim=True)
+                covariance += (torch.einsum("bkp,bkq->pq", centred, centred).cpu()
+                               * scale**2 / ((class_samples - 1) * class_samples))
             if progress is not None:
                 progress(i + 1, problem.samples.num_batches)
-    stderr = None if class_samples is None else (variance**0.5 if class_samples > 1 else float("nan"))
-    return GGNTrace(total, stderr, columns)
+    if class_samples is None:
+        return GGNTrace(total, None, columns)
+    if class_samples < 2:
+        return GGNTrace(total, float("nan"), columns)
+    return SampledGGNTrace(total, max(covariance.sum().item(), 0.0) ** 0.5, columns, covariance)
 
 
 def _per_sample_sqnorms(problem: Problem, params: list[Tensor], x: Tensor, U: Tensor, per_sample: str) -> Tensor:

@@ -22,8 +22,10 @@ from ..report.result import ProbeResult
 from ..errors import ConfigError
 from ._jacfree import LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks, \
     lanczos_sigma, plan, rademacher
-from ._kit import SampleBudget, option, progress_reporter
-from ..backends.base import ExactGGN, model_mode
+from .kit import SampleBudget, option, progress_reporter
+from ..backends.base import ExactGGN
+from ..problem import model_mode
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -96,8 +98,11 @@ class DecompositionProbe:
     - bound = 2 s_{l−1} λmax(M) Σ_i p_i ‖v_i‖² (= 2 s λmax for cross entropy, since ‖e_i‖ = 1;
       for other losses s λmax Tr(A), the same Rayleigh bound).
 
-    value = Σ_l term, shown against the exact GGN trace of the same weights (biases excluded, as
-    in the seed). The decomposition is exact for a dense layer applied to one vector per sample
+    value = Σ_l term, plus for a dense weight used by several calls i, j the cross terms
+    2 (a_i·a_j) Tr(A D_i D_jᵀ) (D = ∂f/∂z of each call) its calls' terms leave out. It is shown
+    against the GGN trace of the same weights (details.ggn_trace_weights: biases and norm
+    parameters are left out, as in Anonymous 2025), beside Tr(G) over every probed parameter
+    (details.ggn_trace). The decomposition is exact for a dense layer applied to one vector per sample
     (‖∇_W f_i·∇_W f_j‖ = ‖a‖² δ_iᵀδ_j), whatever the rest of the network. For a conv layer
     (weight-shared over positions t) the exact inner product is Σ_{t,t'} (a_t·a_t')(δ_it·δ_jt');
     the decomposition keeps t = t' and replaces ‖a_t‖² by its mean over t, so there it is an
@@ -106,6 +111,7 @@ class DecompositionProbe:
     """
 
     name: ClassVar[str] = "decomposition"
+    gating: ClassVar[Gating] = Gating(tolerance_option="lanczos_tol", routes=frozenset({"exact", "estimate"}))
     summary: ClassVar[str] = "centered GGN decomposition per layer (Anonymous 2025), scale-aware bound, vs exact Tr(G)"
     Options: ClassVar[type] = DecompositionOptions
     requires: ClassVar[frozenset[type]] = frozenset({ExactGGN})
@@ -122,16 +128,16 @@ class DecompositionProbe:
                 if _weight_name(n) in probed]
         x1 = next(iter(problem.samples)).x[:1]
         with model_mode(problem.model, problem.bn_mode):
-            route = plan(problem.model, x1, "logits", taps, options.method, ctx.max_memory, self.name,
+            route = plan(problem.model, x1, "logits", taps, options.method, ctx.memory_allowance, self.name,
                          tap_outputs=True)
         # Tr(G) is a pass over the data of its own, as long as the terms' on a large model:
         # shown as such, not left to run behind a finished progress line
         if route.route == "estimate":
-            layers, n_total, passes, extra = self._estimate(ctx, options, taps, route)
+            layers, cross, n_total, passes, extra = self._estimate(ctx, options, taps, route)
             ggn_result = ctx.backend.ggn_trace(options.class_samples, ctx.generator(),
                                                progress=progress_reporter(ctx, "decomposition: Tr(G)"))
         else:
-            layers, n_total, passes, extra = self._exact(ctx, taps, route)
+            layers, cross, n_total, passes, extra = self._exact(ctx, taps, route)
             ggn_result = ctx.backend.ggn_trace(progress=progress_reporter(ctx, "decomposition: Tr(G)"))
         ggn = ggn_result.per_param.cpu()
         ggn_by_name = dict(zip(layout.names, ggn.tolist()))
@@ -145,32 +151,48 @@ class DecompositionProbe:
                               # the s that would make s·centered exact: how far a conv layer is from dense
                               "s_effective": ggn_by_name[name] / centered if centered else None,
                               **layer.error_details(n_total)}
-        # a layer called twice has one weight: its exact GGN counts once in the comparison
-        weights = {_weight_name(k.split("#")[0]) for k in per_layer}
-        total = sum(v["term"] for v in per_layer.values())
+        # a layer called twice has one weight: its GGN counts once in the comparison, and the
+        # terms of its calls miss the cross terms between them (`cross`, dense weights only)
+        calls: dict[str, list[dict]] = {}
+        for key, v in per_layer.items():
+            calls.setdefault(_weight_name(key.split("#")[0]), []).append(v)
+        weights = set(calls)
+        terms = sum(v["term"] for v in per_layer.values())
+        total = terms + sum(cross.values())
+        ggn_all = float(ggn.sum())
         ggn_total = sum(ggn_by_name[w] for w in weights)
         bound = sum(v["bound"] for v in per_layer.values())
-        exact = bool(per_layer) and all(v["exact"] for v in per_layer.values()) and len(weights) == len(per_layer)
+        dense = {w for w, vs in calls.items() if all(v["exact"] for v in vs) and (len(vs) == 1 or w in cross)}
+        exact = bool(per_layer) and dense == weights
         # under --budget the terms cover the first samples only, Tr(G) every one: no comparison
         cut = extra.get("samples_used")
         rel = abs(total - ggn_total) / abs(ggn_total) if ggn_total and cut is None else None
-        dense_terms = sum(v["term"] for v in per_layer.values() if v["exact"])
-        dense_ggn = sum(v["ggn_weight"] for v in per_layer.values() if v["exact"])
+        dense_terms = sum(v["term"] for w in dense for v in calls[w]) + sum(cross.get(w, 0.0) for w in dense)
+        dense_ggn = sum(ggn_by_name[w] for w in dense)
         rel_text = "not compared" if cut is not None else "n/a" if rel is None else f"{rel:.3g}"
         estimate = route.route == "estimate"
         ggn_name = f"Tr(G) ({options.class_samples} sampled classes)" if estimate else "exact Tr(G)"
-        notes = (f"{route.route} route: Σ terms {total:.4g}{_pm(extra.get('total_stderr'))} vs {ggn_name} of the same "
-                 f"weights {ggn_total:.4g} (rel. diff {rel_text}, "
-                 f"{'exact' if exact else 'approximate: conv/shared layers'}); bound {bound:.4g}")
-        details = {"total": total, "ggn_trace": ggn_total, "relative_difference": rel, "exact": exact,
-                   "bound": bound, "dense_total": dense_terms, "dense_ggn_trace": dense_ggn,
+        shared = f" + shared weights' cross terms {sum(cross.values()):.3g} = {total:.4g}" if cross else ""
+        notes = (f"{route.route} route: Σ terms {terms:.4g}{shared}{_pm(extra.get('total_stderr'))} vs {ggn_name} "
+                 f"of the same weights {ggn_total:.4g} (rel. diff {rel_text}, "
+                 f"{'exact' if exact else 'approximate: conv layers or shared conv weights'}); bound {bound:.4g}; "
+                 f"Tr(G) over every probed parameter {ggn_all:.4g}")
+        details = {"total": total, "terms_total": terms, "shared_cross_terms": cross,
+                   # Tr(G) over every probed parameter, and over the probed layers' weights alone
+                   # (biases and norm parameters left out, as the decomposition leaves them out):
+                   # the value is compared with the latter
+                   "ggn_trace": ggn_all, "ggn_trace_weights": ggn_total, "relative_difference": rel,
+                   "exact": exact, "bound": bound, "dense_total": dense_terms, "dense_ggn_trace_weights": dense_ggn,
                    "loss": problem.loss.name, "per_layer": per_layer,
                    # the Jacobian products' batched passes (C per batch on the exact route), not Tr(G)'s
                    "backward_passes": passes, **extra, **route.details()}
         if estimate:
-            # the comparison's Tr(G) is class-sampled; its stderr covers every probed parameter
+            # the comparison's Tr(G) is class-sampled: the stderr of each of the two sums
             details["ggn_class_samples"] = options.class_samples
-            details["ggn_trace_stderr_all_parameters"] = ggn_result.stderr
+            details["ggn_trace_stderr"] = ggn_result.stderr
+            mask = torch.tensor([n in weights for n in layout.names])
+            stderr_of = getattr(ggn_result, "stderr_of", None)
+            details["ggn_trace_weights_stderr"] = stderr_of(mask) if stderr_of is not None else None
         if cut is not None:
             details["relative_difference_null_reason"] = (
                 f"the terms are over the first {cut} of {extra['samples_requested']} samples (--budget) "
@@ -180,12 +202,13 @@ class DecompositionProbe:
         return ProbeResult(
             probe=self.name, value=total, stderr=extra.get("total_stderr"), matvecs=0,
             seconds=time.perf_counter() - start, seed=ctx.seed if estimate else None,
-            label="Σ_l s·centered", notes=notes, details=details, resolved="unresolved_reason" not in extra,
+            label="Σ_l s·centered" + (" + shared cross terms" if cross else ""), notes=notes, details=details, resolved="unresolved_reason" not in extra,
         )
 
-    def _exact(self, ctx: ProbeContext, taps, route) -> tuple[dict, int, int, dict]:
+    def _exact(self, ctx: ProbeContext, taps, route) -> tuple[dict, dict, int, int, dict]:
         problem = ctx.backend.problem
         layers: dict[str, _Layer] = {}
+        cross: dict[str, float] = {}
         n_total, passes = 0, 0
         budget = SampleBudget(ctx, "decomposition")
         progress = progress_reporter(ctx, "decomposition")
@@ -206,20 +229,28 @@ class DecompositionProbe:
                 s = patch_sqnorm(tap.call.module, tap.h)
                 exact = isinstance(tap.call.module, nn.Linear) and tap.h.ndim == 2
                 layers.setdefault(tap.call.key, _Layer(tap.call.module, exact)).add(s, lam_max, centered, factor)
+            for i, j, name in shared_pairs([(t.call, t.h) for t in rows.taps]):
+                # 2 (h_i·h_j) Tr(A D_i D_jᵀ), D = ∂f/∂z of each call
+                ti, tj = rows.taps[i], rows.taps[j]
+                Dij = ti.dz.flatten(2).to(torch.float64) @ tj.dz.flatten(2).to(torch.float64).transpose(1, 2)
+                cross[name] = cross.get(name, 0.0) + (2 * _dot(ti.h, tj.h) * (A * Dij).sum((1, 2))).sum().item()
             n_total += y.shape[0]
             passes += rows.out.shape[1]
-        return layers, n_total, passes, budget.cut or {}
+        return layers, {name: v / n_total for name, v in cross.items()}, n_total, passes, budget.cut or {}
 
-    def _estimate(self, ctx: ProbeContext, options: DecompositionOptions, taps, route) -> tuple[dict, int, int, dict]:
+    def _estimate(self, ctx: ProbeContext, options: DecompositionOptions, taps,
+                  route) -> tuple[dict, dict, int, int, dict]:
         """Matrix-free: λmax(M_l) = σ_max(∂f/∂z_l)² by Lanczos on M_l; centered = Tr(A M_l) =
         E[⟨∂f/∂z_lᵀ w', ∂f/∂z_lᵀ w⟩] with w = Σ_k √|λ_k| ξ_k U_k, w' the same with sign(λ_k),
-        ξ Rademacher over the loss's output-Hessian factors A = Σ_k λ_k U_k U_kᵀ."""
+        ξ Rademacher over the loss's output-Hessian factors A = Σ_k λ_k U_k U_kᵀ. A shared dense
+        weight's cross term 2 (h_i·h_j) Tr(A D_i D_jᵀ) comes from the same draws."""
         problem = ctx.backend.problem
         model, k = problem.model, options.projections
         budget = SampleBudget(ctx, "decomposition (estimate)")
         should_stop = budget.should_stop
         progress = progress_reporter(ctx, "decomposition (estimate)")
         layers: dict[str, _Layer] = {}
+        cross: dict[str, float] = {}
         n_total, passes, unconverged, worst, total_var = 0, 0, 0, 0.0, 0.0
         for index, x, y in iter_chunks(problem, route.chunk, budget, progress):
             with model_mode(model, problem.bn_mode):
@@ -231,12 +262,16 @@ class DecompositionProbe:
             xi = rademacher(ctx.seed, index, b, lam.shape[1], PROBE_STREAM, draws=k)
             outs = [jp.output_index(i) for i in range(len(jp.calls))]
             draws = torch.zeros(len(outs), b, k, dtype=torch.float64)
+            pairs = shared_pairs([(c, c.input) for c in jp.calls])
+            cross_draws = torch.zeros(len(pairs), b, k, dtype=torch.float64)
             for j in range(k):
                 w = torch.einsum("bck,bk->bc", U, lam.abs().sqrt() * xi[j])
                 g = jp.vjp(w, outs)
                 g2 = jp.vjp(torch.einsum("bck,bk->bc", U, lam.sign() * lam.abs().sqrt() * xi[j]), outs) if signed else g
                 for li, (a, a2) in enumerate(zip(g, g2)):
                     draws[li, :, j] = (a.flatten(1).to(torch.float64) * a2.flatten(1).to(torch.float64)).sum(1).cpu()
+                for pi, (li, lj, _) in enumerate(pairs):
+                    cross_draws[pi, :, j] = (_dot(g2[li], g[lj]) + _dot(g2[lj], g[li])).cpu()
             if problem.loss.name in ("cross_entropy", "label_smoothing"):
                 factor = torch.full((b,), 2.0, dtype=torch.float64)
             else:
@@ -254,6 +289,11 @@ class DecompositionProbe:
                 layer.add(s_, norms.sigma.pow(2), centered, factor)
                 layer.add_errors(s_, draws[li], norms, factor)
                 total_draws += s_.unsqueeze(1) * draws[li]
+            for pi, (li, lj, name) in enumerate(pairs):
+                hh = _dot(jp.calls[li].input.detach(), jp.calls[lj].input.detach()).cpu()
+                cross_draws[pi] *= hh.unsqueeze(1)
+                cross[name] = cross.get(name, 0.0) + cross_draws[pi].mean(1).sum().item()
+                total_draws += cross_draws[pi]
             total_var += (total_draws.var(1, unbiased=True) / k).sum().item()
             n_total += b
             passes += jp.backward_passes
@@ -263,8 +303,22 @@ class DecompositionProbe:
         if should_stop is not None and should_stop():
             extra["stop_reason"] = "budget"
         extra.update(budget.cut or {})
-        return layers, n_total, passes, extra
+        return layers, {name: v / n_total for name, v in cross.items()}, n_total, passes, extra
 
+
+
+def shared_pairs(calls: list[tuple]) -> list[tuple[int, int, str]]:
+    """(i, j, weight name) for every pair of calls i < j of one dense layer (a Linear on one
+    vector per sample): a weight used twice, whose Tr(G) holds the cross terms between its
+    calls beside each call's own term. Conv calls are left out: their terms are approximate."""
+    dense = [(i, c) for i, (c, h) in enumerate(calls) if isinstance(c.module, nn.Linear) and h.ndim == 2]
+    return [(i, j, _weight_name(ci.key.split("#")[0]))
+            for a, (i, ci) in enumerate(dense) for j, cj in dense[a + 1:] if cj.module is ci.module]
+
+
+def _dot(a: Tensor, b: Tensor) -> Tensor:
+    """Per-sample inner products of two (B, …) tensors, in float64."""
+    return (a.flatten(1).to(torch.float64) * b.flatten(1).to(torch.float64)).sum(1)
 
 
 def _pm(stderr: float | None) -> str:

@@ -15,7 +15,11 @@ from typing import Any
 #      (details.statistical_stderr_parts), and a float32 breakdown off 0 is no longer exact
 # 2.4: `error_bound`: the bound of a value an iteration stopped within its tolerance (lmax's
 #      residual, mls's estimate route); such a value is no longer called exact
-SCHEMA_VERSION = "2.4"
+# 2.5: decomposition's details.ggn_trace is Tr(G) over every probed parameter (it was the layers'
+#      weights alone, now details.ggn_trace_weights); ggn_trace_stderr and ggn_trace_weights_stderr
+#      replace ggn_trace_stderr_all_parameters; dense_ggn_trace_weights replaces dense_ggn_trace;
+#      a shared dense weight's cross terms (details.shared_cross_terms) are part of the value
+SCHEMA_VERSION = "2.5"
 
 
 @dataclass(frozen=True)
