@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.func import jacrev
 
-from tests.support.dense import make_case
+from tests.support.dense import MODELS, make_case
 from flatcheck.backends import ParamLayout, create_backend
 from flatcheck.problem import Problem, model_mode
 from flatcheck.data.batches import SampleSet
@@ -308,3 +308,20 @@ def test_a_budget_stop_is_told_to_the_progress_display():
         assert stops == [("stopped", desc, "budget")], (probe, opts)
         before = listener.events[:listener.events.index(stops[0])]
         assert not [e for e in before if e[1] == desc and e[3] and e[2] >= e[3]], (probe, opts, before)
+
+@pytest.mark.parametrize("method", ["exact", "estimate"])
+def test_a_missing_bound_carries_its_reason(method, monkeypatch):
+    """"(bound n/a)" said nothing: the note and the JSON name the layer that rules the bound out."""
+    conv = run(make_case("cnn").backend(), method=method, lanczos_iters=3)
+    d = conv.details
+    assert d["mls_bound"] is None and "first layer 0 is a Conv2d" in d["mls_bound_reason"]
+    assert d["nmls_bound"] is None and "0 (Conv2d), 3 (Conv2d)" in d["nmls_bound_reason"]
+    assert f"(bound n/a: {d['mls_bound_reason']})" in conv.notes
+    dense = run(make_case("mlp").backend(), method=method, lanczos_iters=3).details
+    assert dense["mls_bound"] is not None and dense["mls_bound_reason"] is None
+    assert dense["nmls_bound"] is not None and dense["nmls_bound_reason"] is None
+    torch.manual_seed(4)
+    monkeypatch.setitem(MODELS, "squashed", lambda: nn.Sequential(nn.Flatten(), nn.Tanh(), nn.Linear(36, 4)).double())
+    squashed = run(make_case("squashed").backend(), method=method, lanczos_iters=3).details
+    assert squashed["mls_bound"] is None and "does not take the input x itself" in squashed["mls_bound_reason"]
+    assert squashed["nmls_bound"] is not None  # its one layer is dense

@@ -18,8 +18,10 @@ from ..report.result import ProbeResult
 from ._inputjac import OUTPUT_HELP
 from ._jacfree import (LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, MatrixFreeOptions, gaussian, iter_chunks,
                        lanczos_sigma, local_dimension, plan, rademacher)
-from ._kit import SampleBudget, option, progress_reporter
-from ..backends.base import Outputs, model_mode
+from .kit import SampleBudget, option, progress_reporter
+from ..backends.base import Outputs
+from ..problem import model_mode
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 
@@ -74,7 +76,9 @@ class MLSProbe:
     summary: ClassVar[str] = "maximum local sensitivity (MLS, NMLS), log-volume, local dimension, bounds"
     Options: ClassVar[type] = MLSOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
-    quantity_options: ClassVar[tuple[str, ...]] = ("output",)  # J of the logits is not J of the softmax
+    # J of the logits is not J of the softmax
+    gating: ClassVar[Gating] = Gating(quantity_options=("output",), tolerance_option="lanczos_tol",
+                                      routes=frozenset({"exact", "estimate"}))
     command_help: ClassVar[str] = "MLS, normalized MLS, NMLS, log local volume and local dimensionality, with bounds."
 
     def run(self, ctx: ProbeContext, options: MLSOptions) -> ProbeResult:
@@ -84,7 +88,7 @@ class MLSProbe:
         taps = named_matching(problem.model, is_linear_like) if options.nmls else []
         x1 = next(iter(problem.samples)).x[:1]
         with model_mode(problem.model, problem.bn_mode):
-            route = plan(problem.model, x1, options.output, taps, options.method, ctx.max_memory, self.name,
+            route = plan(problem.model, x1, options.output, taps, options.method, ctx.memory_allowance, self.name,
                          tap_outputs=True)
         if route.route == "estimate":
             result = self._estimate(ctx, options, taps, route)
@@ -96,6 +100,8 @@ class MLSProbe:
                 if key in result.details:
                     result.details[key] = None
             result.details["nmls_reason"] = "not computed: nmls=false (only the input Jacobian was taken)"
+            for key in ("mls_bound_reason", "nmls_bound_reason"):
+                result.details[key] = "not computed: nmls=false (the bound needs the first layer's gradients)"
         return dataclasses.replace(result, seconds=time.perf_counter() - start)
 
     def _exact(self, ctx: ProbeContext, options: MLSOptions, taps, route) -> ProbeResult:
@@ -151,6 +157,7 @@ class MLSProbe:
             "output": options.output,
             "mls": mls,
             "mls_bound": mls_bound,
+            **bound_reasons(per_layer, first_key, first_is_input),
             "normalized_mls": torch.cat(norm_spec).mean().item(),
             "nmls": nmls,
             "nmls_bound": nmls_bound,
@@ -161,9 +168,9 @@ class MLSProbe:
             "per_layer": per_layer,
             "backward_passes": passes,  # batched, C per batch; the probe makes no curvature products
         }
-        fmt = lambda b: "n/a" if b is None else f"{b:.4g}"  # noqa: E731
-        nmls_note = f"NMLS {nmls:.4g} (bound {fmt(nmls_bound)})" if options.nmls else "NMLS off"
-        notes = (f"MLS {mls:.4g} (bound {fmt(mls_bound)}), {nmls_note}, "
+        nmls_note = (f"NMLS {nmls:.4g} (bound {_fmt_bound(nmls_bound, details['nmls_bound_reason'])})"
+                     if options.nmls else "NMLS off")
+        notes = (f"MLS {mls:.4g} (bound {_fmt_bound(mls_bound, details['mls_bound_reason'])}), {nmls_note}, "
                  f"normalized MLS {details['normalized_mls']:.4g}, log-vol {details['log_volume']:.4g}, "
                  f"local dim {details['local_dimensionality']:.4g}")
         if budget.cut is not None:
@@ -250,6 +257,7 @@ class MLSProbe:
             "mls": sig_t.mean().item(),
             "mls_error_bound": err_t.mean().item(),
             "mls_bound": mls_bound,
+            **bound_reasons(per_layer, first_key, first_is_input),
             "normalized_mls": torch.cat(norm_sig).mean().item(),
             "normalized_mls_error_bound": torch.cat(norm_err).mean().item(),
             "nmls": nmls,
@@ -278,9 +286,9 @@ class MLSProbe:
         cut = budget.cut
         if cut is not None:
             details.update(cut)
-        fmt = lambda b: "n/a" if b is None else f"{b:.4g}"  # noqa: E731
         nmls_note = f"NMLS {nmls:.4g} ± {details['nmls_error_bound']:.2g}" if options.nmls else "NMLS off"
-        notes = (f"estimate: MLS {details['mls']:.4g} ± {details['mls_error_bound']:.2g} (bound {fmt(mls_bound)}), "
+        mls_bound_text = _fmt_bound(mls_bound, details["mls_bound_reason"])
+        notes = (f"estimate: MLS {details['mls']:.4g} ± {details['mls_error_bound']:.2g} (bound {mls_bound_text}), "
                  f"{nmls_note}, normalized MLS "
                  f"{details['normalized_mls']:.4g}, local dim {details['local_dimensionality']:.4g} ± "
                  f"{details['local_dimensionality_stderr']:.2g}; log-vol n/a (needs every σ)")
@@ -293,6 +301,35 @@ class MLSProbe:
                            error_bound=details["mls_error_bound"],
                            seed=ctx.seed, label=f"MLS ({options.output})", notes=notes, details=details,
                            resolved=cut is None)
+
+
+def bound_reasons(per_layer: dict, first_key: str | None, first_is_input: bool) -> dict:
+    """Why mls_bound and nmls_bound are null (each None where its bound is given), in the words
+    a table note and the JSON both carry."""
+    not_dense = [f"{key} ({v['type']})" for key, v in per_layer.items() if not v["dense"]]
+    identity = ("the identity ‖∇_W f‖_F = ‖∂f/∂z‖_F·‖h‖ the bound rests on holds only for a Linear on one "
+                "vector per sample")
+    if first_key is None:
+        mls_reason = "no Linear/Conv layer, so no first layer to bound MLS by"
+    elif not first_is_input:
+        mls_reason = (f"the first layer {first_key} does not take the input x itself (something transforms x "
+                      "before it), and the bound needs ∂f/∂x = ∂f/∂h there")
+    elif not per_layer[first_key]["dense"]:
+        mls_reason = f"the first layer {first_key} is a {per_layer[first_key]['type']}: {identity}"
+    else:
+        mls_reason = None
+    if not per_layer:
+        nmls_reason = "no Linear/Conv layer"
+    elif not_dense:
+        shown = ", ".join(not_dense[:3]) + (f" and {len(not_dense) - 3} more" if len(not_dense) > 3 else "")
+        nmls_reason = f"not every layer is dense ({shown}): {identity}"
+    else:
+        nmls_reason = None
+    return {"mls_bound_reason": mls_reason, "nmls_bound_reason": nmls_reason}
+
+
+def _fmt_bound(bound: float | None, reason: str | None) -> str:
+    return f"{bound:.4g}" if bound is not None else f"n/a: {reason}"
 
 
 def _sq(g: torch.Tensor) -> torch.Tensor:
