@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench docs clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,10 +33,19 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet $(TORCH_PIN) -e '.[test,bench]'
 	touch $(BENCH_STAMP)
 
+# the docs extra (mkdocs-material, mkdocstrings); the site goes to site/ (mkdocs.yml)
+DOCS_STAMP := $(VENV)/.docs-stamp
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet $(TORCH_PIN) -e '.[test,docs]'
+	touch $(DOCS_STAMP)
+
+docs: install $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 bench: install $(BENCH_STAMP)
 	$(PY) benchmarks/bench_trace.py
 	$(PY) benchmarks/bench_head_trace.py
 	$(PY) benchmarks/bench_peers.py --save
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache
