@@ -170,3 +170,40 @@ def test_plot_is_a_png_with_log_density(tmp_path):
     assert img[..., :3].std() > 0.05
     assert r.details["plot"] == str(path) and "bn train" in r.notes and r.details["bn_mode"] == "train"
     assert [p.name for p in tmp_path.iterdir()] == ["esd.png"]  # no temporary file left behind
+
+
+def test_a_budget_cut_spectrum_is_unresolved_and_smooths_nothing(tmp_path, monkeypatch):
+    """A deadline already past leaves each start two Lanczos steps of the 40 asked for: the
+    result says it is unresolved in the JSON, the table and the figure, gives no smoothed
+    density (a bell over two nodes would put mass where no node is), and draws the nodes."""
+    import time
+
+    import flatcheck.probes.spectrum as spectrum
+    from flatcheck.report.render import fmt_result
+
+    drawn = {}
+    real_plot_nodes = spectrum.plot_nodes
+
+    def plot_nodes(path, nodes, weights, **kw):
+        drawn.update(nodes=nodes, weights=weights, **kw)
+        real_plot_nodes(path, nodes, weights, **kw)
+
+    monkeypatch.setattr(spectrum, "plot_nodes", plot_nodes)
+    monkeypatch.setattr(spectrum, "plot_density", lambda *a, **k: pytest.fail("smoothed an unresolved rule"))
+    path = tmp_path / "esd.png"
+    (req,) = probe_requests(["spectrum"], {"spectrum": {"lanczos_steps": 40, "starts": 2, "plot": str(path)}})
+    r = create_probe("spectrum").run(ProbeContext(make_case("mlp").backend(), seed=0, deadline=time.monotonic()),
+                                     req.options)
+    d = r.details
+    assert d["steps_taken"] == [2, 2] and d["stop_reason"] == "budget"
+    assert not r.resolved and r.to_dict()["resolved"] is False and not r.exact
+    assert "--budget cut the Lanczos rules to 2 of 40 steps" in d["unresolved_reason"]
+    assert "UNRESOLVED" in r.notes and "(unresolved)" in fmt_result(r.value, r.stderr, r.resolved)
+    assert d["density"]["values"] is None and d["density"]["sigma"] is None and d["density"]["null_reason"]
+    assert "UNRESOLVED" in drawn["title"] and "2 of 40 steps" in drawn["note"]
+    assert sorted(drawn["nodes"].tolist()) == sorted(n for s in d["per_start"] for n in s["nodes"])
+    assert drawn["weights"].sum() == pytest.approx(1.0, rel=1e-12)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the moments stay unbiased from two nodes on: within the starts' spread of dense truth
+    H = dense_pair("mlp")["hessian"]
+    assert abs(d["trace"]["value"] - H.trace().item()) <= 40 * d["trace"]["stderr"]  # t, 1 dof: 63.7 at 99 %

@@ -286,3 +286,15 @@ def test_spectrum_does_not_call_a_float32_breakdown_exact():
     assert "closed their Krylov space early (to √eps·‖H‖ in float32: nodes closer than that merge" in r.notes
     assert "exact" not in r.notes
     assert r.details["stop_reason"] == "closed"
+
+
+def test_a_budget_cut_rank_says_the_budget_cut_its_steps():
+    """The resolution warning said "raise --lanczos-steps (now 40)" when the budget had left 2."""
+    import time
+
+    (req,) = probe_requests(["rank"], {"rank": {"lanczos_steps": 40, "starts": 2}})
+    r = create_probe("rank").run(ProbeContext(make_case("mlp").backend(), seed=0, deadline=time.monotonic()),
+                                 req.options)
+    assert r.details["steps_taken"] == [2, 2] and r.details["warnings"]
+    assert "--budget cut the Lanczos rules to 2 of 40 steps" in r.notes
+    assert "raise --lanczos-steps" not in r.notes and "raise --budget" in r.notes

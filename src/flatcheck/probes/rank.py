@@ -37,11 +37,12 @@ from ..linalg.slq import Quadrature
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
 from ..backends.base import GGNVp, Hvp, Outputs
+from .gating import Gating
 from .registry import ProbeContext, register_probe
-from ._kit import option
+from .kit import option
 from ._memory import memory_note
-from .spectrum import (check_slq_options, lanczos_steps_option, mean_stderr, plan_slq, reorth_note, reorth_option,
-                       run_slq, starts_option, stop_reason)
+from .spectrum import (budget_cut, check_slq_options, lanczos_steps_option, mean_stderr, plan_slq, reorth_note,
+                       reorth_option, run_slq, starts_option, stop_reason)
 
 NEURON_RULE = (
     "Σ N_l = Σ out_features of every Linear + Σ out_channels of every Conv (one neuron per channel, "
@@ -159,7 +160,8 @@ class RankProbe:
     """
 
     name: ClassVar[str] = "rank"
-    effort_option: ClassVar[str] = "starts"  # what a gate's rerun raises
+    # every field is an average over the same few start vectors: t with their dof; a rerun raises them
+    gating: ClassVar[Gating] = Gating(effort_option="starts", every_field_shares_draws=True)
     summary: ClassVar[str] = "rank degeneracy at the origin (SLQ) beside the rank bounds"
     Options: ClassVar[type] = RankOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp, Outputs})
@@ -204,8 +206,9 @@ class RankProbe:
                                      lumped=off_zero if closed and off_zero > roundoff else None)
         stderr = max(statistical, bracket.half_width)
 
+        cut = budget_cut(result, options.lanczos_steps)
         warnings = _warnings(ggn, N, P, r_A, batch_bound, paper_bound, resolution, spectral,
-                             options.lanczos_steps, all(m.lower_bound_holds for m in masses))
+                             _more_steps(options.lanczos_steps, cut), all(m.lower_bound_holds for m in masses))
 
         bn_mode = problem.bn_mode
         symbol = "G" if ggn else "H"
@@ -214,6 +217,8 @@ class RankProbe:
                  f"at λ ≈ {location:.3g} (resolution {resolution:.3g}); paper bound "
                  f"{_fmt_bound(paper_bound)}, batch bound {batch_bound:.4g}{'' if ggn else ' (for G)'}; "
                  f"{options.starts} starts × {max(r.steps for r in result.rules)} steps; bn {bn_mode}")
+        if cut is not None:
+            notes += f"; {cut}"
         notes += memory_note(memory) + reorth_note(memory)
         if warnings:
             notes += "; WARNING: " + " | ".join(warnings)
@@ -331,8 +336,15 @@ def sampling_stderr_bound(share: float, *, P: int, starts: int) -> float:
     return math.sqrt(2 * d * (1 - d) / (P * starts))
 
 
+def _more_steps(asked: int, cut: str | None) -> str:
+    """How to get more nodes: more steps asked for, or, where --budget cut them, more time."""
+    if cut is None:
+        return f"raise --lanczos-steps (now {asked})"
+    return f"{cut}: raise --budget, or lower --starts"
+
+
 def _warnings(ggn: bool, N: int, P: int, r_A: int, batch_bound: float, paper_bound: float | None,
-              resolution: float, spectral: float, steps: int, lower_bound_holds: bool) -> list[str]:
+              resolution: float, spectral: float, more_steps: str, lower_bound_holds: bool) -> list[str]:
     out = []
     if ggn and batch_bound > 0 and (paper_bound is None or batch_bound >= paper_bound):
         out.append(
@@ -340,11 +352,10 @@ def _warnings(ggn: bool, N: int, P: int, r_A: int, batch_bound: float, paper_bou
             f"at least the architecture's bound: D describes the sample set, not the model; "
             f"use --samples ≥ {math.ceil(P / r_A):,} for a measurement of the model")
     if not math.isfinite(resolution):
-        out.append(f"SLQ resolution is unbounded (an origin node is an extreme node): raise --lanczos-steps "
-                   f"(now {steps})")
+        out.append(f"SLQ resolution is unbounded (an origin node is an extreme node): {more_steps}")
     elif resolution > RESOLUTION_WARNING * spectral:
         out.append(f"SLQ resolution {resolution:.3g} is {resolution / spectral:.2g}× the largest |node|: eigenvalues "
-                   f"that far from 0 cannot be told from it; raise --lanczos-steps (now {steps})")
+                   f"that far from 0 cannot be told from it; {more_steps}")
     if not lower_bound_holds:
         out.append("in some start vectors the origin nodes do not bracket 0, so D may miss null-space mass")
     return out

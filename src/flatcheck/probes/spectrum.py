@@ -14,12 +14,13 @@ from ..linalg.lanczos import lanczos_bytes, plan_steps
 from ..linalg.memory import gib
 from ..linalg.slq import SLQ, density, slq
 from ..operators import CurvatureOperator
-from ..report.plots import check_plot_target, plot_density
+from ..report.plots import check_plot_target, plot_density, plot_nodes
 from ..report.progress import counted, report_stop
 from ..report.result import ProbeResult
-from ._kit import option, progress_reporter
+from .kit import option, progress_reporter
 from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import GGNVp, Hvp
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 
@@ -73,6 +74,17 @@ def reorth_note(memory: dict) -> str:
     why = memory.get("reorthogonalization_reason")
     return ("; Lanczos without re-orthogonalisation" + (f" ({why})" if why else "") +
             ": the density may hold copies of converged eigenvalues; Tr and Tr² are unaffected")
+
+
+def budget_cut(result: SLQ, asked: int) -> str | None:
+    """What --budget left of the rules, in words, or None when it cut none: a rule of a few
+    nodes integrates the moments Tr and Tr² but places no eigenvalue."""
+    if not result.stopped:
+        return None
+    taken = [r.steps for r in result.rules]
+    lo, hi = min(taken), max(taken)
+    span = f"{lo}" if lo == hi else f"{lo}–{hi}"
+    return f"--budget cut the Lanczos rules to {span} of {min(asked, result.dim)} steps"
 
 
 def stop_reason(result: SLQ) -> str:
@@ -151,7 +163,8 @@ class SpectrumProbe:
     """
 
     name: ClassVar[str] = "spectrum"
-    effort_option: ClassVar[str] = "starts"  # what a gate's rerun raises
+    # every field is an average over the same few start vectors: t with their dof; a rerun raises them
+    gating: ClassVar[Gating] = Gating(effort_option="starts", every_field_shares_draws=True)
     summary: ClassVar[str] = "eigenvalue density, Tr(H), Tr(H²), ‖H‖_F by stochastic Lanczos quadrature"
     Options: ClassVar[type] = SpectrumOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp})
@@ -162,10 +175,17 @@ class SpectrumProbe:
         start = time.perf_counter()
         memory = plan_slq(ctx, op, options.lanczos_steps, "spectrum (SLQ)", options.reorth)
         result = run_slq(ctx, op, options.lanczos_steps, options.starts, "spectrum (SLQ)", memory)
-        try:
-            dens = density(result, options.sigma)
-        except ValueError as exc:
-            raise ConfigError(f"--sigma: {exc}") from None
+        cut = budget_cut(result, options.lanczos_steps)
+        unresolved = None if cut is None else (
+            f"{cut}: too few nodes to place the eigenvalues, so the density's shape is not resolved and no "
+            "smoothed density is given (Tr, Tr² and the norm stay unbiased); raise --budget, or lower "
+            "--starts or --lanczos-steps")
+        dens = None
+        if cut is None:
+            try:
+                dens = density(result, options.sigma)
+            except ValueError as exc:
+                raise ConfigError(f"--sigma: {exc}") from None
         P = op.dim
         trace, trace_se = mean_stderr(result.moment(1))
         trace_sq, trace_sq_se = mean_stderr(result.moment(2))
@@ -180,11 +200,17 @@ class SpectrumProbe:
         plot_path = None
         if options.plot is not None:
             arch = ctx.spec.arch if ctx.spec is not None else "model"
+            smoothing = f"σ = {dens.sigma:.3g}" if dens is not None else "UNRESOLVED: nodes only, not smoothed"
             title = (f"{arch}: eigenvalue density of {'the Hessian' if symbol == 'H' else 'the GGN'} {symbol}\n"
-                     f"SLQ {options.starts}×{max(steps_taken)} steps, σ = {dens.sigma:.3g}, "
+                     f"SLQ {options.starts}×{max(steps_taken)} steps, {smoothing}, "
                      f"N = {ctx.backend.problem.samples.n}, bn {bn_mode}")
             nodes = np.concatenate([r.nodes for r in result.rules])
-            plot_density(options.plot, dens.grid, dens.values, title=title, nodes=nodes)
+            if dens is not None:
+                plot_density(options.plot, dens.grid, dens.values, title=title, nodes=nodes)
+            else:
+                # each start's weights are a probability over its nodes: 1/starts of the mean rule
+                weights = np.concatenate([r.weights for r in result.rules]) / len(result.rules)
+                plot_nodes(options.plot, nodes, weights, title=title, note=cut)
             plot_path = options.plot
 
         notes = (f"Tr({symbol}) {trace:.4g} ± {trace_se:.2g}, Tr({symbol}²) {trace_sq:.4g} ± {trace_sq_se:.2g}, "
@@ -196,8 +222,8 @@ class SpectrumProbe:
             dtype = str(op.dtype).removeprefix("torch.")
             notes += (f"; {invariant} start(s) closed their Krylov space early (to √eps·‖{symbol}‖ in {dtype}: "
                       "nodes closer than that merge; Tr and Tr² are not affected)")
-        if result.stopped:
-            notes += f"; --budget cut the rules to {min(steps_taken)}–{max(steps_taken)} steps"
+        if unresolved is not None:
+            notes += f"; UNRESOLVED: {unresolved}"
         notes += memory_note(memory) + reorth_note(memory)
         if plot_path:
             notes += f"; plot {plot_path}"
@@ -212,6 +238,7 @@ class SpectrumProbe:
             seed=ctx.seed,
             label=f"‖{symbol}‖_F (SLQ)",
             notes=notes,
+            resolved=unresolved is None,
             details={
                 "matrix": options.matrix,
                 "bn_mode": bn_mode,
@@ -232,7 +259,10 @@ class SpectrumProbe:
                      "invariant": r.invariant, "trace": float(t), "trace_sq": float(t2)}
                     for r, t, t2 in zip(result.rules, result.moment(1), result.moment(2))
                 ],
-                "density": {"sigma": dens.sigma, "grid": dens.grid.tolist(), "values": dens.values.tolist()},
+                "density": ({"sigma": dens.sigma, "grid": dens.grid.tolist(), "values": dens.values.tolist()}
+                            if dens is not None else
+                            {"sigma": None, "grid": None, "values": None, "null_reason": unresolved}),
+                **({"unresolved_reason": unresolved} if unresolved is not None else {}),
                 "plot": plot_path,
                 "memory": memory,
             },

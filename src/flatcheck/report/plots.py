@@ -45,15 +45,8 @@ def plot_density(path: str, grid: np.ndarray, density: np.ndarray, *, title: str
     Uses the object-oriented Figure/Agg API rather than pyplot, so a user's interactive
     backend and global figure state are left alone.
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ConfigError(MISSING) from None
     floor = float(np.max(density)) * DYNAMIC_RANGE
-    fig = Figure(figsize=(7, 4.5), dpi=120)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     ax.plot(grid, np.maximum(density, floor), color="tab:blue", lw=1.2)
     if nodes is not None and len(nodes):
         ax.plot(nodes, np.full(len(nodes), floor), "|", color="tab:red", ms=8, label="Ritz values (nodes)")
@@ -63,6 +56,36 @@ def plot_density(path: str, grid: np.ndarray, density: np.ndarray, *, title: str
     ax.set_xlabel("eigenvalue")
     ax.set_ylabel("density")
     ax.set_title(title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    fig.tight_layout()
+    _save_atomically(fig, Path(path))
+
+
+def _axes():
+    """One 7×4.5 in figure on the Agg canvas and its axes (no pyplot state)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ConfigError(MISSING) from None
+    fig = Figure(figsize=(7, 4.5), dpi=120)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+def plot_nodes(path: str, nodes: np.ndarray, weights: np.ndarray, *, title: str, note: str | None = None) -> None:
+    """A quadrature rule too short to smooth (a budget cut it): each node as a stem of its
+    weight, nothing between or beyond the nodes, and `note` on the figure saying why."""
+    fig, ax = _axes()
+    ax.vlines(nodes, 0, weights, color="tab:red", lw=1.5)
+    ax.plot(nodes, weights, "o", color="tab:red", ms=4, label="Ritz values (nodes), weight / starts")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("eigenvalue")
+    ax.set_ylabel("quadrature weight")
+    ax.set_title(title, fontsize=10)
+    if note:
+        ax.text(0.02, 0.95, f"unresolved: {note}", transform=ax.transAxes, fontsize=8, va="top", color="tab:red")
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
     _save_atomically(fig, Path(path))

@@ -18,7 +18,9 @@ from typing import Any
 # 2.5: decomposition's details.ggn_trace is Tr(G) over every probed parameter (it was the layers'
 #      weights alone, now details.ggn_trace_weights); ggn_trace_stderr and ggn_trace_weights_stderr
 #      replace ggn_trace_stderr_all_parameters; dense_ggn_trace_weights replaces dense_ggn_trace;
-#      a shared dense weight's cross terms (details.shared_cross_terms) are part of the value
+#      a shared dense weight's cross terms (details.shared_cross_terms) are part of the value;
+#      a spectrum whose rules --budget cut is unresolved (details.unresolved_reason), its density
+#      null (details.density.null_reason); mls's details.mls_bound_reason and nmls_bound_reason
 SCHEMA_VERSION = "2.5"
 
 
