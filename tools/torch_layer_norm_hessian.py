@@ -1,4 +1,4 @@
-"""Reproduces the torch.func.hessian error through layer norm that the README reports.
+"""Reproduces the torch.func.hessian error through layer norm that docs/internals.md reports.
 
     .venv/bin/python tools/torch_layer_norm_hessian.py
 

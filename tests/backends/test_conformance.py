@@ -49,7 +49,7 @@ def test_products_match_dense(backend, kind, loss, bn_mode):
 def test_products_match_dense_through_layer_norm_attention_and_pooling(backend):
     """The Mixer model of test_quadform (LayerNorm with an affine weight, attention, pooling,
     an argmax-chosen token) against reverse-over-reverse dense H: torch.func.hessian of this
-    loss is itself wrong (README, "Things about torch worth knowing"), the jvp∘grad products
+    loss is itself wrong (docs/internals.md, "Things about torch worth knowing"), the jvp∘grad products
     of the func backend are not."""
     from tests.support.dense import mixer_case
 

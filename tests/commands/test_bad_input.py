@@ -1054,7 +1054,7 @@ def gate(tmp_path, baseline, rules=GATE_RULES, *extra, probes: int = 4):
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory) -> dict:
-    """A real baseline: the same gate's JSON with --no-baseline (the README's first release)."""
+    """A real baseline: the same gate's JSON with --no-baseline (the first release of docs/quickstart/ci-gate.md)."""
     return _release(tmp_path_factory, 4)
 
 

@@ -1,4 +1,4 @@
-"""The shipped gate (examples/gates.yaml) in the README's workflow on the demo checkpoint.
+"""The shipped gate (examples/gates.yaml) in the workflow of docs/quickstart/ci-gate.md, on the demo checkpoint.
 
 (a) paired: a baseline made at seed s and the gate at the same seed pass for every s in 0–19,
     and the unchanged model reproduces the baseline's per-probe values to round-off;
@@ -23,7 +23,7 @@ from flatcheck.workflows.gate import Baseline, check_baseline, evaluate, load_ga
 from tests.support.cli import CKPT, ROOT, SPEC, invoke
 
 GATES = ROOT / "examples" / "gates.yaml"
-SAMPLES = 512  # as in the README's workflow
+SAMPLES = 512  # as in the quickstart's workflow
 SEEDS = range(20)
 RELATIVE = "trace.value max_increase 20%"
 

@@ -37,7 +37,7 @@ def test_tiny_scan_records_every_model_and_survives_a_failure(tiny):
     # the scan goes on past the failed model, and then says it failed: exit 1 (--allow-errors: 0)
     assert res.exit_code == 1, res.stderr
     assert "1 of 4 models failed (not_a_timm_model)" in res.stderr and "--allow-errors" in res.stderr
-    # every line on stderr says whose it is, as the README promises (the failure count did not)
+    # every line on stderr says whose it is, as docs/guide/running.md promises (the failure count did not)
     said = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith(" ")]
     assert said and all(line.startswith(("flatcheck", "error:")) for line in said), res.stderr
     recs = lines(out)
