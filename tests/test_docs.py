@@ -116,3 +116,17 @@ def test_comments_and_docstrings_are_found_but_code_is_not(tmp_path):
     lines = dict(_explanations(path))
     assert lines[1] == "Module (issue 1)." and "SPEC probe 2" in lines[2] and lines[5].strip() == 'second line'
     assert not any("issue 3" in text for text in lines.values())
+
+
+def test_the_readme_is_a_front_page_whose_links_lead_somewhere():
+    """The README says what flatcheck is and where to read on; the manual is docs/ (built by
+    `make docs`, whose strict build checks the pages' own links). The README's links are checked
+    here, since no build reads it."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if not re.match(r"^[a-z]+:", t)]
+    assert local, "the README links no page"
+    assert not [t for t in local if not (ROOT / t).exists()], "README links to missing files"
+    for command in ("make demo", "make test", "make test-all"):
+        assert command in text
