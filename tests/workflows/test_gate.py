@@ -4,6 +4,7 @@ on the demo checkpoint. Thresholds are placed relative to value ± q·stderr, q 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import math
@@ -15,7 +16,10 @@ import pytest
 from scipy.stats import norm, t as stats_t
 
 from flatcheck.errors import ConfigError, InputError
-from flatcheck.workflows.gate import GateOutcome, decide_with_reruns, evaluate, parse_gate_config
+from flatcheck.workflows.gate.config import parse_gate_config
+from flatcheck.workflows.gate.run import decide_with_reruns, GateOutcome
+from flatcheck.workflows.gate.verdicts import evaluate
+from flatcheck.probes.registry import list_probes
 from flatcheck.probes.trace import TraceOptions
 from flatcheck.report.gate_formats import junit_xml, markdown
 from flatcheck.report.result import ProbeResult, Report
@@ -164,6 +168,22 @@ def test_junit_counts_and_markdown():
     assert md.startswith("### flatcheck gate: ❌ failed") and md.count("\n| ") == 6  # header + 5 rules
 
 
+def test_the_step_summary_heading_tells_appended_runs_apart():
+    """Gates appended to one $GITHUB_STEP_SUMMARY had the same heading: each names its
+    checkpoint (file, sha256 prefix) and baseline, and each rule the baseline's value."""
+    cfg = gate({"field": "trace.value", "max_increase": "20%"})
+    res = {"trace": result(10.0, None)}
+    meta = {"checkpoint": {"path": "/ci/models/candidate.safetensors", "sha256": "0123456789abcdef" * 4}}
+    outcome = GateOutcome(evaluate(cfg, res, {"trace": result(9.0, None).to_dict()}), Report(meta=meta, results=res),
+                          0.95, baseline="release.json, of release.safetensors (sha256 fedcba987654)")
+    head, *rest = markdown(outcome).splitlines()
+    assert head == ("### flatcheck gate: ✅ passed · candidate.safetensors (sha256 0123456789ab) vs release.json, of "
+                    "release.safetensors (sha256 fedcba987654)")
+    assert "| trace.value max_increase 20% | 10 | — | 10.8 | 9 | ✅ pass |" in rest
+    first = GateOutcome([], Report(meta={}, results={}), 0.95)
+    assert markdown(first).splitlines()[0].endswith("the model source's own weights (no baseline)")
+
+
 # ---------------------------------------------------------------- end to end (demo checkpoint)
 
 
@@ -194,7 +214,9 @@ def test_gate_cli_passes_and_writes_junit_summary_json(passing):
     assert res.exit_code == 0, res.stderr
     root = ET.parse(junit).getroot()
     assert len(root.findall(".//testcase")) == 2 and root.get("failures") == "0"
-    assert "✅ passed" in summary.read_text()
+    sha = hashlib.sha256(Path(CKPT).read_bytes()).hexdigest()
+    assert summary.read_text().startswith(f"### flatcheck gate: ✅ passed · {Path(CKPT).name} (sha256 {sha[:12]}) "
+                                          "(no baseline)")
     data = json.loads(out.read_text())
     assert data["gate"]["passed"] and set(data["results"]) == {"trace", "gini"}
     # no rule reads the trace's per-layer parts: the total alone; 4 products are too few to
@@ -207,9 +229,12 @@ def test_gate_cli_fails_with_exit_1_and_baseline(passing):
     _, folder, _, _, out = passing
     cfg = write_gates(folder, "rules:\n  - {field: gini.details.accuracy, min: 1.01}\n"
                               "  - {field: gini.value, max_increase: 0%}\n")
-    res = gate_cli(cfg, "--baseline", out)  # the passing gate's JSON serves as baseline
+    summary = folder / "appended.md"
+    res = gate_cli(cfg, "--baseline", out, "--summary", summary)  # the passing gate's JSON serves as baseline
     assert res.exit_code == 1, res.stderr
     assert "FAILED" in res.stdout and "Traceback" not in res.stderr
+    head = summary.read_text().splitlines()[0]
+    assert head.startswith("### flatcheck gate: ❌ failed · ") and f"vs {out.name}, of {Path(CKPT).name} (sha256 " in head
 
 
 def test_gate_cli_bad_input_exits_2(tmp_path):
@@ -219,6 +244,59 @@ def test_gate_cli_bad_input_exits_2(tmp_path):
     cfg = write_gates(tmp_path, "rules:\n  - {field: gini.value, max_increase: 10%}\n")
     res = gate_cli(cfg)
     assert res.exit_code == 2 and "--baseline" in res.stderr
+
+
+def _hutchpp_trace() -> dict:
+    values = [27.1, 28.4, 27.6, 28.9]
+    return ProbeResult(probe="trace", value=sum(values) / 4, stderr=0.4, dof=3, matvecs=12,
+                       seconds=0.0, seed=0, label="Tr(H)",
+                       details={"matrix": "hessian", "estimator": "hutchpp", "route": "vhv_tangent", "parts": False,
+                                "probe_values": values, "offset": 0.0}).to_dict()
+
+
+def _report(tmp_path: Path, results: dict) -> Path:
+    from flatcheck.report.result import SCHEMA_VERSION
+
+    path = tmp_path / "release.json"
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "results": results}), encoding="utf-8")
+    return path
+
+
+def test_a_record_filed_under_another_probes_key_is_refused(tmp_path):
+    """results.trace copied over results.gini was gated: `gini.value max_increase 50%` passed
+    against 1.5 × the trace (stranger test). A record's own probe field, the options its details
+    name (matrix) and its route must be those of the probe it is filed under: exit 2, one line,
+    before the model is loaded."""
+    from flatcheck.workflows.gate.baseline import load_baseline
+
+    trace = _hutchpp_trace()
+    with pytest.raises(InputError, match=r"results.gini is the result of probe 'trace', not of gini"):
+        load_baseline(_report(tmp_path, {"trace": trace, "gini": trace}))
+    # its probe field edited too: trace's matrix and route are no gini's
+    with pytest.raises(InputError, match=r"results.gini: details.matrix is 'hessian', and gini has no matrix option"):
+        load_baseline(_report(tmp_path, {"gini": {**trace, "probe": "gini"}}))
+    routed = {**trace, "probe": "gini", "details": {**trace["details"], "matrix": None}}
+    with pytest.raises(InputError, match=r"results.gini: details.route 'vhv_tangent' is not one of gini's routes"):
+        load_baseline(_report(tmp_path, {"gini": routed}))
+    lmax = {**trace, "probe": "lmax", "details": {**trace["details"], "matrix": "fisher"}}
+    with pytest.raises(InputError, match=r"results.lmax: details.matrix is 'fisher', not one of lmax's"):
+        load_baseline(_report(tmp_path, {"lmax": lmax}))
+    load_baseline(_report(tmp_path, {"trace": trace}))  # its own key: fine
+    cfg = write_gates(tmp_path, "rules:\n  - {field: gini.value, max_increase: 50%}\n")
+    res = gate_cli(cfg, "--baseline", _report(tmp_path, {"trace": trace, "gini": trace}))
+    assert res.exit_code == 2 and res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
+    assert "results.gini is the result of probe 'trace'" in res.stderr
+
+
+@pytest.mark.parametrize("probe", list_probes())
+def test_every_probes_key_holds_only_its_own_record(tmp_path, probe):
+    from flatcheck.workflows.gate.baseline import load_baseline
+
+    other = "gini" if probe != "gini" else "gap"
+    with pytest.raises(InputError, match=rf"results.{probe} is the result of probe '{other}'"):
+        load_baseline(_report(tmp_path, {probe: {"probe": other, "value": 1.0, "stderr": None}}))
+    own = _hutchpp_trace() if probe == "trace" else {"probe": probe, "value": 1.0, "stderr": None}
+    load_baseline(_report(tmp_path, {probe: own}))
 
 
 def test_trace_parts_only_where_a_rule_reads_them_or_the_file_asks():
@@ -232,7 +310,7 @@ def test_trace_parts_only_where_a_rule_reads_them_or_the_file_asks():
 
 
 def test_example_gates_file_is_valid():
-    from flatcheck.workflows.gate import load_gate_config
+    from flatcheck.workflows.gate.config import load_gate_config
     from tests.support.cli import ROOT
 
     cfg = load_gate_config(ROOT / "examples" / "gates.yaml")
@@ -295,7 +373,7 @@ def test_pairing_takes_the_common_first_probes_and_hutchpp_only_at_equal_counts(
 
 
 def test_student_t_for_few_draws_and_welch_for_two_sides():
-    from flatcheck.workflows.gate import quantile
+    from flatcheck.workflows.gate.statistics import quantile
 
     assert quantile(0.95, 4) == pytest.approx(stats_t.ppf(0.975, 4))
     assert quantile(0.95) == pytest.approx(Q)
@@ -305,7 +383,7 @@ def test_student_t_for_few_draws_and_welch_for_two_sides():
 
 
 def _baseline(results, **meta):
-    from flatcheck.workflows.gate import Baseline
+    from flatcheck.workflows.gate.baseline import Baseline
 
     return Baseline(results, meta, "--baseline b.json")
 
@@ -318,7 +396,7 @@ META = {"model": {"arch": "a", "source": "python", "parameters": 10, "probed_par
 @pytest.mark.parametrize("value, match", [("nan", "not a finite number"), ("abc", "not a finite number"),
                                           (None, "not a finite number"), ("inf", "not a finite number")])
 def test_a_baseline_value_a_rule_needs_must_be_a_finite_number(value, match):
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     cfg = gate({"field": "gini.value", "max_increase": "10%"})
     with pytest.raises(InputError, match=match):
@@ -331,7 +409,7 @@ def test_a_baseline_value_a_rule_needs_must_be_a_finite_number(value, match):
 def test_a_baseline_of_another_model_or_data_is_refused_unless_allowed(path, new):
     import copy
 
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     cfg = gate({"field": "gini.value", "max_increase": "10%"})
     base = _baseline({"gini": result(0.1, None, probe="gini").to_dict()}, **META)
@@ -344,7 +422,7 @@ def test_a_baseline_of_another_model_or_data_is_refused_unless_allowed(path, new
 
 
 def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]
     cfg = gate({"field": "trace.value", "max_increase": "20%"})
@@ -361,7 +439,7 @@ def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
 
 
 def _accepted(cfg_for, base_results) -> bool:
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     try:
         check_baseline(cfg_for, _baseline(base_results, **META), META, seed=1)
@@ -401,7 +479,7 @@ def test_hutchpp_at_another_count_is_planned_unpaired_at_the_same_seed():
     """A Hutch++ baseline of 6 products gated at 48 with the same seed was taken as paired and
     accepted; the run then could not pair (other vectors at another count) and failed an
     unchanged model (exit 1). Refused up front now, and at its own count still paired."""
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     values = [12.0, 16.3]  # ±2.15 over 1 degree of freedom, as the stranger's 6-product baseline
     base = {"trace": {**traced(values, estimator="hutchpp", offset=14.3), "matvecs": 6}}
@@ -433,7 +511,7 @@ def test_a_run_at_fewer_probes_than_the_baseline_is_planned_with_its_own_error()
 def test_a_baseline_of_another_quantity_of_the_probe_is_refused(probe, key, then, now):
     """mls and jacobian of the softmax against the logits' gave exit 1, '26.92 needs ≤ 0.0907'
     (stranger test): the options that define the quantity are compared as trace's matrix is."""
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     base = {probe: result(0.09, None, probe=probe, **{key: then}).to_dict()}
     options = {} if now is None else {key: now}
@@ -448,7 +526,8 @@ def test_a_baseline_of_another_quantity_of_the_probe_is_refused(probe, key, then
 def test_another_probes_result_under_the_trace_key_is_refused():
     """lmax's result copied into results.trace of a 2.4 report was compared unpaired "as schema
     < 2.0" and gave exit 1 (stranger test)."""
-    from flatcheck.workflows.gate import Baseline, check_baseline
+    from flatcheck.workflows.gate.baseline import Baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     lmax = {**result(13.6, None, probe="lmax", matrix="hessian", eigenvalues=[13.6]).to_dict(), "probe": "trace"}
     cfg = gate({"field": "trace.value", "max_increase": "10%"})
@@ -479,7 +558,7 @@ def test_rules_reach_layers_whose_names_hold_dots():
 
 
 def test_a_zero_margin_is_met_paired_and_refused_unpaired():
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     values = [10.0 + 6 * math.sin(3 * i) for i in range(16)]
     cfg = gate({"field": "trace.value", "max_increase": 0})
@@ -496,7 +575,7 @@ def test_a_zero_margin_is_met_paired_and_refused_unpaired():
 
 def test_a_layer_rule_at_the_same_seed_is_refused_when_an_unchanged_model_could_not_pass():
     """Parts are compared unpaired: a rule an unchanged model could fail is refused up front."""
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     layers = {"head": {"value": 2.1587, "stderr": 0.1535}}
     cfg = gate({"field": "trace.details.layers.head.value", "max_increase": "20%"})
@@ -513,7 +592,7 @@ def test_a_layer_rule_at_the_same_seed_is_refused_when_an_unchanged_model_could_
     (lambda r: r["details"].update(probe_values=[1.0]), "probe_values/offset"),
 ])
 def test_a_baseline_whose_probe_values_do_not_give_its_value_is_refused(edit, match):
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     res = traced([10.0 + 6 * math.sin(3 * i) for i in range(16)])
     check_baseline(gate({"field": "trace.value", "max_increase": "20%"}), _baseline({"trace": res}, **META), META,
@@ -525,7 +604,7 @@ def test_a_baseline_whose_probe_values_do_not_give_its_value_is_refused(edit, ma
 
 
 def test_a_baseline_of_another_matrix_is_refused():
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     res = traced([1.0, 2.0, 3.0])
     cfg = gate({"field": "trace.value", "max_increase": "20%"}, probes={"trace": {"estimator": "exact"}})
@@ -533,12 +612,19 @@ def test_a_baseline_of_another_matrix_is_refused():
         check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=0)
 
 
-# None and a newer minor ("2.5", "2.10") passed silently (stranger test): every flatcheck report
-# says its schema, and a newer minor may mean other things by the same keys
+def _next_minor() -> str:
+    from flatcheck.report.result import SCHEMA_VERSION
+
+    major, minor = SCHEMA_VERSION.split(".")
+    return f"{major}.{int(minor) + 1}"
+
+
+# None and a newer minor ("2.5" under 2.4, "2.10") passed silently (stranger test): every flatcheck
+# report says its schema, and a newer minor may mean other things by the same keys
 @pytest.mark.parametrize("version, ok", [("2.1", True), ("1.0", True), ("2.4", True), (None, False), ("9.9", False),
-                                         ("2.5", False), ("2.10", False), (2.1, False), ("two", False)])
+                                         (_next_minor(), False), ("2.10", False), (2.1, False), ("two", False)])
 def test_baseline_schema_version(tmp_path, version, ok):
-    from flatcheck.workflows.gate import load_baseline
+    from flatcheck.workflows.gate.baseline import load_baseline
 
     data = {"results": {"gini": {"value": 0.1}}}
     if version is not None:
@@ -560,7 +646,7 @@ def test_min_above_max_and_rtol_are_refused_in_gate_files():
 
 
 def test_gate_file_with_a_duplicate_key_is_refused(tmp_path):
-    from flatcheck.workflows.gate import load_gate_config
+    from flatcheck.workflows.gate.config import load_gate_config
 
     path = write_gates(tmp_path, "rules:\n  - {field: gini.value, max: 1}\nrules:\n  - {field: gini.value, max: 2}\n")
     with pytest.raises(ConfigError, match="duplicate key 'rules'"):
@@ -634,7 +720,7 @@ def test_an_adaptive_sharpness_headline_follows_the_baselines_estimator():
 
     from flatcheck.config import RunConfig, probe_requests
     from flatcheck.errors import InputError
-    from flatcheck.workflows.gate import follow_baseline
+    from flatcheck.workflows.gate.run import follow_baseline
 
     rule = {"field": "adaptive-sharpness.value", "max_increase": "20%"}
     cfg = gate(rule, probes={"adaptive-sharpness": {"rho": 0.001}})
@@ -663,7 +749,7 @@ def test_a_threshold_in_e_notation_without_a_dot_is_a_number():
     import yaml
 
     from flatcheck.errors import InputError
-    from flatcheck.workflows.gate import parse_gate_config
+    from flatcheck.workflows.gate.config import parse_gate_config
 
     raw = yaml.safe_load("rules:\n  - {field: trace.value, max: 1e9, min: -2e-3}\n")
     assert raw["rules"][0]["max"] == "1e9"  # what PyYAML gives
@@ -699,7 +785,7 @@ def test_an_lmax_that_moves_within_its_residual_does_not_fail_an_unchanged_model
 
 
 def test_a_rule_tighter_than_lmax_is_good_to_is_refused_before_the_run():
-    from flatcheck.workflows.gate import check_baseline
+    from flatcheck.workflows.gate.checks import check_baseline
 
     base = _baseline({"lmax": _lmax(13.664819, 0.004)}, **META)
     with pytest.raises(InputError, match=r"rule .* cannot pass an unchanged model: the baseline's lmax.value = "

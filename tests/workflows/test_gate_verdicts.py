@@ -12,7 +12,10 @@ from scipy.stats import norm, t as student_t
 
 from flatcheck.errors import InputError
 from flatcheck.report.result import ProbeResult
-from flatcheck.workflows.gate import Baseline, check_baseline, evaluate, parse_gate_config, unresolved
+from flatcheck.workflows.gate.baseline import Baseline
+from flatcheck.workflows.gate.checks import check_baseline
+from flatcheck.workflows.gate.config import parse_gate_config
+from flatcheck.workflows.gate.verdicts import evaluate, unresolved
 from tests.support.cli import CKPT, SPEC, invoke
 
 
@@ -100,7 +103,7 @@ def test_the_gate_command_refuses_an_unconverged_lmax(tmp_path):
 
 def test_a_rerun_raises_the_slq_starts():
     from flatcheck.probes.spectrum import SpectrumOptions
-    from flatcheck.workflows.gate import decide_with_reruns
+    from flatcheck.workflows.gate.run import decide_with_reruns
 
     # stderr ∝ 1/√starts; the interval (t with starts − 1 dof) settles the rule only at 8 starts
     def res(n):

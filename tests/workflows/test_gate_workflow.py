@@ -19,7 +19,11 @@ from scipy import stats
 
 from flatcheck import api
 from flatcheck.config import RunConfig, probe_requests
-from flatcheck.workflows.gate import Baseline, check_baseline, evaluate, load_gate_config, run_gate
+from flatcheck.workflows.gate.baseline import Baseline
+from flatcheck.workflows.gate.checks import check_baseline
+from flatcheck.workflows.gate.config import load_gate_config
+from flatcheck.workflows.gate.run import run_gate
+from flatcheck.workflows.gate.verdicts import evaluate
 from tests.support.cli import CKPT, ROOT, SPEC, invoke
 
 GATES = ROOT / "examples" / "gates.yaml"
@@ -165,7 +169,7 @@ def test_gate_takes_the_route_of_a_short_baseline(tmp_path):
     the baseline's route, so the unchanged model reproduces the baseline's probe values
     exactly, not only to the round-off between the two routes."""
     from flatcheck.probes.trace import TANGENT_MIN_PRODUCTS
-    from flatcheck.workflows.gate import parse_gate_config
+    from flatcheck.workflows.gate.config import parse_gate_config
 
     short = {"trace": {"probes_max": 8, "parts": False, "rtol": None}}
     first = api.run(config(0, probes=["trace"], options=short)).to_dict()

@@ -13,6 +13,7 @@ from ..backends.base import Outputs, model_mode
 from ._hooks import is_relu_like, named_matching, record
 from ..report.result import ProbeResult
 from ._kit import progress_reporter
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 
@@ -67,6 +68,7 @@ class ActivationsProbe:
     """
 
     name: ClassVar[str] = "activations"
+    gating: ClassVar[Gating] = Gating()  # exact counts
     summary: ClassVar[str] = "activation and death frequency per ReLU-like layer"
     Options: ClassVar[type] = ActivationsOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})

@@ -21,6 +21,7 @@ from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
 from ._kit import budget_stop, option, progress_reporter, refuse_unused, time_left, told_if_budget
 from ._kit import mean_loss as sample_loss  # L(θ) over the sample set
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 
@@ -66,6 +67,10 @@ class AdaptiveSharpnessOptions:
                       f"it sizes the {other} estimate", "leave it out or use --method both")
 
 
+# the headline's routes (details.route), each with the `method` that takes it alone
+ROUTE_METHODS = {"monte-carlo": "mc", "second-order": "second-order"}
+
+
 @register_probe
 class AdaptiveSharpnessProbe:
     """S_ρ = E_{δ ~ N(0, ρ² diag(|w|²))}[L(w + δ)] − L(w) over the parameters of the layout
@@ -95,7 +100,9 @@ class AdaptiveSharpnessProbe:
     summary: ClassVar[str] = "elementwise adaptive sharpness (Monte Carlo and second-order form)"
     Options: ClassVar[type] = AdaptiveSharpnessOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, Outputs})
-    quantity_options: ClassVar[tuple[str, ...]] = ("rho", "loss")  # S_ρ grows as ρ²; loss None: the model's
+    # S_ρ grows as ρ² (loss None: the model's); its two routes are two estimators of S_ρ
+    gating: ClassVar[Gating] = Gating(quantity_options=("rho", "loss"), routes=frozenset(ROUTE_METHODS),
+                                      estimator_routes=ROUTE_METHODS, route_option="method")
     command_help: ClassVar[str] = ("Elementwise adaptive sharpness: Monte Carlo over ±δ noise pairs and its "
                                    "second-order Hutchinson form.")
 

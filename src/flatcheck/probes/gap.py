@@ -12,6 +12,7 @@ from ..data.registry import MissingSplitError
 from ..errors import ConfigError, DataError
 from ..report.result import ProbeResult
 from ._kit import loss_and_accuracy, option, progress_reporter
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 
@@ -45,6 +46,7 @@ class GapProbe:
     """
 
     name: ClassVar[str] = "gap"
+    gating: ClassVar[Gating] = Gating()  # exact means
     summary: ClassVar[str] = "train vs test loss and accuracy, and their gap"
     Options: ClassVar[type] = GapOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})

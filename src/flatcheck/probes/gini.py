@@ -11,6 +11,7 @@ import torch
 from ..report.result import ProbeResult
 from ._kit import accuracy, loss_statistic, progress_reporter, sample_means
 from ..backends.base import Outputs
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 
@@ -25,6 +26,7 @@ class GiniProbe:
     top-1 accuracy and the loss of the spec; p = softmax of the logits."""
 
     name: ClassVar[str] = "gini"
+    gating: ClassVar[Gating] = Gating()  # exact averages
     summary: ClassVar[str] = "1 − ‖p‖², entropy, accuracy, mean loss"
     Options: ClassVar[type] = GiniOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})

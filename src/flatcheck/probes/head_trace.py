@@ -16,6 +16,7 @@ from ._head import Head, HeadStatistics, head_statistics, resolve_head
 from ..report.result import ProbeResult
 from ._head import HEAD_HELP
 from ._kit import option, progress_reporter
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 
@@ -52,6 +53,7 @@ class HeadTraceProbe:
     """
 
     name: ClassVar[str] = "head-trace"
+    gating: ClassVar[Gating] = Gating()  # closed form
     summary: ClassVar[str] = "exact Hessian trace w.r.t. the final linear layer (closed form)"
     Options: ClassVar[type] = HeadTraceOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})

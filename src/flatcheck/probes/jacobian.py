@@ -18,6 +18,7 @@ from ._inputjac import (AUTO_MAX_CLASSES, OUTPUT_HELP, ROW_BYTES, jacobian_rows,
 from ._jacfree import (LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, gaussian, iter_chunks, lanczos_sigma, plan,
                        rademacher)
 from ._kit import SampleBudget, option, progress_reporter
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 
@@ -99,7 +100,8 @@ class JacobianProbe:
     summary: ClassVar[str] = "input-output Jacobian Frobenius and spectral norms (mean, max)"
     Options: ClassVar[type] = JacobianOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
-    quantity_options: ClassVar[tuple[str, ...]] = ("output",)
+    gating: ClassVar[Gating] = Gating(quantity_options=("output",), tolerance_option="lanczos_tol",
+                                      routes=frozenset({"exact", "estimate"}))
     command_help: ClassVar[str] = "Input-output Jacobian norms per sample (Frobenius, spectral): mean and max."
 
     def run(self, ctx: ProbeContext, options: JacobianOptions) -> ProbeResult:

@@ -19,6 +19,7 @@ from ..report.result import ProbeResult
 from ._kit import budget_stop, option, progress_reporter, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import GGNVp, Hvp
+from .gating import Gating, number
 from .registry import ProbeContext, register_probe
 
 POWER_MAX_ITER = 1000
@@ -67,6 +68,35 @@ def check_k_fits(k: int, parameters: int) -> None:
                           f"has {parameters:,} eigenvalues); use --k ≤ {parameters:,} or widen --params")
 
 
+@dataclass(frozen=True)
+class LmaxGating(Gating):
+    """A gate's reading of lmax: λ1 is good to its `error_bound` (at another seed, another
+    start vector, an unchanged model's λ1 moves within it), and a Ritz value that did not
+    converge is below λ1 by an unknown amount: no verdict on it."""
+
+    def headline_error_bound(self, probe, result):
+        found = number(result.get("error_bound"))
+        if found is not None:
+            return found
+        # a report from before `error_bound` (schema < 2.4): a Ritz value lies within its
+        # residual ‖Hv − θv‖ of an eigenvalue
+        residuals = (result.get("details") or {}).get("residuals")
+        return number(residuals[0]) if isinstance(residuals, list) and residuals else None
+
+    def unresolved(self, probe, result):
+        d = result.get("details") or {}
+        why = super().unresolved(probe, result) if isinstance(d.get("unresolved_reason"), str) else None
+        converged = d.get("converged")
+        # reports from before `resolved` say it in the details
+        if why is None and (result.get("resolved") is False or (
+                isinstance(converged, list) and not all(converged) and not d.get("converged_to_noise"))):
+            worst = max((r for r in d.get("relative_residuals") or [] if isinstance(r, (int, float))), default=None)
+            shown = f" (relative residual {worst:.2g} > tol {d.get('tol')})" if worst is not None else ""
+            return (f"{result.get('probe', probe)} did not converge{shown} after {result.get('matvecs')} products; "
+                    f"raise probes.{result.get('probe', probe)}.max_iter or tol in the gate file")
+        return why
+
+
 @register_probe
 class LmaxProbe:
     """Top-k eigenvalues, largest algebraic first (on an indefinite Hessian "top" means the most
@@ -81,6 +111,7 @@ class LmaxProbe:
     """
 
     name: ClassVar[str] = "lmax"
+    gating: ClassVar[Gating] = LmaxGating(tolerance_option="tol")
     summary: ClassVar[str] = "top-k eigenvalues of H or G (Lanczos or power iteration)"
     Options: ClassVar[type] = LmaxOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp})

@@ -54,12 +54,10 @@ class ProbeContext:
 
 
 class Probe(Protocol):
-    """Optionally, a stochastic probe names the integer option that buys it more samples
-    (`effort_option: ClassVar[str] = "probes_max"`); gates raise it to settle an
-    inconclusive rule. Probes without it are never rerun. A probe whose options change the
-    quantity itself, not only how it is estimated, names them (`quantity_options:
-    ClassVar[tuple[str, ...]]`, each kept under the same key in its result's details): a gate
-    refuses a baseline measured with other values of them (`matrix` is always such an option).
+    """A probe declares how a CI gate reads its results as `gating: ClassVar[Gating]`
+    (flatcheck.probes.gating): its error bound and degrees of freedom, what pairs two runs,
+    which options define the quantity, which routes are other estimators, the option a
+    rerun raises. A probe without one is gated on its exact values only.
 
     The probe's CLI command (`flatcheck NAME`) is generated from `Options`; `command_help`
     (default: `summary`) is its help line, and `shows_layers = True` gives a command without

@@ -11,6 +11,7 @@ from ..report.result import ProbeResult
 from ._head import HEAD_HELP
 from ._kit import option
 from ..backends.base import Outputs
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 
@@ -44,6 +45,7 @@ class RelativeFlatnessProbe:
     """
 
     name: ClassVar[str] = "relative-flatness"
+    gating: ClassVar[Gating] = Gating()  # closed form
     summary: ClassVar[str] = "relative flatness κ of the final linear layer (closed form)"
     Options: ClassVar[type] = RelativeFlatnessOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})

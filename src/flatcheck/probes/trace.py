@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -16,6 +18,7 @@ from ..report.result import ProbeResult
 from ._kit import budget_stop, option, progress_reporter, refuse_unused, time_left, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import ExactGGN, GGNVp, Hvp, Vhv
+from .gating import Gating
 from .registry import ProbeContext, register_probe
 
 
@@ -59,7 +62,7 @@ class TraceOptions:
     # autograd backend takes vᵀHv by forward tangents, up to twice as fast as an HVP
     parts: bool = option(True, "per-layer parts; without them the Hessian trace takes a route up to "
                                "twice as fast (autograd backend)", flags=("--layers/--no-layers",), layers=True)
-    # which route the total takes without parts; gates pin the baseline's (workflows.gate)
+    # which route the total takes without parts; gates pin the baseline's (TraceGating.follow)
     route: Literal["auto", "tangent", "hvp"] = option(
         "auto", f"without per-layer parts, how vᵀHv is taken (autograd backend): tangent (forward tangents, "
                 f"traced once), hvp (Hessian-vector products), or auto: tangent from {TANGENT_MIN_PRODUCTS} "
@@ -116,6 +119,71 @@ _WHY_UNUSED = {
 }
 
 
+# a total's route in a report → the `route` option that takes it again (a gate pins it)
+_ROUTE_OPTION = {"vhv_tangent": "tangent", "hvp_sums": "hvp", "vhv_fallback": "hvp"}
+PART_FIELDS = ("details.layers", "details.per_parameter")  # below trace: the per-layer parts
+
+
+@dataclass(frozen=True)
+class TraceGating(Gating):
+    """A gate's reading of a trace. Hutchinson's i-th probe vector depends on the seed alone
+    (signs drawn row by row from one generator), so its runs pair over their common first
+    probes; Hutch++'s depend on its count (a sketch of k = products // 3 columns), so it pairs
+    only at equal k. The parts are averages over the total's probes. A gate runs the total
+    alone (vᵀHv, about half an HVP) unless a rule reads the parts, on the baseline's route
+    when both draw the same probes, so an unchanged model reproduces its values exactly."""
+
+    def check_record(self, probe, result, schema):
+        why = super().check_record(probe, result, schema)
+        if why or schema is None or schema < (2, 0):
+            return why
+        details = result.get("details") or {}
+        estimator, values = details.get("estimator"), details.get("probe_values")
+        if estimator not in ("hutchinson", "hutchpp", "exact") or (estimator != "exact" and values is None):
+            return (f"the trace result has estimator {estimator!r} and {'no' if values is None else 'its'} "
+                    f"per-probe values, which a trace of schema {schema[0]}.{schema[1]} always has")
+        return None
+
+    def nested_draws(self, details):
+        return details.get("estimator") == "hutchinson"
+
+    def count_mismatch(self, base_details, options):
+        values, now = base_details.get("probe_values"), options.probes_max
+        if options.estimator == "hutchpp" and isinstance(values, list) and len(values) != now // 3:
+            return (f"hutchpp draws other vectors at another count (baseline {3 * len(values)} products, "
+                    f"now {3 * (now // 3)})")
+        return ""
+
+    def precision_ratio(self, probe, result, options):
+        """Hutchinson's error falls as 1/√m; Hutch++'s as 1/m when the run takes fewer products
+        than the baseline, and as 1/√m, conservatively, when more."""
+        had, estimator = result.get("matvecs"), (result.get("details") or {}).get("estimator")
+        now = 3 * (options.probes_max // 3) if options.estimator == "hutchpp" else options.probes_max
+        if not isinstance(had, int) or had <= 0 or now <= 0 or estimator not in ("hutchinson", "hutchpp") \
+                or options.estimator != estimator:
+            return 1.0
+        ratio = had / now
+        return ratio if estimator == "hutchpp" and ratio > 1 else math.sqrt(ratio)
+
+    def gate_options(self, options, fields):
+        options, defaulted = super().gate_options(options, fields)
+        chosen = {"route"} if "route" not in options else set()
+        if "parts" not in options and not any(f.startswith(PART_FIELDS) for f in fields):
+            options["parts"] = False
+            chosen.add("parts")
+        return options, defaulted | chosen
+
+    def follow(self, options, base, same_seed, defaulted):
+        details = base.get("details") or {}
+        parts, route = details.get("parts"), details.get("route")
+        if "parts" in defaulted and same_seed and isinstance(parts, bool):
+            options = dataclasses.replace(options, parts=parts)
+        pinned = _ROUTE_OPTION.get(route.partition(":")[0]) if isinstance(route, str) else None
+        if "route" in defaulted and same_seed and pinned is not None and options.parts is False:
+            options = dataclasses.replace(options, route=pinned)
+        return options
+
+
 @register_probe
 class TraceProbe:
     """Hutchinson (Rademacher, adaptive stop on stderr/|mean| < rtol), Hutch++ with the same
@@ -129,7 +197,9 @@ class TraceProbe:
     summary: ClassVar[str] = "Hessian/GGN trace (Hutchinson, Hutch++, exact GGN)"
     Options: ClassVar[type] = TraceOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp, ExactGGN})
-    effort_option: ClassVar[str] = "probes_max"
+    gating: ClassVar[Gating] = TraceGating(
+        effort_option="probes_max", adaptive_stop="rtol", same_draws=tuple(f"{f}." for f in PART_FIELDS),
+        routes=frozenset({"exact_ggn", "hvp_sums", "matmat", "vhv_tangent", "vhv_fallback"}))
     command_help: ClassVar[str] = "Tr(H) or Tr(G) of the loss over the sample set, per layer too."
 
     def requires_for(self, options: TraceOptions) -> frozenset[type]:

@@ -7,6 +7,7 @@ widgets read: failures are <failure>, skipped and tolerated-inconclusive rules <
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from rich.table import Table
 
@@ -72,15 +73,31 @@ def junit_xml(outcome, suite: str = "flatcheck gate") -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+SHA_SHOWN = 12  # hex digits of a checkpoint's sha256 in a summary heading
+
+
+def checkpoint_words(meta) -> str:
+    """`name (sha256 1a2b3c4d5e6f)` of a report's checkpoint; the model source's weights without one."""
+    ck = (meta or {}).get("checkpoint")
+    if not isinstance(ck, dict) or not isinstance(ck.get("path"), str):
+        return "the model source's own weights"
+    sha = ck.get("sha256")
+    return f"{Path(ck['path']).name} (sha256 {sha[:SHA_SHOWN]})" if isinstance(sha, str) else Path(ck["path"]).name
+
+
 def markdown(outcome, title: str = "flatcheck gate") -> str:
+    """GitHub's step summary is shared by every step of a job and the gate appends to it: the
+    heading names the checkpoint (file and sha256 prefix) and the baseline, and each rule
+    shows the baseline's value, so that runs appended one after another are told apart."""
     head = "✅ passed" if outcome.passed else "❌ failed"
-    n = outcome.counts()
-    lines = [f"### {title}: {head}", "",
+    against = f" vs {outcome.baseline}" if outcome.baseline else " (no baseline)"
+    lines = [f"### {title}: {head} · {checkpoint_words(outcome.report.meta)}{against}", "",
              _tally(outcome) + f" · confidence {outcome.confidence:g}", "",
-             "| rule | value ± stderr | CI | threshold | verdict |", "|---|---:|---:|---:|---|"]
+             "| rule | value ± stderr | CI | threshold | baseline | verdict |", "|---|---:|---:|---:|---:|---|"]
     for c in outcome.checks:
         icon = "❌" if c.failed else {"pass": "✅", "inconclusive": "⚠️", "skipped": "⏭️"}.get(c.verdict, "")
         note = f" ({c.message})" if c.message else ""
-        cells = [c.bound.name, fmt_pm(c.value, c.stderr), _ci(c), fmt(c.threshold), f"{icon} {_verdict(c)}{note}"]
+        cells = [c.bound.name, fmt_pm(c.value, c.stderr), _ci(c), fmt(c.threshold),
+                 fmt(c.baseline), f"{icon} {_verdict(c)}{note}"]
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
     return "\n".join(lines) + "\n"

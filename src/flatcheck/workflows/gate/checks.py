@@ -1,0 +1,187 @@
+"""Everything about a baseline that would make a verdict indefensible, checked before any probe
+runs: another model or data set, a record that is not its key's probe's, a value a rule needs
+that is not a finite number or that its probe does not stand behind, another quantity, and an
+error so wide that no run could decide the rule."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from ...errors import InputError
+from ...probes.gating import gating_of
+from ..results_io import FieldMissing, as_number, keys_near, resolve_field
+from .baseline import Baseline, check_records, foreign_fields
+from .config import Bound, GateConfig
+from .statistics import dof as dof_of, error_bound, other_draws, quantile, slope as slope_of
+from .verdicts import baseline_number, unresolved
+
+
+def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[str, Any], *, seed: int,
+                   confidence: float | None = None, allow_foreign: bool = False) -> None:
+    """Refuse (exit 2, one line) a baseline no verdict could be defended on (see the module)."""
+    if not allow_foreign:
+        diff = foreign_fields(baseline.meta, current_meta)
+        if diff:
+            raise InputError(f"{baseline.where}: made on another model or data set ({'; '.join(diff[:3])}"
+                             f"{'; …' if len(diff) > 3 else ''}); compare anyway with --allow-foreign-baseline")
+    check_records(baseline)
+    level = confidence if confidence is not None else gate.confidence
+    for bound in gate.bounds:
+        if not bound.relative:
+            continue
+        try:
+            raw, raw_se = resolve_field(baseline.results, bound.field)
+        except FieldMissing:
+            if bound.probe not in baseline.results:
+                continue  # a probe added since: skipped, and said so
+            # the probe is there and the field is not: a misspelt field, caught before any probe runs
+            raise InputError(f"{baseline.where}: rule {bound.name}: field '{bound.field}' is not in the baseline's "
+                             f"{bound.probe} result ({keys_near(baseline.results, bound.field)})") from None
+        b, s_b = baseline_number(bound, raw, raw_se, baseline.where)
+        result = baseline.results.get(bound.probe) or {}
+        why = unresolved(result, bound.probe)
+        if why:
+            raise InputError(f"{baseline.where}: rule {bound.name}: the baseline's {why}")
+        _check_same_quantity(bound, result, gate, baseline.where, current_meta)
+        if bound.headline:
+            _check_probe_values(bound, result, b, s_b, baseline)
+        _check_decidable(bound, b, s_b, baseline, seed, level, gate)
+        _check_bounded(bound, b, baseline)
+
+
+def _check_same_quantity(bound: Bound, result: Mapping[str, Any], gate: GateConfig, where: str,
+                         current_meta: Mapping[str, Any] | None = None) -> None:
+    """A Tr(G) baseline does not bound a Tr(H), nor an MLS of the softmax one of the logits:
+    refuse when the baseline says it measured with another value of an option that defines
+    the quantity (`matrix`, and the probe's quantity options) than this gate's run will."""
+    details = result.get("details") or {}
+    gating = gating_of(bound.probe)
+    options = gate.options(bound.probe)
+    now = gating.planned_identity(options)[1]
+    then = details.get("matrix")
+    if now is not None and then is not None and now != then:
+        raise InputError(f"{where}: rule {bound.name}: the baseline's {bound.probe} is of the {then} matrix, "
+                         f"this gate's of the {now}: not the same quantity (set probes.{bound.probe}.matrix)")
+    for key in gating.quantity_options:
+        planned, then = getattr(options, key, None), details.get(key)
+        if planned is None and key == "loss":  # the model's own loss
+            planned = ((current_meta or {}).get("model") or {}).get("loss")
+        if planned is not None and then is not None and planned != then:
+            raise InputError(f"{where}: rule {bound.name}: the baseline's {bound.probe} was measured with {key} "
+                             f"{then!r}, this gate's will be with {planned!r}: not the same quantity (set "
+                             f"probes.{bound.probe}.{key}: {then})")
+
+
+def _check_probe_values(bound: Bound, result: Mapping[str, Any], b: float, s_b: float, baseline: Baseline) -> None:
+    """Per-probe values a comparison would pair on must give the value and stderr the report
+    shows (value = offset + mean, stderr = sd/√n): otherwise the verdict would follow numbers
+    the report does not show — an edited or corrupted baseline."""
+    where = baseline.where
+    details = result.get("details") or {}
+    values = details.get("probe_values")
+    if values is None:
+        return
+    nums = [as_number(v) for v in values] if isinstance(values, list) else [None]
+    offset = as_number(details.get("offset"))
+    if len(nums) < 2 or any(v is None or not math.isfinite(v) for v in nums) or offset is None \
+            or not math.isfinite(offset):
+        raise InputError(f"{where}: {bound.probe}.details.probe_values/offset are not two or more finite numbers "
+                         "and a number: the report was edited or cut")
+    n = len(nums)
+    mean = sum(nums) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in nums) / (n - 1))
+    scale = max(abs(offset), max(abs(v) for v in nums), 1e-300)
+    # both sides are sums of the same float64 numbers in another order: agree to round-off
+    if abs(offset + mean - b) > 1e-9 * scale or abs(sd / math.sqrt(n) - s_b) > 1e-9 * max(sd, 1e-300):
+        raise InputError(f"{where}: {bound.field} is {b:.6g} ± {s_b:.3g}, but its probe_values and offset give "
+                         f"{offset + mean:.6g} ± {sd / math.sqrt(n):.3g}: the report was edited or corrupted")
+
+
+def _planned_unpaired(bound: Bound, gate: GateConfig, baseline: Baseline, seed: int) -> str:
+    """Why this gate's run of `bound`'s probe will not pair with the baseline ("" when it will),
+    from the options it is about to run with; `pairing` decides again on the results."""
+    if not bound.headline:
+        return "only a headline value is paired"
+    gating = gating_of(bound.probe)
+    options = gate.options(bound.probe)
+    estimator, matrix = gating.planned_identity(options)
+    base = baseline.results.get(bound.probe) or {}
+    return other_draws(base, seed, estimator, matrix) or gating.count_mismatch(base.get("details") or {}, options)
+
+
+def _planned_precision(bound: Bound, gate: GateConfig, baseline: Baseline) -> float:
+    """The gate run's standard error over the baseline's, from their counts where the probe's
+    estimator says how its error falls with them; 1 otherwise (as precise as the baseline)."""
+    if not bound.headline:
+        return 1.0
+    result = baseline.results.get(bound.probe) or {}
+    return gating_of(bound.probe).precision_ratio(bound.probe, result, gate.options(bound.probe))
+
+
+def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, seed: int, level: float,
+                     gate: GateConfig) -> None:
+    """Refuse a rule that an unchanged model would not pass reliably, before the run.
+
+    Paired, the per-probe statistic of an unchanged model is (1 − slope)·b_i = ∓x·b_i: v − T is
+    x·|b| exactly, with error x·s_b, so it passes when z·x·s_b < x·|b| (a 0 % margin too: an
+    unchanged model differs by 0).
+    Unpaired, an unchanged model's v − T is x·|b| plus noise of σ = √(s_c² + slope²·s_b²), s_c
+    the run's own error (s_b rescaled to the gate's count where the estimator's count is known),
+    and it passes when v − T > z·σ: only about half the time if x·|b| is just above z·σ, which a
+    gate must not do to an unchanged model. The rule is kept when x·|b| ≥ 2z·σ: the unchanged
+    model then passes with probability at least (1 + confidence)/2 (97.5 % at 0.95)."""
+    if s_b == 0:
+        return
+    margin = bound.limit * abs(b)
+    dof = dof_of(baseline.results, bound)
+    unpaired = _planned_unpaired(bound, gate, baseline, seed)
+    z = quantile(level, dof)
+    if not unpaired:
+        if margin == 0 or z * bound.limit * s_b < margin:
+            return
+        factor, times = bound.limit, 1
+    else:
+        scale = _planned_precision(bound, gate, baseline)
+        factor, times = math.sqrt(scale**2 + slope_of(bound, b) ** 2), 2
+        if margin > 0 and times * z * factor * s_b <= margin:
+            return
+    how = f"unpaired ({unpaired})" if unpaired else "paired (same seed and estimator)"
+    need_margin = ("twice that, for an unchanged model to pass in 97.5 % of runs rather than about half"
+                   if unpaired else "more than that")
+    msg = (f"{baseline.where}: rule {bound.name} cannot pass an unchanged model {how}: the baseline's "
+           f"{bound.field} = {b:.6g} ± {s_b:.3g} gives an interval of ±{z * factor * s_b:.3g}, and the rule's "
+           f"margin {margin:.3g} must be {need_margin}")
+    if dof is not None and margin > 0:
+        m = int(dof) + 1
+        # both runs at the new count: the run's error is then the baseline's (scale 1)
+        both = math.sqrt(1 + slope_of(bound, b) ** 2) if unpaired else factor
+        need = math.ceil(m * (times * z * both * s_b / margin) ** 2) + 1
+        # in the unit of the probe's effort option: Hutch++ spends 3 products per residual probe
+        result = baseline.results.get(bound.probe) or {}
+        per = result.get("matvecs", m) / m if isinstance(result.get("matvecs"), int) and result["matvecs"] else 1
+        option = gating_of(bound.probe).effort_option or "probes"
+        msg += (f"; make the baseline, and run the gate, with {option} ≥ {math.ceil(need * per)} "
+                f"(the baseline has {round(m * per)})")
+    if unpaired and bound.headline:
+        msg += ", or with this gate file at this seed (flatcheck gate … --no-baseline --json) to compare paired"
+    raise InputError(msg)
+
+
+def _check_bounded(bound: Bound, b: float, baseline: Baseline) -> None:
+    """Refuse a rule whose margin an iterative value's own error bound fills: an unchanged model
+    measured as tightly as the baseline is decided on an interval of ±(1 + slope)·h_b around a
+    value x·|b| inside the threshold, so it can pass only if that is less than x·|b|."""
+    h = error_bound(baseline.results, bound)
+    if h == 0:
+        return
+    margin = bound.limit * abs(b)
+    spread = (1 + abs(slope_of(bound, b))) * h
+    if spread < margin:
+        return
+    option = gating_of(bound.probe).tolerance_option
+    tighter = f"a smaller probes.{bound.probe}.{option}" if option else f"a tighter tolerance of {bound.probe}"
+    raise InputError(f"{baseline.where}: rule {bound.name} cannot pass an unchanged model: the baseline's "
+                     f"{bound.field} = {b:.6g} is good to ±{h:.3g} (its stated error bound), so the comparison "
+                     f"is good to ±{spread:.3g}, not inside the rule's margin {margin:.3g}; widen the rule, or "
+                     f"remake the baseline with {tighter} (or --dtype float64)")
