@@ -15,6 +15,7 @@ Nothing is written into docs/: the generated pages exist only in the build.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import os
 import posixpath
@@ -173,6 +174,35 @@ def probes_page() -> str:
     return "\n".join(lines) + "\n\n" + "\n\n".join(bodies) + "\n"
 
 
+def _signature(shown: str, obj: object) -> list[str]:
+    """How the name is called, as a code block (mkdocstrings shows a root object's signature only
+    in a heading of its own); one parameter a line when it does not fit a line."""
+    try:
+        sig = inspect.signature(obj)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return []
+    def annotation(a: object) -> str:  # postponed annotations are strings: shown as written
+        return a.strip("'\"") if isinstance(a, str) else inspect.formatannotation(a)
+
+    params = []
+    for p in sig.parameters.values():
+        text = p.name if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) else str(p).split(":")[0]
+        if p.annotation is not p.empty:
+            text += f": {annotation(p.annotation)}"
+        if p.default is not p.empty:
+            text += f" = {p.default!r}"
+        params.append(text)
+    if any(p.kind is p.KEYWORD_ONLY for p in sig.parameters.values()) and not any(
+            p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
+        first = next(i for i, p in enumerate(sig.parameters.values()) if p.kind is p.KEYWORD_ONLY)
+        params.insert(first, "*")
+    returns = sig.return_annotation
+    ret = "" if returns is sig.empty or isinstance(obj, type) else f" -> {annotation(returns)}"
+    one_line = f"{shown}({', '.join(params)}){ret}"
+    text = one_line if len(one_line) <= 96 else shown + "(\n" + "".join(f"    {p},\n" for p in params) + f"){ret}"
+    return ["```python", text, "```", ""]
+
+
 def api_page() -> str:
     import flatcheck
 
@@ -185,8 +215,8 @@ def api_page() -> str:
             continue
         obj = getattr(flatcheck, name)
         where = f"{obj.__module__}.{obj.__qualname__}"
-        lines += [f"## `flatcheck.{name}`", "", f"::: {where}", "    options:", "      show_root_heading: false",
-                  "      show_root_toc_entry: false", ""]
+        lines += [f"## `flatcheck.{name}`", "", *_signature(f"flatcheck.{name}", obj), f"::: {where}", "    options:",
+                  "      show_root_heading: false", "      show_root_toc_entry: false", ""]
     return "\n".join(lines)
 
 
