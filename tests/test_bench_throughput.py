@@ -1,0 +1,78 @@
+"""Smoke test of benchmarks/bench_gpu_throughput.py on the CPU: every product loop gives a row
+on a tiny timm ViT, the FLOPs scaled from the counted warm-up equal a direct count, and the
+peak table names the float32 peak it divides by (none for a device it does not know)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_gpu_throughput as bench  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("throughput")
+    rows = bench.main(["--device", "cpu", "--models", "test_vit", "--samples", "4", "--products", "2",
+                       "--lanczos", "2", "--count-samples", "2", "--out", str(out / "t.md"),
+                       "--jsonl", str(out / "t.jsonl")])
+    return rows, out
+
+
+def test_every_loop_gives_a_row(smoke):
+    rows, out = smoke
+    assert [r.loop for r in rows] == [lp.name for lp in bench.loops(2, 2)]
+    for r in rows:
+        assert r.error is None, f"{r.loop}: {r.error}"
+        assert r.products >= 1 and r.seconds > 0 and r.flops > 0 and r.batch == 128
+        assert r.products_per_s == pytest.approx(r.products / r.seconds)
+        assert r.peak_fraction is None  # a CPU has no float32 peak in the table
+    hessian = [r for r in rows if r.extra["per_product"]]
+    assert all(r.products == 2 for r in hessian if r.loop != "lmax")  # fixed counts: no early stop
+    assert all(r.samples_per_s == pytest.approx(4 * r.products / r.seconds) for r in hessian)
+    lines = (out / "t.jsonl").read_text().splitlines()
+    assert [json.loads(line)["loop"] for line in lines] == [r.loop for r in rows]
+    table = (out / "t.md").read_text()
+    assert "none for a CPU: no fraction" in table and table.count("| test_vit |") == len(rows)
+
+
+def test_scaled_flops_equal_a_direct_count():
+    """A Hessian loop's FLOPs per product are affine in the samples (each product passes over
+    every sample, and the vector algebra over the parameters is per product), so the counts on
+    2 and 4 samples extrapolated to 6 are the count on 6: matrix products only, whose formulas
+    are exact integers."""
+    import torch
+
+    case = bench.SMOKE[0]
+    model = case.build().eval()
+    loop = bench.loops(2, 2)[0]
+    kw = dict(samples=6, batch=None, device=torch.device("cpu"), dtype="float32", repeat=1)
+    scaled = bench.measure_loop(case, model, loop, count_samples=2, **kw)
+    direct = bench.measure_loop(case, model, loop, count_samples=6, **kw)
+    assert scaled.error is None and direct.error is None
+    assert [n for n, _, _ in scaled.counted] == [2, 4] and [n for n, _, _ in direct.counted] == [6]
+    assert direct.flops == direct.counted[0][1]
+    assert scaled.flops == pytest.approx(direct.flops, rel=1e-12)
+    # one count alone is taken as all per sample: it misses the fixed part
+    assert bench.scaled_flops(scaled.counted[:1], 6, 2, True) != pytest.approx(direct.flops, rel=1e-3)
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 PCIe", 51.2e12), ("NVIDIA H100 80GB HBM3", 66.9e12),
+                                        ("NVIDIA H100 NVL", 60.0e12), ("NVIDIA H200", 66.9e12)])
+def test_the_peak_is_the_non_tf32_float32_one(name, peak):
+    flops, what = bench.peak_flops(name)
+    assert flops == peak and "non-TF32" in what
+
+
+def test_an_unknown_device_gets_no_fraction():
+    flops, what = bench.peak_flops("NVIDIA GeForce RTX 3090")
+    assert flops is None and "no fraction" in what
+    row = bench.Row("m", "l", "cuda", "float32", 4, products=2, seconds=1.0, flops=1e12)
+    assert row.flops_per_s == 1e12 and row.peak_fraction is None
+    row.peak_flops = 2e12
+    assert row.peak_fraction == 0.5
