@@ -7,8 +7,13 @@ exactly these: under full-batch gradient descent with step η, λmax rises (prog
 sharpening) until it reaches 2/η and then hovers there, and the Jacobian norm rises with it.
 What this run shows is printed and plotted, whatever it is.
 
-    python examples/track_training.py                       # 300 steps, η = 0.05 and 0.2
+    python examples/track_training.py                  # 500 digits, 200 steps, η = 0.5 and 1
+    python examples/track_training.py --probes lmax    # λmax alone: the edge-of-stability figure
     python examples/track_training.py --steps 40 --every 10 --out /tmp/t.png   # quick
+
+The figure goes to --out, by default a new file track_training.png in the working directory
+(track_training.1.png … when that exists): the committed docs/track_training.png is never
+overwritten unless named.
 """
 
 from __future__ import annotations
@@ -91,7 +96,7 @@ def train(lr: float, steps: int, every: int, out: Path | None, *, samples: int |
 def summary(run: dict) -> dict:
     """The numbers the README quotes: λmax against 2/η, the Jacobian norm's rise."""
     ok = [r for r in run["records"] if r["status"] == "ok"]
-    lmax = [(r["step"], r["results"]["lmax"]["value"]) for r in ok]
+    lmax = [(r["step"], r["results"]["lmax"]["value"]) for r in ok if "lmax" in r["results"]]
     jac = [(r["step"], r["results"]["jacobian"]["value"]) for r in ok if "jacobian" in r["results"]]
     last = [v for s, v in lmax[len(lmax) // 2:]]
     out = {"lr": run["lr"], "two_over_lr": 2 / run["lr"], "lmax_first": lmax[0][1] if lmax else None,
@@ -104,14 +109,18 @@ def summary(run: dict) -> dict:
     return out
 
 
-def plot(runs: list[dict], path: Path) -> None:
+LABELS = {"lmax": "λmax(H)", "trace": "Tr(H)", "jacobian": "mean ‖J‖_F of softmax(f)"}
+
+
+def plot(runs: list[dict], path: Path, probes=PROBES) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fields = [("lmax", "λmax(H)"), ("trace", "Tr(H)"), ("jacobian", "mean ‖J‖_F of softmax(f)")]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    fields = [(p, LABELS[p]) for p in PROBES if p in probes]
+    fig, axes = plt.subplots(1, len(fields), figsize=(1.0 + 4.0 * len(fields), 3.6), squeeze=False)
+    axes = list(axes[0])
     for run, color in zip(runs, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
         ok = [r for r in run["records"] if r["status"] == "ok"]
         steps = [r["step"] for r in ok]
@@ -123,9 +132,10 @@ def plot(runs: list[dict], path: Path) -> None:
             ax.errorbar(steps, values, yerr=errs, color=color, marker=".", ms=4, lw=1, label=f"η = {run['lr']:g}")
             ax.set_title(label)
             ax.set_xlabel("step")
-        axes[0].axhline(2 / run["lr"], color=color, ls="--", lw=1, label=f"2/η = {2 / run['lr']:g}")
-    axes[0].legend(fontsize=8)
-    axes[1].legend(fontsize=8)
+        if "lmax" in probes:  # the edge of stability: λmax hovers at 2/η
+            axes[0].axhline(2 / run["lr"], color=color, ls="--", lw=1, label=f"2/η = {2 / run['lr']:g}")
+    for ax in axes[:2]:
+        ax.legend(fontsize=8)
     n = runs[0]["records"][0]["settings"]["samples"] if runs and runs[0]["records"] else "?"
     fig.suptitle(f"demo CNN, bundled digits ({n} train samples), full-batch gradient descent — flatcheck.Tracker")
     fig.tight_layout()
@@ -138,21 +148,38 @@ def plot(runs: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--every", type=int, default=10)
-    ap.add_argument("--lrs", default="0.05,0.2", help="comma-separated learning rates")
-    ap.add_argument("--samples", type=int, default=None, help="training samples (default: all 1437)")
-    ap.add_argument("--out", type=Path, default=Path("docs/track_training.png"))
+    ap.add_argument("--lrs", default="0.5,1", help="comma-separated learning rates")
+    ap.add_argument("--samples", type=int, default=500, help="training samples, of the 1437 bundled digits")
+    ap.add_argument("--probes", default=",".join(PROBES),
+                    help=f"comma-separated, of {', '.join(PROBES)} (lmax alone: the edge-of-stability figure)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the figure [default: a new track_training.png in the working directory]")
     ap.add_argument("--jsonl", type=Path, default=None, help="folder for the trackers' JSONL files")
     args = ap.parse_args(argv)
+    probes = tuple(p.strip() for p in args.probes.split(",") if p.strip())
+    unknown = [p for p in probes if p not in PROBES]
+    if unknown or not probes:
+        ap.error(f"--probes: {', '.join(unknown) or 'none given'}; choose from {', '.join(PROBES)}")
+    target = args.out or new_file(Path("track_training.png"))
     runs = []
     for lr in (float(v) for v in args.lrs.split(",")):
         out = None if args.jsonl is None else args.jsonl / f"track_lr{lr:g}.jsonl"
-        runs.append(train(lr, args.steps, args.every, out, samples=args.samples))
+        runs.append(train(lr, args.steps, args.every, out, samples=args.samples, probes=probes))
         print(json.dumps(summary(runs[-1])), flush=True)
-    plot(runs, args.out)
-    print(f"wrote {args.out}", flush=True)
+    plot(runs, target, probes)
+    print(f"wrote {target}", flush=True)
     return runs
+
+
+def new_file(path: Path) -> Path:
+    """`path`, or path.1, path.2 … before its suffix: the first name no file has yet."""
+    n = 0
+    while path.exists():
+        n += 1
+        path = path.with_name(f"{path.stem.split('.')[0]}.{n}{path.suffix}")
+    return path
 
 
 if __name__ == "__main__":

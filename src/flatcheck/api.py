@@ -104,7 +104,8 @@ def open_session(config: RunConfig) -> Session:
     """Load spec, model, checkpoint and data, and check that they fit together."""
     spec = config.spec if isinstance(config.spec, ModelSpec) else load_spec(config.spec)
     # spec becomes the fully resolved one: library metadata filled in, every field's origin
-    model, spec, checkpoint = build_with_weights(spec, config.checkpoint, config.trust_packages, config.seed)
+    model, spec, checkpoint = build_with_weights(spec, config.checkpoint, config.trust_packages, config.seed,
+                                                 config.torch_dtype)
     preprocess = resolve_preprocess(spec, model)
     dataset = create_dataset(
         config.data,

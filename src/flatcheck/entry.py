@@ -25,7 +25,7 @@ def main() -> None:
 
     mark_fresh_process()
     try:
-        missing = _missing_checkpoint(sys.argv)
+        missing = _missing_checkpoint(sys.argv) or _missing_data_root(sys.argv)
         if missing is not None:  # before the seconds of importing torch that loading it would cost
             sys.stderr.write(f"error: {missing}\n")
             sys.exit(2)
@@ -38,6 +38,10 @@ def main() -> None:
         code = _reader_gone()
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
+    except ImportError as exc:
+        if (exc.name or "").startswith("flatcheck"):
+            raise
+        code = _library_not_loaded(exc)
     except SystemExit as exc:  # a sys.exit() anywhere in a command
         code = exc.code
     # on the way out: a second Ctrl-C must not turn the message or the interpreter's
@@ -46,6 +50,29 @@ def main() -> None:
     if code == EXIT_INTERRUPTED:
         interrupted()  # says it only if the command has not
     sys.exit(code)
+
+
+def _library_not_loaded(exc: ImportError) -> int:
+    """A library (torch's shared objects, most often) that cannot be loaded here: one line, exit
+    2, and what an address-space limit leaves, the usual reason a present torch fails to map."""
+    text = " ".join(str(exc).split())
+    name = exc.name if exc.name and not exc.name.startswith("_") else "a library flatcheck needs"
+    line = f"error: cannot load {name} ({text})"
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError, IndexError):
+        soft = None
+    if soft is not None and soft != resource.RLIM_INFINITY:
+        left = max(0, soft - mapped)
+        line += (f"; ulimit -v allows {soft / 2**30:.2f} GiB of address space and leaves this process "
+                 f"{left / 2**30:.2f} GiB, less than importing torch maps (its libraries alone take several "
+                 "GiB of address space, not of memory): raise ulimit -v")
+    sys.stderr.write(line + "\n")
+    return 2
 
 
 def _reader_gone() -> int:
@@ -84,6 +111,18 @@ def _missing_checkpoint(argv: list[str]) -> str | None:
     if os.path.isdir(first):
         return f"checkpoint {first} is a folder, not a file; give the checkpoint file inside it"
     return None if os.path.isfile(first) else f"checkpoint not found: {first}"
+
+
+def _missing_data_root(argv: list[str]) -> str | None:
+    """A named data set that reads under a data root, given none (data.roots), for a command
+    that loads a model; None otherwise."""
+    from .report.progress import run_commands
+
+    if len(argv) < 2 or argv[1] not in run_commands():
+        return None
+    from .data.roots import argv_data_problem
+
+    return argv_data_problem(argv[2:])
 
 
 def _on_interrupt(signum: int, frame) -> None:

@@ -1315,3 +1315,165 @@ def test_a_reader_that_closes_stdout_ends_the_command_quietly_with_141(args):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 141, err
     assert "error" not in err and "Traceback" not in err, err
+
+
+# ---------------------------------------------------------------- outputs: no file of another kind destroyed
+
+
+@pytest.fixture(scope="module")
+def report_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("report") / "r.json"
+    result = trace(*EXACT_HEAD, "--json", path, "-q")
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def scan_file(path: Path) -> Path:
+    path.write_text(json.dumps({"schema_version": "2.5", "kind": "scan", "model": "m", "status": "ok",
+                                "results": {}}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("flag", ["--csv", "--json"])
+def test_report_refuses_to_write_over_its_own_input(tmp_path, report_file, flag):
+    """`flatcheck report scan.jsonl --csv scan.jsonl` replaced the scan with its table, exit 0."""
+    path = tmp_path / "r.json"
+    path.write_bytes(report_file.read_bytes())
+    before = path.read_bytes()
+    bad(invoke("report", path, flag, path), flag, "same file", "overwrite an input")
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("what, said", [("checkpoint", "a checkpoint"), ("spec", "a model spec"),
+                                        ("scan", "a scan's JSONL records"), ("npz", "a data file")])
+@pytest.mark.parametrize("flag", ["--csv", "--json"])
+def test_report_refuses_to_write_over_a_file_of_another_kind(tmp_path, report_file, what, said, flag):
+    """`report r.json --csv model.safetensors` replaced a checkpoint with a 117-byte CSV."""
+    target = tmp_path / f"target.{what}"
+    if what == "checkpoint":
+        target.write_bytes(CKPT.read_bytes())
+    elif what == "spec":
+        target.write_bytes(SPEC.read_bytes())
+    elif what == "scan":
+        scan_file(target)
+    else:
+        x, y = digit_images()
+        np.savez(target.with_suffix(".npz"), x_train=x, y_train=y)
+        target = target.with_suffix(".npz")
+    before = target.read_bytes()
+    bad(invoke("report", report_file, flag, target), flag, str(target), said, "would destroy it")
+    assert target.read_bytes() == before
+
+
+def test_report_rewrites_its_own_earlier_output(tmp_path, report_file):
+    csv_out, json_out = tmp_path / "t.csv", tmp_path / "t.json"
+    for _ in range(2):
+        result = invoke("report", report_file, "--csv", csv_out, "--json", json_out, "-q")
+        assert result.exit_code == 0, result.output
+    assert csv_out.read_text().startswith("model,") and json.loads(json_out.read_text())["models"]
+
+
+@pytest.mark.parametrize("flag, what", [("--json", "checkpoint"), ("--json", "scan"), ("--summary", "checkpoint")])
+def test_a_probe_command_refuses_an_output_over_a_file_of_another_kind(tmp_path, never_runs, flag, what):
+    target = tmp_path / "target"
+    target.write_bytes(CKPT.read_bytes()) if what == "checkpoint" else scan_file(target)
+    before = target.read_bytes()
+    command = ("gate", CKPT, "--spec", SPEC, "--config", ROOT / "examples" / "gates.yaml") if flag == "--summary" \
+        else ("trace", CKPT, "--spec", SPEC, *EXACT_HEAD)
+    bad(invoke(*command, "--data", "digits", flag, target), flag, str(target), "would destroy it")
+    assert target.read_bytes() == before
+
+
+def test_sniffed_kinds():
+    from flatcheck.report.io import sniff_kind
+
+    assert sniff_kind(CKPT) == "checkpoint" and sniff_kind(SPEC) == "spec"
+    assert sniff_kind(ROOT / "examples" / "gates.yaml") == "gates"
+    assert sniff_kind(ROOT / "docs" / "track_training.png") == "figure"
+
+
+# ---------------------------------------------------------------- a --json path that fails after the run
+
+
+def test_a_json_path_gone_after_the_run_keeps_the_report_elsewhere(tmp_path, monkeypatch):
+    """`(sleep 4; rm -rf jd3) & flatcheck trace … --json jd3/out.json` ended in exit 2 after
+    every probe, the report nowhere. Now it is written beside the target (or in the temporary
+    folder, when the target's folder is gone) and the error line says where."""
+    import shutil
+
+    import flatcheck.api as api
+
+    folder = tmp_path / "jd3"
+    folder.mkdir()
+    real_run = api.run
+
+    def run_then_lose_the_folder(*args, **kwargs):
+        report = real_run(*args, **kwargs)
+        shutil.rmtree(folder)
+        return report
+
+    monkeypatch.setattr(api, "run", run_then_lose_the_folder)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
+    line = bad(trace(*EXACT_HEAD, "--json", folder / "out.json"), "--json", "out.json", "does not exist",
+               "the output is in")
+    spare = Path(line.rsplit("the output is in ", 1)[1].removesuffix(" instead"))
+    assert spare.parent == tmp_path and json.loads(spare.read_text())["results"]["trace"]["value"] > 0
+
+
+# ---------------------------------------------------------------- internal errors that were bad input
+
+
+@pytest.mark.parametrize("text, said", [("", "nothing (an empty file)"), ("- 1\n- 2\n", "a list")])
+def test_a_spec_that_is_no_mapping(tmp_path, text, said):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    bad(trace(spec=spec), str(spec), "top level must be a mapping", said)
+
+
+def test_an_embedded_spec_that_is_no_mapping(tmp_path):
+    from flatcheck.models.embed import embed_spec
+
+    ckpt = tmp_path / "m.safetensors"
+    ckpt.write_bytes(CKPT.read_bytes())
+    embed_spec(ckpt, [1, 2])  # as a hand-edited header would hold it
+    bad(invoke("trace", ckpt, *SMALL, "--data", "digits"), str(ckpt), "embedded spec", "a mapping", "a list")
+
+
+@pytest.mark.parametrize("size", ["1e400", "1e30T"])
+def test_max_memory_beyond_any_size(size):
+    bad(trace("--max-memory", size), "--max-memory", size, "finite size")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the address space from /proc")
+def test_torch_that_cannot_load_under_an_address_space_limit_is_one_line():
+    """Under `ulimit -v 2500000` importing torch failed with a traceback (and exit 1, a failed
+    gate's code). Now: one line, exit 2, and what the limit leaves."""
+    import resource
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (2_500_000 * 1024, resource.RLIM_INFINITY))
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*MODULE, "trace", str(CKPT), "--spec", str(SPEC), "--data", "digits"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=1800, preexec_fn=limited)
+    if proc.returncode == 0:
+        pytest.skip("torch loads within 2.5 GB of address space here")
+    one_error_line(proc, "cannot load", "ulimit -v allows 2.38 GiB of address space and leaves this process",
+                   "raise ulimit -v")
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--data", "cifar10"], ["data 'cifar10' needs a data root", "--data-root", "FLATCHECK_DATA_ROOT"]),
+    (["--data=mnist", "--data-root", "/nonexistent/data"], ["--data-root /nonexistent/data: does not exist"]),
+])
+def test_a_missing_data_root_is_told_before_torch_is_imported(args, said):
+    """It was said after importing torch and loading the model (51 s on a loaded machine); the
+    line now comes before the 'starting · importing torch' line would."""
+    env = {k: v for k, v in os.environ.items() if k != "FLATCHECK_DATA_ROOT"}
+    proc = subprocess.run([*MODULE, "trace", str(CKPT), "--spec", str(SPEC), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    one_error_line(proc, *said)
+    assert proc.stderr.count("\n") == 1, proc.stderr  # nothing else: torch was never imported

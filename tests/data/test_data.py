@@ -580,3 +580,79 @@ def test_preprocess_wrong_sizes():
     with pytest.raises(DataError, match="interpolation 'lanczos'"):
         apply_preprocess(torch.zeros(1, 2, 2), Preprocess(input_size=(1, 4, 4), interpolation="lanczos"), source="t")
     assert issubclass(DataError, InputError)
+
+
+# ---------------------------------------------------------------- links, 16-bit images, data roots
+
+
+GREY = Preprocess(input_size=(1, 8, 8))
+
+
+def _image_folder(base: Path, classes=("c0", "c1"), per_class: int = 3) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (base / "train" / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (8, 8)).astype(np.uint8)).save(base / "train" / c / f"{i}.png")
+
+
+@pytest.mark.parametrize("links", [["c0/loop"], ["c0/loop", "c1/loop"]])
+def test_a_folder_link_back_into_the_data_is_refused(tmp_path, links):
+    """`ln -s .. train/c0/loop` counted c1's images again under c0 (246 samples from 6); two
+    such loops never ended."""
+    _image_folder(tmp_path)
+    for link in links:
+        (tmp_path / "train" / link).symlink_to("..")
+    with pytest.raises(DataError, match=r"train/c0/loop is a link to folder .*inside the data folder"):
+        create_dataset(f"imagefolder:{tmp_path}", preprocess=GREY)
+
+
+def test_a_folder_link_out_of_the_data_is_followed(tmp_path):
+    data, store = tmp_path / "data", tmp_path / "store"
+    _image_folder(data)
+    _image_folder(store, classes=("extra",), per_class=2)
+    (data / "train" / "c0" / "more").symlink_to(store / "train" / "extra")
+    assert len(create_dataset(f"imagefolder:{data}", preprocess=GREY)) == 8
+    # a loop out there (a folder holding a link to its parent) is told, not walked forever
+    (store / "train" / "extra" / "up").symlink_to("..")
+    with pytest.raises(DataError, match=r"more/up/extra leads to folder .*store/train/extra a second time \(a symlink loop\)"):
+        create_dataset(f"imagefolder:{data}", preprocess=GREY)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_16_bit_png_is_scaled_by_its_bit_depth(tmp_path, channels):
+    """A 16-bit grey PNG went through convert("L"), which clips at 255: every pixel above
+    0.4 % of full scale read as 1.0. The same picture in 8 and in 16 bits reads the same."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(1).integers(0, 256, (8, 8)).astype(np.uint8)
+    for bits, (folder, arr) in ((8, ("a", pixels)), (16, ("b", pixels.astype(np.uint16) * 257))):
+        (tmp_path / folder / "c").mkdir(parents=True)
+        Image.fromarray(arr).save(tmp_path / folder / "c" / "x.png")
+    size = (channels, 8, 8)
+    eight = create_dataset(f"imagefolder:{tmp_path / 'a'}", preprocess=Preprocess(input_size=size))[0][0]
+    sixteen = create_dataset(f"imagefolder:{tmp_path / 'b'}", preprocess=Preprocess(input_size=size))[0][0]
+    assert torch.equal(eight, sixteen) and eight.shape == size
+    assert 0.0 < float(sixteen.min()) or float(sixteen.max()) < 1.0
+
+
+def test_the_sources_that_need_a_root_are_known_without_torch():
+    """data.roots lists them for the entry point's check before torch is imported: every
+    registered source that asks for a root, and no other."""
+    from flatcheck.data.roots import NEEDS_ROOT, argv_data_problem, missing_root
+
+    needing = []
+    for name in list_datasets():
+        if registry._REGISTRY[name].takes_path:
+            continue
+        try:
+            create_dataset(name, root=None, preprocess=GREY, num_classes=10)
+        except DataError as exc:
+            if "needs a data root" in str(exc):
+                needing.append(name)
+    assert sorted(needing) == sorted(NEEDS_ROOT)
+    assert "--data-root" in missing_root("cifar10", None) and missing_root("digits", None) is None
+    assert "does not exist" in argv_data_problem(["--data=CIFAR10", "--data-root", "/nonexistent/x"])
+    assert argv_data_problem(["--samples", "3"]) is None

@@ -326,3 +326,79 @@ def test_bytes_that_are_no_pickle_say_so(tmp_path, content):
     message = str(info.value)
     assert message == (f"not a PyTorch checkpoint: {path} is neither a torch.save archive nor a pickle; "
                        f"save the weights with torch.save(model.state_dict()) or use .safetensors")
+
+
+# ---------------------------------------------------------------- loaded in the checkpoint's precision
+
+
+def _float64_demo(tmp_path: Path, weights: dict[str, torch.Tensor]) -> Path:
+    path = tmp_path / "f64.safetensors"
+    torch.manual_seed(3)
+    # values float32 cannot hold exactly: a load through float32 would round them
+    wide = {k: (v.double() + 1e-9 * torch.randn(v.shape, dtype=torch.float64)) if v.is_floating_point() else v
+            for k, v in weights.items()}
+    save_file(wide, str(path))
+    return path
+
+
+def test_float64_weights_are_loaded_as_stored_then_cast(tmp_path, weights):
+    """The model was built in float32 and loaded, rounding a float64 checkpoint before --dtype
+    float64 cast it back. Now the weights are the file's to the bit in float64, and a float32
+    run says it rounds them."""
+    import warnings
+
+    from flatcheck.models.load import build_with_weights
+    from flatcheck.models.spec import load_spec
+    from tests.support.cli import SPEC
+
+    path = _float64_demo(tmp_path, weights)
+    stored = load_checkpoint(path).state_dict
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float64 from float64: nothing rounded, nothing said
+        model, _, _ = build_with_weights(load_spec(SPEC), path, dtype=torch.float64)
+    for key, value in model.state_dict().items():
+        assert value.dtype == stored[key].dtype and torch.equal(value, stored[key]), key
+    with pytest.warns(UserWarning, match=r"stores float64 weights; measuring in float32 rounds \d+ of its tensors"):
+        narrow, _, _ = build_with_weights(load_spec(SPEC), path, dtype=torch.float32)
+    assert all(p.dtype == torch.float32 for p in narrow.parameters())
+
+
+def test_float64_weights_beyond_float32_refused_when_measured_in_float32(tmp_path, weights):
+    from flatcheck.models.load import build_with_weights
+    from flatcheck.models.spec import load_spec
+    from tests.support.cli import SPEC
+
+    wide = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
+    wide["head.bias"][0] = 1e300
+    path = tmp_path / "big.safetensors"
+    save_file(wide, str(path))
+    with pytest.raises(CheckpointError, match=r"head\.bias.*beyond float32's range.*float64 \(--dtype\)"):
+        build_with_weights(load_spec(SPEC), path, dtype=torch.float32)
+    model, _, _ = build_with_weights(load_spec(SPEC), path, dtype=torch.float64)
+    assert model.head.bias[0].item() == 1e300
+
+
+def test_cli_float64_values_match_measure_on_a_float64_checkpoint(tmp_path, weights):
+    """Through the CLI, --dtype float64 on a float64 checkpoint gives measure()'s value on the
+    same float64 model: the exact trace of the head to rounding (a float32 detour gave ~1e-8)."""
+    import json
+
+    import flatcheck
+    from flatcheck.data import create_dataset
+    from tests.support.cli import SPEC, invoke
+
+    path = _float64_demo(tmp_path, weights)
+    n = 64
+    args = ["trace", path, "--spec", SPEC, "--data", "digits", "--samples", n, "--dtype", "float64",
+            "--estimator", "exact", "--params", "head.*", "--no-layers", "--quiet", "--json", "-"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    cli = json.loads(result.stdout)["results"]["trace"]["value"]
+    model = DigitsCNN(num_classes=10).double().eval()
+    model.load_state_dict(load_checkpoint(path).state_dict)
+    data = create_dataset("digits", split="train")
+    x = torch.stack([data[i][0] for i in range(n)]).double()
+    y = torch.tensor([int(data[i][1]) for i in range(n)])
+    live = flatcheck.measure(model, (x, y), probes={"trace": {"estimator": "exact"}}, params=["head.*"],
+                             dtype="float64").results["trace"].value
+    assert cli == pytest.approx(live, rel=1e-12)

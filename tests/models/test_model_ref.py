@@ -384,3 +384,73 @@ def test_a_missing_checkpoint_is_reported_as_missing_not_as_saying_nothing(tmp_p
     assert refused("trace", tmp_path / "nonexist.safetensors") == \
         f"error: checkpoint not found: {tmp_path / 'nonexist.safetensors'}"
     assert "a folder" in refused("trace", tmp_path)
+
+
+# ---------------------------------------------------------------- a downloaded folder runs no code of its own
+
+
+@pytest.mark.parametrize("where", ["stem", "folder"])
+def test_a_found_python_spec_imports_nothing_of_its_folder_unless_told(tmp_path, where):
+    """A checkpoint folder as downloaded: its STEM.yaml (or spec.yaml) names a module that
+    sits beside it. Found, not typed, the spec runs that module only under --trust-package;
+    typed as --spec, it keeps the rule of a spec the user chose (its folder's modules run)."""
+    module = f"downloaded_net_{where}"
+    marker = tmp_path / "ran"
+    folder = tmp_path / "download"
+    ckpt = copy_demo(folder)
+    (folder / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                        "from flatcheck.zoo.demo_cnn import DigitsCNN as build\n")
+    spec = ckpt.with_suffix(".yaml") if where == "stem" else folder / "spec.yaml"
+    spec.write_text(f"source: python\narch: {module}:build\nnum_classes: 10\ninput_size: [1, 8, 8]\n")
+    line = refused("trace", ckpt, "--data", "digits", *FAST)
+    assert f"{spec}, the spec found" in line and f"--trust-package {module}" in line, line
+    assert str(folder / f"{module}.py") in line and "--spec" in line
+    assert not marker.exists()
+    assert "--trust-package" in refused("spec", ckpt)  # the same rule where the spec is only shown
+    assert not marker.exists()
+    by_spec = run_json("trace", DEMO, "--spec", DEMO_SPEC, "--data", "digits", *FAST)
+    told = run_json("trace", ckpt, "--data", "digits", "--trust-package", module, *FAST)
+    assert marker.exists() and told["results"]["trace"]["value"] == by_spec["results"]["trace"]["value"]
+    typed = run_json("trace", ckpt, "--spec", spec, "--data", "digits", *FAST)  # no flag needed
+    assert typed["results"]["trace"]["value"] == by_spec["results"]["trace"]["value"]
+
+
+def test_a_found_spec_still_builds_from_trusted_packages(tmp_path):
+    """flatcheck's zoo, timm and torchvision are installed code, not the folder's: a found spec
+    naming them needs no flag (the demo's own spec beside its checkpoint)."""
+    ckpt = copy_demo(tmp_path)
+    shutil.copy(DEMO_SPEC, tmp_path / "spec.yaml")
+    assert run_json("trace", ckpt, "--data", "digits", *FAST)["model"]["spec"] == str(tmp_path / "spec.yaml")
+
+
+# ---------------------------------------------------------------- embed-spec checks the spec against the tensors
+
+
+def test_embed_spec_refuses_a_spec_whose_model_cannot_hold_the_tensors(tmp_path):
+    ckpt = copy_demo(tmp_path)
+    before = ckpt.read_bytes()
+    other = tmp_path / "other.yaml"
+    other.write_text("source: timm\narch: test_resnet\nnum_classes: 10\ninput_size: [3, 32, 32]\n")
+    line = refused("embed-spec", ckpt, "--spec", other)
+    assert "does not fit the model: missing keys" in line and "test_resnet" in line, line
+    assert ckpt.read_bytes() == before
+    out = tmp_path / "copy.safetensors"
+    assert "does not fit" in refused("embed-spec", ckpt, "--spec", other, "--out", out)
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- a bare state dict: what its keys look like
+
+
+def test_a_bare_torchvision_resnet_state_dict_gets_a_hint(tmp_path):
+    import torchvision
+
+    torch.manual_seed(0)
+    state = torchvision.models.resnet18(num_classes=10).state_dict()
+    ckpt = tmp_path / "resnet.safetensors"
+    save_file({k: v.contiguous() for k, v in state.items()}, str(ckpt))
+    line = refused("trace", ckpt, "--data", "synthetic")
+    assert "does not say which model it holds" in line
+    assert "torchvision's resnet18 with a 10-class fc: --model torchvision:resnet18 --num-classes 10" in line
+    assert "--spec model_specs/resnet18_torchvision_cifar10.yaml" in line and TV_CIFAR.is_file()
+    assert "its keys are" not in refused("trace", copy_demo(tmp_path / "demo"), "--data", "digits")

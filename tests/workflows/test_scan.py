@@ -90,6 +90,21 @@ def test_a_resume_under_other_run_settings_is_refused_before_anything_runs(tmp_p
 
 
 def test_a_typo_in_a_model_flag_is_refused_before_the_scan_starts(tmp_path):
+def test_a_resume_under_other_shard_settings_is_refused(tmp_path):
+    """`--shard 0/3 --resume` on the file a `--shard 0/2` run wrote (both are OUT.rank0) dealt
+    the models out otherwise and measured this shard's again beside the other's."""
+    out = tmp_path / "s.jsonl"
+    models = ["--timm", "test_resnet", "--timm", "test_vit", "--probes", "gini", "--samples", "4", "--out", out]
+    assert scan(*models, "--shard", "0/2").exit_code == 0
+    shard = tmp_path / "s.jsonl.rank0"
+    before = shard.read_bytes()
+    res = scan(*models, "--shard", "0/3", "--resume")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "holds the records of shard 0/2 (--shard 0/2), not of shard 0/3" in res.stderr
+    assert shard.read_bytes() == before
+    assert scan(*models, "--shard", "0/2", "--resume").exit_code == 0 and shard.read_bytes() == before
+
+
     # recorded as an error after the other models had run (exit 1); a typed name is bad input
     res = scan("--model", "timm:test_vitt", "--model", "timm:test_resnet", "--probes", "gini",
                "--out", tmp_path / "s.jsonl")

@@ -405,3 +405,55 @@ def test_a_second_tracker_is_refused_where_it_is_made_and_a_file_of_other_conten
     with pytest.raises(ConfigError, match=r"model.py: exists and is not a flatcheck scan or tracker file"):
         tracker(source)
     assert source.read_text() == "import torch\n"
+
+
+@pytest.mark.parametrize("with_out", [True, False])
+def test_a_step_after_close_is_refused(tmp_path, with_out):
+    """It measured and wrote nothing, silently: a training loop that outlived its tracker."""
+    from flatcheck.errors import ConfigError
+
+    case = make_case("mlp", n=23, batch_size=23)
+    out = tmp_path / "track.jsonl" if with_out else None
+    with flatcheck.Tracker(case.model, (case.X, case.Y), probes="trace", every=2, out=out,
+                           options=TRACE) as tracker:
+        tracker.step(0)
+    with pytest.raises(ConfigError, match=r"Tracker.step\(2\) after close\(\)"):
+        tracker.step(2)
+    if with_out:
+        assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [0]
+
+
+def test_the_training_example_says_what_its_guide_says_and_keeps_the_committed_figure(tmp_path, monkeypatch):
+    """Its defaults were 300 steps, η = 0.05 and 0.2, all digits, written over the committed
+    docs/track_training.png; its guide describes 500 digits, 200 steps, η = 0.5 and 1."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import track_training
+
+    seen = {}
+    monkeypatch.setattr(track_training, "train", lambda lr, steps, every, out, **kw: seen.setdefault(
+        lr, dict(steps=steps, every=every, **kw)) and {"lr": lr, "records": []})
+    monkeypatch.setattr(track_training, "plot", lambda runs, path, probes: seen.setdefault("plot", (path, probes)))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "track_training.png").write_bytes(b"earlier")
+    track_training.main([])
+    assert sorted(k for k in seen if k != "plot") == [0.5, 1.0]
+    assert seen[0.5]["steps"] == 200 and seen[0.5]["every"] == 10 and seen[0.5]["samples"] == 500
+    assert seen["plot"] == (Path("track_training.1.png"), ("lmax", "trace", "jacobian"))
+    seen.clear()
+    track_training.main(["--probes", "lmax"])
+    assert seen[1.0]["probes"] == ("lmax",) and seen["plot"][1] == ("lmax",)
+
+
+def test_the_training_example_draws_lmax_alone(tmp_path):
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import track_training
+
+    runs = track_training.main(["--steps", "2", "--every", "2", "--lrs", "1", "--samples", "32", "--probes", "lmax",
+                                "--out", str(tmp_path / "eos.png")])
+    assert (tmp_path / "eos.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert all(set(r["results"]) == {"lmax"} for r in runs[0]["records"])
+    assert track_training.summary(runs[0])["lmax_first"] is not None

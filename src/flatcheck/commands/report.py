@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..cli import app, guarded
+from ..cli import READS, WRITES, app, guarded
 
 
 @app.command("report", help="Summarise JSON reports and JSONL scans (shards OUT.rankN included): a table of "
@@ -16,7 +16,7 @@ from ..cli import app, guarded
                             "training run with --x step (or epoch).")
 def report_cmd(
     files: Annotated[list[Path], typer.Argument(help="reports (.json) and scans (.jsonl); shards are merged",
-                                                show_default=False)],
+                                                show_default=False), READS],
     x: Annotated[Optional[str], typer.Option("--x", help="field for the x axis, e.g. adaptive-sharpness, or step / "
                                              "epoch for a training run")] = None,
     y: Annotated[Optional[list[str]], typer.Option("--y", help="field for the y axis, e.g. mls.normalized_mls; "
@@ -28,7 +28,7 @@ def report_cmd(
     preset: Annotated[Optional[str], typer.Option("--preset", help="a paper's figure: mls-vs-sharpness (Chen et "
                                                   "al. 2023 Fig. 4: normalized MLS against adaptive sharpness, log "
                                                   "axes, colour by family)")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG: --y against --x")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG: --y against --x"), WRITES] = None,
     labels: Annotated[bool, typer.Option("--labels", help="name each point of the scatter by its model")] = False,
     logx: Annotated[bool, typer.Option("--logx", "--log-x", help="log x axis (drops x ≤ 0)")] = False,
     logy: Annotated[bool, typer.Option("--logy", "--log-y", help="log y axis (drops y ≤ 0)")] = False,
@@ -37,11 +37,12 @@ def report_cmd(
     mixed_settings: Annotated[bool, typer.Option("--mixed-settings", help="merge results whose run settings differ "
                                                  "(data, split, samples, seed, or the options of a probe they share)")] = False,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", help="write the table as CSV (value and stderr per "
-                                                    "field)")] = None,
+                                                    "field)"), WRITES] = None,
     confidence: Annotated[float, typer.Option("--confidence", help="level of the correlation intervals")] = 0.95,
     bootstrap: Annotated[int, typer.Option("--bootstrap", help="resamples for Spearman/Kendall intervals")] = 2000,
     seed: Annotated[int, typer.Option("--seed", help="seed of the bootstrap")] = 0,
-    json_out: Annotated[Optional[str], typer.Option("--json", help="write the summary as JSON ('-' = stdout)")] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="write the summary as JSON ('-' = stdout)"),
+                        WRITES] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no messages on stderr")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ):
@@ -50,8 +51,8 @@ def report_cmd(
 
         from ..cli import _check_json_target, _error_line
         from ..errors import ConfigError
-        from ..report.io import check_writable, dump_json, write_text_atomic
-        from ..workflows.results_io import TRAJECTORY_FIELDS, load_results
+        from ..report.io import check_distinct_files, check_writable, dump_json, write_text_atomic
+        from ..workflows.results_io import TRAJECTORY_FIELDS, expand_paths, load_results
 
         if not 0 < confidence < 1:
             raise ConfigError(f"--confidence must be between 0 and 1 (exclusive), got {confidence}")
@@ -68,6 +69,10 @@ def report_cmd(
             raise ConfigError("--lr draws 2/η along a training run; give --x step or --x epoch")
         if lr and any(not (math.isfinite(v) and v > 0) for v in lr):
             raise ConfigError(f"--lr must be positive numbers, got {', '.join(map(str, lr))}")
+        # an output that is a file read (a shard included), or a file of another kind, is refused
+        check_distinct_files([*(("FILE", str(p), False) for p in expand_paths(files)),
+                              *((f, str(p), True) for f, p in (("--csv", csv_out), ("--json", json_out),
+                                                               ("--plot", plot)) if p is not None and str(p) != "-")])
         _check_json_target(json_out)
         if csv_out is not None:
             check_writable(csv_out, "--csv")

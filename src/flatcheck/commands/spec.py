@@ -36,7 +36,7 @@ def spec_cmd(
         from ..report.io import check_distinct_files, check_writable, write_text_atomic
 
         check_distinct_files([(f, str(p), w) for f, p, w in (("CHECKPOINT", checkpoint, False),
-                              ("--spec", spec, False), ("--out", out, True)) if p is not None])
+                              ("--spec", spec, False), ("--out", out, "spec")) if p is not None])
         if out is not None:
             check_writable(out, "--out")
         request = model_request(checkpoint, {
@@ -61,17 +61,19 @@ def embed_spec_cmd(
     spec: Annotated[Path, typer.Option("--spec", help="model spec YAML to embed"), READS],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write the result here [default: in "
                                                                     "place]"), WRITES] = None,
+    trust_packages: _FLAG["trust_packages"] = None,
     debug: _FLAG["debug"] = False,
 ):
     def body() -> int:
-        from ..models.embed import embed_spec
+        from ..models.embed import check_spec_fits, embed_spec
         from ..models.spec import load_spec, spec_to_dict
         from ..report.io import check_distinct_files, check_writable
 
-        check_distinct_files([("--spec", str(spec), False), *([("--out", str(out), True)] if out else [])])
+        check_distinct_files([("--spec", str(spec), False), *([("--out", str(out), "checkpoint")] if out else [])])
         if out is not None:
             check_writable(out, "--out")
         loaded = load_spec(spec)
+        check_spec_fits(loaded, checkpoint, tuple(trust_packages or ()))  # before the file is touched
         target = embed_spec(checkpoint, spec_to_dict(loaded), out)
         typer.echo(f"embedded {spec} in {target}", err=True)
         if loaded.source == "python":

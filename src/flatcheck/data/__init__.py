@@ -1,24 +1,21 @@
-"""Data sources, preprocessing and the batches every probe iterates over."""
+"""Data sources, preprocessing and the batches every probe iterates over.
 
-from flatcheck.data.batches import Batch, SampleSet
-from flatcheck.data.preprocess import Preprocess
-from flatcheck.data.registry import (
-    DataSource,
-    PreparedDataset,
-    create_dataset,
-    list_datasets,
-    register_dataset,
-)
-from flatcheck.data.transform import apply_preprocess
+The names below are loaded on first use, so that a torch-free module of the package
+(data.roots, which the entry point reads before importing torch) imports no torch."""
 
-__all__ = [
-    "Batch",
-    "DataSource",
-    "PreparedDataset",
-    "Preprocess",
-    "SampleSet",
-    "apply_preprocess",
-    "create_dataset",
-    "list_datasets",
-    "register_dataset",
-]
+from importlib import import_module
+from typing import Any
+
+_WHERE = {
+    "Batch": "batches", "SampleSet": "batches", "Preprocess": "preprocess",
+    "DataSource": "registry", "PreparedDataset": "registry", "create_dataset": "registry",
+    "list_datasets": "registry", "register_dataset": "registry", "apply_preprocess": "transform",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'flatcheck.data' has no attribute {name!r}")
+    return getattr(import_module(f"flatcheck.data.{_WHERE[name]}"), name)

@@ -22,9 +22,10 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from flatcheck.data.catalogue import DataSource, MissingSplitError, register_dataset
+from flatcheck.data.roots import ROOT_HELP
 from flatcheck.errors import DataError, InternalError
 
-_ROOT_HELP = "then pass --data-root or set FLATCHECK_DATA_ROOT"
+_ROOT_HELP = ROOT_HELP
 
 
 class ArrayDataset(Dataset):
@@ -270,12 +271,32 @@ class ImageFiles(Dataset):
         path, label = self.samples[index]
         try:
             with Image.open(path) as img:
-                pixels = np.asarray(img.convert(self.mode))  # convert() decodes the whole file
+                pixels, top = _pixels(img, self.mode)
+        except DataError as exc:
+            raise DataError(f"{self.where}: image {path}: {exc}") from None
         except Exception as exc:  # truncation, garbage, a bad chunk: all mean an unreadable file
             raise DataError(f"{self.where}: cannot read image {path} ({_first_line(exc)})") from None
         x = torch.from_numpy(pixels.copy())
         x = x.unsqueeze(0) if x.dim() == 2 else x.permute(2, 0, 1)
-        return x.float().div(255.0), label
+        return x.float().div(top), label
+
+
+# 16-bit grey images (PNG, TIFF) open in these modes; convert("L") would clip them at 255
+_WIDE_GREY = {"I;16": 65535.0, "I;16L": 65535.0, "I;16B": 65535.0, "I;16N": 65535.0}
+
+
+def _pixels(img: Any, mode: str) -> tuple[np.ndarray, float]:
+    """An image's pixels in PIL `mode`'s channels, and the value of full scale at its bit depth."""
+    depth = _WIDE_GREY.get(img.mode)
+    if depth is None and img.mode == "I" and img.format == "PNG":
+        depth = 65535.0  # a PNG holds at most 16 bits; older PIL opens 16-bit grey as "I"
+    if depth is None:
+        if img.mode in ("I", "F"):
+            raise DataError(f"{'32-bit integer' if img.mode == 'I' else 'float'} pixels have no bit depth to "
+                            "scale by; save it with 8 or 16 bits")
+        return np.asarray(img.convert(mode)), 255.0  # convert() decodes the whole file
+    grey = np.asarray(img).astype(np.float32)
+    return (grey if mode == "L" else np.repeat(grey[..., None], 3, axis=2)), depth
 
 
 def _hidden(name: str) -> bool:
@@ -287,13 +308,31 @@ def _class_folders(folder: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not _hidden(e.name))
 
 
-def _image_files(class_dir: Path) -> list[Path]:
+def _image_files(class_dir: Path, tree: Path, where: str) -> list[Path]:
     """Image files under class_dir at any depth, skipping hidden files and folders,
-    in torchvision ImageFolder's order (walk sorted by folder, then file name)."""
+    in torchvision ImageFolder's order (walk sorted by folder, then file name).
+
+    A folder symlink is followed only when it leads out of `tree` (the data folder): one
+    leading back into it would count another class's images (or its own, forever) again."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
+    top = Path(os.path.realpath(tree))
+    seen = {os.path.realpath(class_dir)}
+    walked = []
+    for root, dirs, names in os.walk(class_dir, followlinks=True):
+        for name in list(dirs):
+            path = os.path.join(root, name)
+            real = os.path.realpath(path)
+            if os.path.islink(path) and (Path(real).is_relative_to(top) or top.is_relative_to(real)):
+                raise DataError(f"{where}: {path} is a link to folder {real}, inside the data folder: its images "
+                                "would be read again (a loop, forever); remove the link or copy the images")
+            if real in seen:  # two links outside the tree that lead to each other, or to one folder
+                raise DataError(f"{where}: {path} leads to folder {real} a second time (a symlink loop); "
+                                "remove the link")
+            seen.add(real)
+        walked.append((root, names))
     files = []
-    for root, _, names in sorted(os.walk(class_dir, followlinks=True)):
+    for root, names in sorted(walked):
         if any(_hidden(part) for part in Path(root).relative_to(class_dir).parts):
             continue
         files += [Path(root) / n for n in sorted(names) if not _hidden(n) and n.lower().endswith(IMG_EXTENSIONS)]
@@ -339,7 +378,7 @@ def imagefolder(*, path: str, split: str, input_size: tuple[int, ...] | None = N
     folder, label_dir, note = _split_folders(base, split, where)
     try:
         class_to_idx = {c: i for i, c in enumerate(_class_folders(label_dir))}
-        files = {c: _image_files(folder / c) for c in _class_folders(folder)}
+        files = {c: _image_files(folder / c, base, where) for c in _class_folders(folder)}
     except OSError as exc:
         raise DataError(f"{where}: {_first_line(exc)}") from None
     unknown = [c for c in files if c not in class_to_idx]

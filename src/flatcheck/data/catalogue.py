@@ -12,7 +12,6 @@ from torch.utils.data import Dataset
 from flatcheck.errors import DataError, InternalError
 
 SPLITS = ("train", "test")
-ROOT_ENV = "FLATCHECK_DATA_ROOT"
 
 
 class MissingSplitError(DataError):

@@ -21,9 +21,10 @@ from torch.utils.data import Dataset
 
 import flatcheck.data.builtin  # noqa: F401  (registers the built-in sources)
 from flatcheck.data.catalogue import (
-    _REGISTRY, ROOT_ENV, SPLITS, DataSource, MissingSplitError, _canonical, register_dataset,
+    _REGISTRY, SPLITS, DataSource, MissingSplitError, _canonical, register_dataset,
 )
 from flatcheck.data.preprocess import Preprocess
+from flatcheck.data.roots import ROOT_ENV
 from flatcheck.data.transform import apply_preprocess, channel_conversion, image_resize
 from flatcheck.errors import DataError, InternalError
 

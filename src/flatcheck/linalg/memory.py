@@ -91,6 +91,8 @@ def parse_bytes(text: "str | int | float", flag: str = "--max-memory") -> int:
         if match is None or match.group(2).lower() not in _UNITS:
             raise ConfigError(f"{flag} expects a size such as 8G, 512M or 1.5GiB (bytes without a unit), got {text!r}")
         value, unit = float(match.group(1)), match.group(2).lower()
+    if not value * _UNITS[unit] < 2**63:  # 1e400 reads as inf, NaN compares false: no size
+        raise ConfigError(f"{flag} must be a finite size below 8 EiB, got {text!r}")
     size = int(value * _UNITS[unit])
     if size < 1:
         raise ConfigError(f"{flag} must be a positive size, got {text!r}")

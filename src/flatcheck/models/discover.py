@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,8 +87,42 @@ def find_spec(checkpoint: Path) -> Found | None:
 
 def nothing_found(checkpoint: Path) -> str:
     """The one line for a checkpoint that says nothing about its model."""
+    hint = _shape_hint(checkpoint)
     return (f"{checkpoint} does not say which model it holds; give one of: {WAYS[0]}; {WAYS[1]}; "
-            f"{checkpoint.with_suffix('.yaml').name} or spec.yaml beside it; {WAYS[3]}")
+            f"{checkpoint.with_suffix('.yaml').name} or spec.yaml beside it; {WAYS[3]}" + (f" ({hint})" if hint else ""))
+
+
+# torchvision ResNets by their blocks per stage, and whether a block has a third conv (bottleneck)
+_TV_RESNETS = {((2, 2, 2, 2), False): "resnet18", ((3, 4, 6, 3), False): "resnet34",
+               ((3, 4, 6, 3), True): "resnet50", ((3, 4, 23, 3), True): "resnet101",
+               ((3, 8, 36, 3), True): "resnet152"}
+TV_RESNET18_SPEC = "model_specs/resnet18_torchvision_cifar10.yaml"
+
+
+def _shape_hint(checkpoint: Path) -> str | None:
+    """What a bare state dict's keys say it is, when they are a torchvision ResNet's."""
+    try:
+        from flatcheck.models.checkpoint import load_checkpoint
+
+        state = load_checkpoint(checkpoint).state_dict
+    except Exception:  # unreadable: the run's own load says why, with its own line
+        return None
+    blocks: dict[int, set[int]] = {}
+    for key in state:
+        m = re.match(r"layer([1-4])\.(\d+)\.", key)
+        if m:
+            blocks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    fc = state.get("fc.weight")
+    if sorted(blocks) != [1, 2, 3, 4] or "conv1.weight" not in state or fc is None or fc.dim() != 2:
+        return None
+    arch = _TV_RESNETS.get((tuple(len(blocks[i]) for i in (1, 2, 3, 4)), "layer1.0.conv3.weight" in state))
+    if arch is None:
+        return None
+    classes = int(fc.shape[0])
+    hint = f"its keys are torchvision's {arch} with a {classes}-class fc: --model torchvision:{arch} --num-classes {classes}"
+    if arch == "resnet18" and classes == 10:
+        hint += f", or --spec {TV_RESNET18_SPEC} from flatcheck's source tree (CIFAR-10 at 32×32)"
+    return hint
 
 
 def embedded_spec(checkpoint: Path) -> dict[str, Any] | None:

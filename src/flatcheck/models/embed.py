@@ -39,6 +39,28 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, 8 + n
 
 
+def check_spec_fits(spec: Any, checkpoint: Path, trust_packages: tuple[str, ...] = ()) -> None:
+    """Build `spec`'s model (a ModelSpec) and load `checkpoint`'s tensors into it, as a run
+    would: a spec whose model cannot hold them is refused before it is written into the file."""
+    if checkpoint.suffix.lower() != ".safetensors":
+        return  # embed_spec refuses it, with the way such a checkpoint carries its spec
+    import sys
+
+    from flatcheck.models.load import build_with_weights
+
+    before = set(sys.modules)
+    try:
+        build_with_weights(spec, checkpoint, trust_packages, dtype=None)
+    finally:
+        # a module the spec's folder lent only for this check is let go: in a process that goes
+        # on (a notebook), the embedded spec is later imported under its own, stricter rule
+        folder = spec.path.resolve().parent if spec.path is not None else None
+        for name in set(sys.modules) - before:
+            file = getattr(sys.modules[name], "__file__", None)
+            if folder is not None and file and Path(file).resolve().is_relative_to(folder):
+                del sys.modules[name]
+
+
 def embed_spec(checkpoint: Path, spec: dict[str, Any], out: Path | None = None) -> Path:
     """Write `spec` (validated spec fields) into `checkpoint`'s metadata, in place or to `out`,
     atomically: a reader sees the old file or the new one, never half of either."""

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from flatcheck.errors import CheckpointError
 from flatcheck.models.checkpoint import (LoadedCheckpoint, apply_state_dict, fitting_prefix, load_checkpoint,
                                         strip_prefix)
 from flatcheck.models.pretrained import offline
@@ -21,9 +22,15 @@ from flatcheck.models.spec import CheckpointSpec, ModelSpec
 
 
 def build_with_weights(spec: ModelSpec, checkpoint: Path | None, trust_packages: Sequence[str] = (),
-                       seed: int = 0) -> tuple[nn.Module, ModelSpec, LoadedCheckpoint | None]:
+                       seed: int = 0, dtype: torch.dtype | None = torch.float32
+                       ) -> tuple[nn.Module, ModelSpec, LoadedCheckpoint | None]:
     """The model of `spec` with `checkpoint`'s weights (strictly; None: as built, random init),
-    and the spec completed from the library's metadata (sources.complete_spec).
+    in `dtype` (None: as the checkpoint stores them), and the spec completed from the library's
+    metadata (sources.complete_spec).
+
+    The weights are loaded in the checkpoint's own precision and only then cast to `dtype`, so
+    float64 weights measured in float64 are the file's to the bit; a cast that rounds them
+    (float64 weights, float32 run) is said once as a warning.
 
     The model is built from `seed` (the run's --seed), on a forked RNG: a random
     initialisation is the same in every run with that seed, and the caller's RNG state is
@@ -37,8 +44,48 @@ def build_with_weights(spec: ModelSpec, checkpoint: Path | None, trust_packages:
         loaded = load_checkpoint(checkpoint, spec.checkpoint)
         if spec.checkpoint.strip_prefix is None:
             loaded, spec = _strip_fitting_prefix(loaded, spec, model)
+        stored = _widest_float(loaded.state_dict)
+        if stored is not None and torch.finfo(stored).bits > 32:
+            model.to(dtype=stored)  # built in float32: widen before loading, or the load rounds
         apply_state_dict(model, loaded.state_dict, source=str(checkpoint), model_from=model_origin(spec))
+        _cast(model, dtype or model_dtype(model), stored, str(checkpoint))
+    else:
+        model.to(dtype=dtype or torch.float32)
     return model, complete_spec(spec, model), loaded
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _widest_float(state: dict[str, torch.Tensor]) -> torch.dtype | None:
+    kinds = {v.dtype for v in state.values() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    return max(kinds, key=lambda d: (torch.finfo(d).bits, torch.finfo(d).eps < 1e-3), default=None)
+
+
+def _cast(model: nn.Module, dtype: torch.dtype, stored: torch.dtype | None, source: str) -> None:
+    """`model` (holding a checkpoint's weights as stored) in `dtype`; a cast that rounds the
+    weights is said, and one that overflows them is refused (it would measure infinities)."""
+    rounded, overflown = 0, []
+    if stored is not None and stored != dtype:
+        for name, t in (*model.named_parameters(), *model.named_buffers()):
+            if t.is_floating_point() and t.dtype != dtype:
+                back = t.detach().to(dtype)
+                overflown += [name] if not bool(torch.isfinite(back).all()) else []
+                rounded += not torch.equal(back.to(t.dtype), t.detach())
+    if overflown:
+        raise CheckpointError(f"{source}: {len(overflown)} tensors ({', '.join(overflown[:3])}) hold values beyond "
+                              f"{_name(dtype)}'s range (±{torch.finfo(dtype).max:.3g}); measure in {_name(stored)} "
+                              "(--dtype)")
+    model.to(dtype=dtype)
+    if rounded:
+        warnings.warn(f"{source} stores {_name(stored)} weights; measuring in {_name(dtype)} rounds {rounded} of its "
+                      f"tensors (relative {torch.finfo(dtype).eps / 2:.1e}); --dtype {_name(stored)} keeps them as "
+                      "stored", stacklevel=3)
+
+
+def _name(dtype: torch.dtype | None) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _strip_fitting_prefix(loaded: LoadedCheckpoint, spec: ModelSpec, model: nn.Module

@@ -202,6 +202,8 @@ def _overrides(req: ModelRequest) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def _with_overrides(base: _Base, overrides: dict[str, Any], told: dict[str, str]) -> ModelSpec:
+    if not isinstance(base.data, dict):  # an empty file, a YAML list: said as spec_from_dict says it
+        return spec_from_dict(base.data, path=base.path, label=base.label)
     data = merge_fields(base.data, overrides)
     for given, other in (("mean", "std"), ("std", "mean")):
         # a flag for one of the pair must not pair silently with nothing

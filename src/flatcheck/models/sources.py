@@ -297,7 +297,9 @@ class _ImportPolicy:
     MODULE is looked up first as MODULE.py (or a package folder) in the spec's
     own folder — for `--model python:…`, which has no spec file, the working directory
     the user typed it in; otherwise it must lie in a trusted package. A spec embedded in a
-    checkpoint has no folder of its own and trusts only --trust-package names.
+    checkpoint has no folder of its own and trusts only --trust-package names. A spec found
+    beside a checkpoint (not typed as --spec) came with the checkpoint, perhaps in a download:
+    a module in its folder runs only when --trust-package names it.
     """
 
     where: str
@@ -305,6 +307,8 @@ class _ImportPolicy:
     packages: tuple[str, ...]
     embedded: bool
     place: str = "the spec's folder"  # how messages name `folder`
+    found: str | None = None  # a discovered spec: how it was found (ModelSpec.found)
+    told: tuple[str, ...] = ()  # the --trust-package names, which alone open a discovered spec's folder
 
     @classmethod
     def of(cls, spec: ModelSpec, trust_packages: tuple[str, ...]) -> "_ImportPolicy":
@@ -316,7 +320,8 @@ class _ImportPolicy:
         if spec.path is None and spec.folder is not None:
             return cls(spec.where, spec.folder.resolve(), packages, False, f"the working directory {spec.folder}")
         folder = spec.path.resolve().parent if spec.path is not None else None
-        return cls(spec.where, folder, packages, False)
+        return cls(spec.where, folder, packages, False, found=spec.found if spec.discovered else None,
+                   told=trust_packages)
 
     def trusted_name(self, name: str) -> bool:
         return any(name == p or name.startswith(p + ".") for p in self.packages)
@@ -346,6 +351,7 @@ class _ImportPolicy:
                 "if you trust it"
             )
         if self.local(name):
+            self._check_discovered(name)
             loaded = sys.modules.get(name.partition(".")[0])
             if loaded is not None and not self.loaded_from_folder(loaded):
                 raise SpecError(
@@ -360,6 +366,20 @@ class _ImportPolicy:
             f"{self.where}: field 'arch': refusing to import {name!r} (a python spec runs code): only a .py file "
             f"in {self.place}, {', '.join(TRUSTED_PACKAGES)} or a --trust-package are imported; "
             f"pass --trust-package {top} if you trust it"
+        )
+
+    def _check_discovered(self, name: str) -> None:
+        """A module beside a spec the user did not name runs only when --trust-package names it."""
+        top = name.partition(".")[0]
+        if self.found is None or any(name == p or name.startswith(p + ".") or p == top for p in self.told):
+            return
+        spot = self.local_spec(name)
+        file = (list(spot.submodule_search_locations)[0] if spot.submodule_search_locations else spot.origin
+                ) if spot is not None else top
+        raise SpecError(
+            f"{self.found}: field 'arch': refusing to import {name!r} from {file} (a spec found beside a "
+            f"checkpoint, not given with --spec, runs no code of its folder unless told): pass --trust-package "
+            f"{top} if you trust it, or name the spec with --spec"
         )
 
     def check_callable(self, target: Any, arch: str) -> None:

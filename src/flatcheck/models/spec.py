@@ -98,11 +98,18 @@ class ModelSpec:
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
     # how messages name a spec that is no file ("--model timm:resnet18", "CKPT (embedded spec)")
     label: str | None = field(default=None, compare=False)
-    # how a spec nobody named was found beside its checkpoint (models.discover), for messages
+    # how a spec nobody named was found beside its checkpoint (models.discover), for messages;
+    # set, it also marks a spec the user did not choose, whose python modules beside it are
+    # imported only under --trust-package (sources._ImportPolicy)
     found: str | None = field(default=None, compare=False)
     # where a python spec that is no file (--model python:…) imports its own modules from:
     # the working directory, as a spec file's own folder
     folder: Path | None = field(default=None, compare=False)
+
+    @property
+    def discovered(self) -> bool:
+        """Found beside its checkpoint (STEM.yaml, spec.yaml, config.json), not named by the user."""
+        return self.found is not None and not self.embedded
 
     @property
     def where(self) -> str:
@@ -228,6 +235,8 @@ def _known_sources() -> tuple[str, ...]:
 
 
 def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing (an empty file)"
     return {list: "a list", dict: "a mapping", str: "a string"}.get(type(value), repr(value))
 
 

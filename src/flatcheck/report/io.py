@@ -76,15 +76,138 @@ def same_file(a: str | Path, b: str | Path) -> bool:
         return False
 
 
-def check_distinct_files(files: Sequence[tuple[str, str | Path, bool]]) -> None:
+def check_distinct_files(files: Sequence[tuple[str, str | Path, bool | str]]) -> None:
     """Refuse, before any work, an output that is one of the run's inputs or another output:
-    the run would destroy its own input, or one output would replace the other.
+    the run would destroy its own input, or one output would replace the other; and an output
+    path holding a file of another kind than the output (check_output_kind).
 
-    files: (flag, path, writes) for every file the command reads or writes."""
+    files: (flag, path, writes) for every file the command reads or writes; `writes` is False
+    for an input, and for an output True or the kind it writes (OUTPUT_KINDS; True: the flag's)."""
     for i, (flag, path, writes) in enumerate(files):
         for other_flag, other, other_writes in files[i + 1:]:
             if (writes or other_writes) and same_file(path, other):
-                raise ConfigError(_clash(flag, path, writes, other_flag, other, other_writes))
+                raise ConfigError(_clash(flag, path, bool(writes), other_flag, other, bool(other_writes)))
+    for flag, path, writes in files:
+        if writes and str(path) != "-":
+            check_output_kind(flag, path, writes if isinstance(writes, str) else _FLAG_KINDS.get(flag))
+
+
+# what an output flag writes when its command does not say; "text" is appended to (--summary)
+_FLAG_KINDS = {"--json": "json", "--csv": "csv", "--plot": "figure", "--summary": "text"}
+OUTPUT_KINDS = ("json", "csv", "figure", "text", "scan", "spec", "checkpoint")
+# what each kind of output may replace besides its own kind (an empty file: anything)
+_MAY_REPLACE = {"text": ("text", "csv"), "figure": ("figure", "image")}
+_KIND_NAMES = {"checkpoint": "a checkpoint", "pickle": "a pickle (a checkpoint or a data batch)",
+               "data": "a data file (npz/npy)", "figure": "a PNG/PDF/SVG figure", "image": "an image",
+               "json": "a JSON file", "scan": "a scan's JSONL records", "spec": "a model spec",
+               "gates": "a gates file", "csv": "a CSV table", "text": "a text file", "binary": "a binary file"}
+_SNIFF_BYTES = 1 << 24  # whole files are parsed up to this size; a larger one by its first line
+
+
+def check_output_kind(flag: str, path: str | Path, kind: str | None) -> None:
+    """Refuse an output path that holds a file of another kind than `kind` (a checkpoint, data,
+    a spec, a scan where a CSV goes): writing would destroy it. The command's own earlier
+    output of the same kind may be rewritten. kind None: an output of no set kind, which may
+    replace anything but an input of a run (a checkpoint, data, a spec, a scan)."""
+    real = Path(os.path.realpath(os.path.expanduser(path)))
+    if not real.is_file():
+        return
+    found = sniff_kind(real)
+    if found == "empty" or found == kind or found in _MAY_REPLACE.get(kind or "", ()):
+        return
+    if kind is None and found not in ("checkpoint", "pickle", "data", "spec", "scan", "gates"):
+        return
+    what = _KIND_NAMES.get(kind or "", "its output")
+    raise ConfigError(f"{flag} {path} holds {_KIND_NAMES[found]}, not {what}: writing {flag} would destroy it; "
+                      f"give {flag} another path (or remove the file)")
+
+
+def sniff_kind(path: Path) -> str:
+    """What an existing file holds, from its bytes (not its name): 'empty', 'checkpoint'
+    (safetensors, a torch zip), 'pickle', 'data' (npz/npy), 'figure' (PNG/PDF/SVG), 'image',
+    'json', 'scan' (JSON lines), 'spec', 'gates', 'csv', 'text' or 'binary'."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+    except OSError:
+        return "binary"
+    if not head:
+        return "empty"
+    binary = _binary_kind(head, path)
+    if binary is not None:
+        return binary
+    try:
+        text = head.decode("utf-8") if len(head) < _SNIFF_BYTES else head.decode("utf-8", errors="ignore")
+    except UnicodeDecodeError:
+        return "binary"
+    return _text_kind(text)
+
+
+def _binary_kind(head: bytes, path: Path) -> str | None:
+    import struct
+    import zipfile
+
+    if head.startswith(b"\x89PNG\r\n\x1a\n") or head.startswith(b"%PDF"):
+        return "figure"
+    if head[:3] == b"\xff\xd8\xff" or head[:4] in (b"GIF8", b"II*\x00", b"MM\x00*") or head[:2] == b"BM":
+        return "image"
+    if head.startswith(b"\x93NUMPY"):
+        return "data"
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (OSError, zipfile.BadZipFile):
+            return "binary"
+        if any(n.endswith("data.pkl") for n in names):
+            return "checkpoint"
+        return "data" if names and all(n.endswith(".npy") for n in names) else "binary"
+    if len(head) > 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] < len(head) + (1 << 30):
+        return "checkpoint"  # safetensors: an 8-byte header length, then the JSON header
+    if head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05":
+        return "pickle"
+    if b"\x00" in head[:8192]:
+        return "binary"
+    return None
+
+
+def _text_kind(text: str) -> str:
+    stripped = text.strip()
+    if stripped.startswith("<svg") or stripped.startswith("<?xml"):
+        return "figure"
+    if stripped[:1] in ("{", "["):
+        try:
+            whole = json.loads(stripped)
+        except ValueError:
+            whole = None
+        if isinstance(whole, dict) and not _scan_record(whole):
+            return "json"
+        if isinstance(whole, list):
+            return "json"
+        first = stripped.splitlines()[0]
+        try:
+            return "scan" if isinstance(json.loads(first), dict) else "text"
+        except ValueError:
+            return "text"
+    try:
+        import yaml
+
+        data = yaml.safe_load(text)
+    except Exception:  # any YAML failure: not YAML, so plain text
+        data = None
+    if isinstance(data, dict):
+        if {"source", "arch"} & set(data):
+            return "spec"
+        if {"rules", "probes"} & set(data):
+            return "gates"
+    lines = stripped.splitlines()
+    if "," in lines[0] and all(line.count(",") >= lines[0].count(",") for line in lines[1:6]):
+        return "csv"
+    return "text"
+
+
+def _scan_record(obj: dict) -> bool:
+    return "status" in obj and ("model" in obj or "name" in obj)
 
 
 def check_outputs_spare(outputs: Sequence[tuple[str, str | Path]], inputs: Sequence[tuple[str, Path]],
@@ -122,11 +245,36 @@ def _mode_for(real: Path) -> int:
         return 0o666 & ~umask
 
 
-def dump_json(obj: Any, target: str | Path) -> None:
-    """`target` "-" means stdout."""
+def dump_json(obj: Any, target: str | Path, flag: str = "--json") -> None:
+    """`target` "-" means stdout. A file that cannot be written after the run (its folder
+    removed meanwhile, a full disk) is written elsewhere (write_or_rescue): the run is not lost."""
     text = json.dumps(obj, indent=2, allow_nan=False) + "\n"
     if str(target) == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
+        write_or_rescue(target, text, flag)
+
+
+def write_or_rescue(target: str | Path, text: str, flag: str) -> None:
+    """Write `text` to `target` atomically; if that fails, write it beside the target (or in
+    the temporary folder, or the working directory) and raise the ConfigError that names both,
+    so that a run's result outlives a path that went bad while it ran."""
+    try:
         write_text_atomic(target, text)
+        return
+    except (OSError, ConfigError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        why = why.removeprefix(f"cannot write {target}: ")
+    name = Path(target).name or "output"
+    for folder in (Path(os.path.realpath(target)).parent, Path(tempfile.gettempdir()), Path.cwd()):
+        try:
+            fd, spare = tempfile.mkstemp(prefix=f"flatcheck-{Path(name).stem}-", suffix=Path(name).suffix or ".txt",
+                                         dir=folder)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError:
+            continue
+        raise ConfigError(f"{flag} {target}: cannot write ({why}); the output is in {spare} instead")
+    raise ConfigError(f"{flag} {target}: cannot write ({why}), nor anywhere else (the temporary folder, the "
+                      "working directory)")

@@ -173,6 +173,18 @@ def check_same_settings(records: Iterable[dict[str, Any]], settings: dict[str, A
                               "scan: give another --out, or --overwrite to start over")
 
 
+def check_same_shard(records: Iterable[dict[str, Any]], placement: Placement, target: Path) -> None:
+    """A resume under another --shard I/N deals the models out otherwise: the file's records are
+    another shard's models, and this run would measure its own again beside them."""
+    now = (placement.rank, placement.world_size)
+    for rec in records:
+        then = (rec.get("rank"), rec.get("world_size"))
+        if isinstance(then[1], int) and then != now:
+            raise ConfigError(f"--resume: {target} holds the records of shard {then[0]}/{then[1]} (--shard "
+                              f"{then[0]}/{then[1]}), not of shard {now[0]}/{now[1]}; a resume continues the same "
+                              "sharding: give that --shard, another --out, or --overwrite to start over")
+
+
 def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
              retry_errors: bool = False, placement: Placement = Placement(), hooks: ScanHooks = ScanHooks(),
              isolate: bool = True) -> ScanSummary:
@@ -191,6 +203,7 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
         done, cut = prepare_output(held, resume=resume, overwrite=overwrite, retry_errors=retry_errors)
         if resume:
             check_same_settings(done.values(), settings, target)
+            check_same_shard(done.values(), placement, target)
         mine = placement.mine(entries)
         keyed = [(e, fp, (e.name, fp, e.step, e.epoch)) for e in mine for fp in (fingerprint(e, base),)]
         todo = [(e, fp) for e, fp, key in keyed if key not in done]

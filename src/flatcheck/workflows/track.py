@@ -130,6 +130,9 @@ class Tracker:
             return None
         t0 = time.perf_counter()
         epoch = extra.pop("epoch", None)
+        if getattr(self, "_closed", False):  # it would measure and record nowhere
+            raise ConfigError(f"Tracker.step({step}) after close(): the tracker writes no more records; make a new "
+                              "Tracker (on the same out it continues the file)")
         record = new_record(self.name, kind=RECORD_KIND, fingerprint=self.fingerprint, origin="tracker",
                             settings=self.settings, step=step, epoch=epoch if isinstance(epoch, int) else None,
                             extra={k: _plain(v) for k, v in extra.items()})
@@ -172,6 +175,7 @@ class Tracker:
 
     def __enter__(self) -> "Tracker":
         return self
+        self._closed = True
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -239,6 +243,7 @@ class Tracker:
         self._release = weakref.finalize(self, held.close)
         st = os.fstat(held.fd)
         self._held_key = (st.st_dev, st.st_ino)
+            self._closed = False  # held again: close() here was a step of the restart, not the user's
         _HOLDERS[self._held_key] = self
 
 
