@@ -99,10 +99,11 @@ def _flatcheck(*argv: str) -> str:
 
 
 def _md(text: str) -> str:
-    """Plain text as Markdown: emphasis characters and angle brackets escaped outside `code`."""
+    """Plain text as Markdown: emphasis, link and table characters escaped outside `code`, and `<`
+    written as an entity (Markdown has no escape for it)."""
     parts = text.split("`")
     for i in range(0, len(parts), 2):
-        parts[i] = re.sub(r"([*_<>\[\]|])", r"\\\1", parts[i])
+        parts[i] = re.sub(r"([*_\[\]|])", r"\\\1", parts[i]).replace("<", "&lt;")
     return "`".join(parts)
 
 
