@@ -77,12 +77,12 @@ def loops(products: int, lanczos: int) -> tuple[Loop, ...]:
     """The product loops, each at a fixed count so that runs are comparable (no early stop)."""
     fixed = {"probes_max": products, "rtol": None}
     return (
-        Loop("trace (hvp)", "trace", {**fixed, "route": "hvp"}),
-        Loop("trace (vhv)", "trace", {**fixed, "route": "tangent", "parts": False}),
+        Loop("trace-hvp", "trace", {**fixed, "route": "hvp"}),
+        Loop("trace-vhv", "trace", {**fixed, "route": "tangent", "parts": False}),
         Loop("lmax", "lmax", {"max_iter": products, "tol": 1e-12}),
-        Loop("adaptive-sharpness (2nd order)", "adaptive-sharpness",
+        Loop("adaptive-sharpness-2nd", "adaptive-sharpness",
              {"method": "second-order", "probes_max": products}),
-        Loop("mls (estimate)", "mls", {"method": "estimate", "nmls": False, "lanczos_iters": lanczos,
+        Loop("mls-estimate", "mls", {"method": "estimate", "nmls": False, "lanczos_iters": lanczos,
                                        "projections": 2}, per_product=False),
     )
 
@@ -120,7 +120,7 @@ def _small_resnet():
 REAL = (ModelCase("vit_base_patch16_224", _timm("vit_base_patch16_224", num_classes=1000), (3, 224, 224), 1000),
         ModelCase("resnet50", _resnet50, (3, 224, 224), 1000))
 SMOKE = (ModelCase("test_vit", _timm("test_vit", num_classes=10, img_size=32), (3, 32, 32), 10),
-         ModelCase("resnet (1,1,1,1 basic blocks)", _small_resnet, (3, 16, 16), 10))
+         ModelCase("resnet_tiny", _small_resnet, (3, 16, 16), 10))
 
 
 @dataclass
@@ -351,6 +351,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _pick(items: tuple, names: str, flag: str) -> tuple:
+    """The items `names` (comma-separated) lists, in their own order; an unknown name exits."""
+    wanted = names.split(",")
+    known = [item.name for item in items]
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise SystemExit(f"bench_gpu_throughput: {flag} {','.join(unknown)}: unknown here; known: {', '.join(known)}")
+    return tuple(item for item in items if item.name in wanted)
+
+
 def main(argv: list[str] | None = None) -> list[Row]:
     import torch
 
@@ -370,12 +380,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
         peak, peak_what = None, f"the float32 peak does not apply to {args.dtype}{' with TF32' if args.allow_tf32 else ''}: no fraction"
     cases = REAL if device.type == "cuda" else SMOKE
     if args.models:
-        wanted = set(args.models.split(","))
-        cases = tuple(c for c in cases if c.name in wanted)
+        cases = _pick(cases, args.models, "--models")
     chosen = loops(args.products, args.lanczos)
     if args.loops:
-        wanted = set(args.loops.split(","))
-        chosen = tuple(lp for lp in chosen if lp.name in wanted)
+        chosen = _pick(chosen, args.loops, "--loops")
     rows: list[Row] = []
     for case in cases:
         torch.manual_seed(0)

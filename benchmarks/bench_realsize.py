@@ -152,17 +152,18 @@ def device_table(rows: list[dict], args) -> list[str]:
         "('resident' before any probe). Random-init models: iterative probes' step counts may differ on pretrained "
         "ones.",
         "",
-        "| model | probe | samples | seconds | peak device (GB) | resident (GB) | exit | route | value | stderr | note |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
+        "| model | probe | samples | batch | seconds | peak device (GB) | resident (GB) | exit | route | value | stderr | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in rows:
         fmt = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
         note = "timeout" if r["timed_out"] else (r["error"] or r.get("stop_reason") or "")
         gb = lambda k: "" if r.get(k) is None else f"{r[k] / 1e9:.2f}"  # noqa: E731
-        lines.append(f"| {r['model']} | {r['row']} | {r['samples']} | {r['seconds']:.2f} | {gb('peak_device_bytes')} | "
+        lines.append(f"| {r['model']} | {r['row']} | {r['samples']} | {fmt(r.get('batch_size'))} | {r['seconds']:.2f} | "
+                     f"{gb('peak_device_bytes')} | "
                      f"{gb('resident_device_bytes')} | {r['exit']} | {fmt(r.get('route'))} | {fmt(r.get('value'))} | "
                      f"{fmt(r.get('stderr'))} | {str(note).replace('|', '/')[:160]} |")
-    return lines
+    return lines + projection_table(rows, getattr(args, "project", 1000))
 
 
 def write_table(rows: list[dict], path: Path, args) -> None:
@@ -266,7 +267,7 @@ def agreement(path: Path) -> None:
     print("\n".join(lines))
 
 
-def child(model_name: str, samples: int, batch: int, device: str, wanted: set[str] | None,
+def child(model_name: str, samples: int, batch: "int | str", device: str, wanted: set[str] | None,
           runs=RUNS) -> None:
     """--child: every row of RUNS on one model in this process, one JSON line per probe."""
     import timm
@@ -294,14 +295,17 @@ def child(model_name: str, samples: int, batch: int, device: str, wanted: set[st
         start = time.perf_counter()
         row = {"model": model_name, "row": name, "samples": samples, "device": device}
         try:
-            res = flatcheck.measure(model, (x, y), probes={probe: opts}, batch_size=batch,
-                                    device="cpu" if dev.type == "cpu" else dev,
-                                    test_data=(x_test, y_test)).results[probe]
+            report = flatcheck.measure(model, (x, y), probes={probe: opts},
+                                       batch_size=None if batch == "auto" else batch,
+                                       device="cpu" if dev.type == "cpu" else dev, test_data=(x_test, y_test))
+            res = report.results[probe]
+            row["batch_size"] = report.meta["data"].get("batch_size")
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             d = res.details or {}
             memory = d.get("memory") or {}
             row.update(exit=0, error=None, value=res.value, stderr=res.stderr, matvecs=res.matvecs,
+                       probe_seconds=res.seconds,
                        route=d.get("route") or d.get("method"), stop_reason=d.get("stop_reason"),
                        planned_vector_bytes=memory.get("stored_vector_bytes"),
                        reorthogonalization=memory.get("reorthogonalization"))
@@ -315,6 +319,56 @@ def child(model_name: str, samples: int, batch: int, device: str, wanted: set[st
             row["resident_device_bytes"] = base
             torch.cuda.empty_cache()
         print(json.dumps(row, default=str), flush=True)
+
+
+def batch_arg(text: str) -> "int | str":
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}")
+    return value
+
+
+def projection(rows: list[dict], samples: int) -> list[dict]:
+    """Each (model, probe)'s seconds at `samples`, from its rows at the two smallest sample
+    counts that ran (exit 0): seconds = fixed + per-sample × n, a line through both. A
+    probe whose cost is not linear in the samples (iterations that vary) is projected as if
+    it were; the rows it rests on are named."""
+    done: dict[tuple[str, str], dict[int, float]] = {}
+    for r in rows:
+        if r.get("exit") == 0 and r.get("seconds") is not None:
+            done.setdefault((r["model"], r["row"]), {})[int(r["samples"])] = float(r["seconds"])
+    out = []
+    for (model, probe), at in done.items():
+        if len(at) < 2:
+            continue
+        (n1, s1), (n2, s2) = sorted(at.items())[:2]
+        per = (s2 - s1) / (n2 - n1)
+        out.append({"model": model, "row": probe, "from": (n1, n2), "fixed_s": s1 - per * n1, "per_sample_s": per,
+                    "samples": samples, "projected_s": s1 + per * (samples - n1)})
+    return out
+
+
+def projection_table(rows: list[dict], samples: int) -> list[str]:
+    proj = projection(rows, samples)
+    if not proj:
+        return []
+    lines = ["", f"Projected to {samples:,} samples (a line through each probe's two smallest sample counts):", "",
+             "| model | probe | from samples | fixed s | s per sample | projected s | projected min |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for p in proj:
+        lines.append(f"| {p['model']} | {p['row']} | {p['from'][0]}, {p['from'][1]} | {p['fixed_s']:.2f} | "
+                     f"{p['per_sample_s']:.4f} | {p['projected_s']:.0f} | {p['projected_s'] / 60:.1f} |")
+    by_model: dict[str, float] = {}
+    for p in proj:
+        by_model[p["model"]] = by_model.get(p["model"], 0.0) + p["projected_s"]
+    for model, total in by_model.items():
+        lines.append(f"| {model} | **all rows above** | | | | {total:.0f} | {total / 60:.1f} |")
+    return lines
 
 
 def run_children(args, rows: list[dict], done: set) -> None:
@@ -383,7 +437,10 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--probes", default=None, help="row names to run (comma-separated) [default: all]")
     ap.add_argument("--samples", default="4,8", help="sample counts, comma-separated")
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--batch-size", type=batch_arg, default=8, help="samples per batch, or auto: flatcheck's own "
+                    "choice (128, grown on a GPU when the memory plan fits more; --device cuda only)")
+    ap.add_argument("--project", type=int, default=1000, help="on a GPU, project each probe's seconds to this many "
+                    "samples from its two smallest sample counts (fixed + per-sample cost)")
     ap.add_argument("--cap-gb", type=float, default=12.0, help="RLIMIT_AS of each run, GB (10^9 bytes)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before a run is killed")
     ap.add_argument("--budget", type=float, default=None, help="--budget SECONDS for each run: iterative probes "
@@ -403,6 +460,8 @@ def main() -> None:
         agreement(HERE / "results" / "realsize_agreement.md")
         return
     args.runs = RUNS if args.preset is None else preset_runs(args.preset)
+    if args.batch_size == "auto" and args.device == "cpu" and not args.child:
+        ap.error("--batch-size auto is for --device cuda (the CPU rows run `flatcheck probe`, which takes a number)")
     if args.child:
         child(args.child, int(args.samples), args.batch_size, args.device,
               None if args.probes is None else set(args.probes.split(",")), args.runs)

@@ -18,7 +18,9 @@ import bench_gpu_throughput as bench  # noqa: E402
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("throughput")
-    rows = bench.main(["--device", "cpu", "--models", "test_vit", "--samples", "4", "--products", "2",
+    # as many samples as the counted run: its count is the timed run's, and one count is the
+    # least work (the extrapolation from two has its own test below)
+    rows = bench.main(["--device", "cpu", "--models", "test_vit", "--samples", "2", "--products", "2",
                        "--lanczos", "2", "--count-samples", "2", "--out", str(out / "t.md"),
                        "--jsonl", str(out / "t.jsonl")])
     return rows, out
@@ -34,7 +36,9 @@ def test_every_loop_gives_a_row(smoke):
         assert r.peak_fraction is None  # a CPU has no float32 peak in the table
     hessian = [r for r in rows if r.extra["per_product"]]
     assert all(r.products == 2 for r in hessian if r.loop != "lmax")  # fixed counts: no early stop
-    assert all(r.samples_per_s == pytest.approx(4 * r.products / r.seconds) for r in hessian)
+    assert all(r.samples_per_s == pytest.approx(2 * r.products / r.seconds) for r in hessian)
+    assert all(r.flops == r.counted[0][1] * (r.products / r.counted[0][2] if r.extra["per_product"] else 1)
+               for r in rows)
     lines = (out / "t.jsonl").read_text().splitlines()
     assert [json.loads(line)["loop"] for line in lines] == [r.loop for r in rows]
     table = (out / "t.md").read_text()
@@ -76,3 +80,15 @@ def test_an_unknown_device_gets_no_fraction():
     assert row.flops_per_s == 1e12 and row.peak_fraction is None
     row.peak_flops = 2e12
     assert row.peak_fraction == 0.5
+
+
+def test_the_preset_timing_projects_a_line_through_two_sample_counts():
+    import bench_realsize
+
+    rows = [{"model": "vit", "row": "mls", "samples": n, "seconds": 3.0 + 0.5 * n, "exit": 0} for n in (16, 32, 64)]
+    rows += [{"model": "vit", "row": "lmax", "samples": 16, "seconds": 9.0, "exit": 0},  # one count: no line
+             {"model": "vit", "row": "lmax", "samples": 32, "seconds": 1.0, "exit": 1}]  # failed rows do not count
+    (p,) = bench_realsize.projection(rows, 1000)
+    assert p["from"] == (16, 32) and p["fixed_s"] == pytest.approx(3.0) and p["per_sample_s"] == pytest.approx(0.5)
+    assert p["projected_s"] == pytest.approx(503.0)
+    assert "| vit | **all rows above** | | | | 503 | 8.4 |" in bench_realsize.projection_table(rows, 1000)

@@ -1,34 +1,83 @@
 #!/usr/bin/env bash
-# On a lent GPU machine (device tool): the CUDA tests, the GPU-sized peer benchmark, then every
-# probe on ImageNet-sized timm ViTs. Each stage has its own time limit, so one that
-# runs long leaves the others their share of a short lease; what each wrote stays under $OUT.
-#   TESTS_TIMEOUT=90 BENCH_TIMEOUT=180 REALSIZE_TIMEOUT=270 bash tools/gpu_check.sh [all|tests|bench|realsize]
+# On a lent GPU machine (device tool): every GPU measurement flatcheck needs, in one run of at
+# most 8 minutes. Each stage has its own time limit (seconds, overridable), so one that runs long
+# leaves the others their share; the limits of `all` add up to 480 s. Rows are written as they
+# finish, so a stage cut by its limit keeps what it measured.
+#
+#   stage       limit  what it measures
+#   setup         20   nvidia-smi, torch/timm versions, the peers' wheels from .whl/ if present
+#   tests         60   tests/backends/test_cuda.py: every backend on the GPU against dense
+#                      float64 truth computed on the CPU
+#   throughput   170   benchmarks/bench_gpu_throughput.py: products/s, samples/s and FLOP/s as a
+#                      fraction of the non-TF32 float32 peak, for trace (HVP and vᵀHv), lmax,
+#                      adaptive sharpness (2nd order) and mls (estimate) on ViT-B/16 and ResNet-50;
+#                      the batch is flatcheck's own (grown past 128 when the memory plan fits)
+#   tf32          70   benchmarks/bench_tf32.py: each probe's value in float64, float32 and TF32
+#                      on the demo DigitsCNN and test_vit, with the seconds TF32 saves
+#   preset       115   benchmarks/bench_realsize.py --preset mls-vs-sharpness on ViT-B/16 at two
+#                      reduced sample counts, projected to 1,000 samples (a line through both;
+#                      counts below a full batch understate the per-sample slope)
+#   peers         45   benchmarks/bench_peers.py --device cuda --full on ResNet-18, only when the
+#                      peers' wheels are in .whl/ (else a line saying so)
+#   realsize       -   (not in `all`) every probe on timm ViTs, REALSIZE_TIMEOUT (600)
+#
+#   bash tools/gpu_check.sh [all|tests|throughput|tf32|preset|peers|realsize]
+#   THROUGHPUT_TIMEOUT=300 THROUGHPUT_ARGS="--samples 512" bash tools/gpu_check.sh throughput
+#
+# Results go to $RESULTS: $OUT/results when the device tool sets $OUT (copy them into
+# benchmarks/results afterwards), else benchmarks/results; file names carry the GPU's name.
 # The machine has torch, timm, typer, rich, safetensors, pyyaml and scipy but no network, so the
 # peers travel as wheels in .whl/ (see benchmarks/README.md) and flatcheck runs from src/.
 set -uo pipefail
+RESULTS=${RESULTS:-${OUT:+$OUT/results}}; RESULTS=${RESULTS:-benchmarks/results}; mkdir -p "$RESULTS"
 OUT=${OUT:-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/src
-else
-  export PYTHONPATH=$PWD/src
-fi
-export PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 stage=${1:-all}; shift || true
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
-  python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__, torch.cuda.get_device_name(0))"
-  nproc; } 2>&1 | tee "$OUT/gpu.txt"
-case "$stage" in
-  tests|all) timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 \
-      | tee "$OUT/tests.log" | tail -25 ;;
-esac
-case "$stage" in
-  bench|all) timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/bench_peers.py --device cuda --full --save \
-      --results-dir "$OUT" --row-timeout "${ROW_TIMEOUT:-150}" "$@" 2>&1 | tee "$OUT/bench.log" | tail -40 ;;
-esac
-case "$stage" in
-  realsize|all) timeout "${REALSIZE_TIMEOUT:-600}" python3 benchmarks/bench_realsize.py --device cuda \
-      --models "${REALSIZE_MODELS:-vit_base_patch16_224,vit_small_patch16_224,vit_tiny_patch16_224}" \
-      --samples "${REALSIZE_SAMPLES:-8,16}" --timeout "${CHILD_TIMEOUT:-90}" \
-      --out "$OUT/realsize_vit_gpu.md" --jsonl "$OUT/realsize_vit_gpu.jsonl" ${REALSIZE_ARGS:-} 2>&1 | tail -60 ;;
-esac
+want() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }
+
+timeout "${SETUP_TIMEOUT:-20}" bash -c '
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+  python3 -c "import torch, timm; print(\"torch\", torch.__version__, \"timm\", timm.__version__, torch.cuda.get_device_name(0))"
+  nproc' 2>&1 | tee "$OUT/gpu.txt"
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$PYTHONPATH
+gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null | tr 'A-Z' 'a-z' \
+      | sed -e 's/^nvidia //' -e 's/[^a-z0-9]\+/_/g' -e 's/_$//')
+gpu=${gpu:-gpu}
+
+if want tests; then
+  timeout "${TESTS_TIMEOUT:-60}" python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda.py 2>&1 \
+    | tee "$OUT/tests.log" | tail -25
+fi
+if want throughput; then
+  timeout "${THROUGHPUT_TIMEOUT:-170}" python3 benchmarks/bench_gpu_throughput.py --device cuda --samples 256 \
+    --products 8 --lanczos 8 --count-samples 4 --out "$RESULTS/gpu_throughput_$gpu.md" \
+    --jsonl "$RESULTS/gpu_throughput_$gpu.jsonl" ${THROUGHPUT_ARGS:-} 2>&1 | tee "$OUT/throughput.log" | tail -20
+fi
+if want tf32; then
+  timeout "${TF32_TIMEOUT:-70}" python3 benchmarks/bench_tf32.py --device cuda --samples 256 \
+    --probes "${TF32_PROBES:-trace,lmax,adaptive-sharpness,mls}" --out "$RESULTS/tf32_effect_$gpu.md" \
+    --jsonl "$RESULTS/tf32_effect_$gpu.jsonl" ${TF32_ARGS:-} 2>&1 | tee "$OUT/tf32.log" | tail -15
+fi
+if want preset; then
+  timeout "${PRESET_TIMEOUT:-115}" python3 benchmarks/bench_realsize.py --device cuda --preset mls-vs-sharpness \
+    --models vit_base_patch16_224 --samples "${PRESET_SAMPLES:-32,64}" --batch-size auto --project 1000 \
+    --timeout "${PRESET_CHILD_TIMEOUT:-55}" --out "$RESULTS/preset_vitb_$gpu.md" \
+    --jsonl "$RESULTS/preset_vitb_$gpu.jsonl" ${PRESET_ARGS:-} 2>&1 | tee "$OUT/preset.log" | tail -15
+fi
+if want peers; then
+  if [ -d /tmp/site ]; then
+    timeout "${PEERS_TIMEOUT:-45}" python3 benchmarks/bench_peers.py --device cuda --full --models resnet18 --save \
+      --results-dir "$RESULTS" --row-timeout "${ROW_TIMEOUT:-40}" ${PEERS_ARGS:-} 2>&1 | tee "$OUT/peers.log" | tail -20
+  else
+    echo "peers: no wheels in .whl/, so no peer rows (see benchmarks/README.md)" | tee "$OUT/peers.log"
+  fi
+fi
+if [ "$stage" = realsize ]; then
+  timeout "${REALSIZE_TIMEOUT:-600}" python3 benchmarks/bench_realsize.py --device cuda \
+    --models "${REALSIZE_MODELS:-vit_base_patch16_224,vit_small_patch16_224,vit_tiny_patch16_224}" \
+    --samples "${REALSIZE_SAMPLES:-8,16}" --timeout "${CHILD_TIMEOUT:-90}" \
+    --out "$RESULTS/realsize_vit_gpu.md" --jsonl "$RESULTS/realsize_vit_gpu.jsonl" ${REALSIZE_ARGS:-} 2>&1 | tail -60
+fi
