@@ -426,3 +426,30 @@ def test_structured_output_errors(wrap, key, match, monkeypatch):
     model = _built(wrap, key, monkeypatch)
     with pytest.raises(SpecError, match=f"model spec: .*{match}"):
         model(torch.randn(2, 3))
+
+
+def test_a_found_spec_imports_a_module_of_its_folder_only_when_told(tmp_path):
+    """A spec the user named (load_spec) imports its folder's module; the same spec found beside
+    a checkpoint (models.discover sets `found`) does so only under --trust-package, and its
+    refusal names the file found and the flag; installed trusted packages stay allowed."""
+    name = "found_spec_net_31"
+    marker = tmp_path / "ran"
+    (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                         "from flatcheck.zoo.demo_cnn import DigitsCNN as net\n")
+    fields = dict(source="python", arch=f"{name}:net", num_classes=10)
+    how = f"{tmp_path / 'spec.yaml'}, the spec found in the checkpoint's folder"
+    found = spec_from_dict(fields, path=tmp_path / "spec.yaml", found=how)
+    assert found.discovered and not spec_from_dict(fields, path=tmp_path / "spec.yaml").discovered
+    try:
+        with pytest.raises(SpecError, match=rf"^{how}: field 'arch': refusing to import '{name}' from "
+                                            rf"{tmp_path / name}\.py .*--trust-package {name}"):
+            build_model(found)
+        with pytest.raises(SpecError, match=f"--trust-package {name}"):
+            build_model(found, trust_packages=("flatcheck",))  # another package's trust is not this one's
+        assert not marker.exists()
+        assert build_model(found, trust_packages=(name,)).head.out_features == 10 and marker.exists()
+        zoo = spec_from_dict(dict(source="python", arch="flatcheck.zoo.demo_cnn:DigitsCNN"),
+                             path=tmp_path / "spec.yaml", found=how)
+        assert build_model(zoo).head.out_features == 10
+    finally:
+        sys.modules.pop(name, None)

@@ -457,3 +457,32 @@ def test_a_resumed_scan_reports_each_model_once_the_latest(tmp_path):
     assert res.exit_code == 0 and "superseded" not in res.stderr, res.stderr
     assert f"{b} measures 3 models of {a} again with the same settings" in res.stderr
     assert [m["values"]["sharp"]["value"] for m in rows] == [7.0, 7.0, 7.0]
+
+
+def test_an_existing_file_is_told_by_its_bytes(tmp_path):
+    """What an output path holds decides whether a command may write over it (report.io)."""
+    import pickle
+
+    import numpy as np
+
+    from flatcheck.report.io import _SNIFF_BYTES, sniff_kind
+
+    def kind(name: str, data: bytes | str) -> str:
+        path = tmp_path / name
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+        return sniff_kind(path)
+
+    assert kind("a", b"") == "empty"
+    assert kind("r.json", json.dumps({"schema_version": "2.5", "results": {}}, indent=2)) == "json"
+    record = json.dumps({"model": "m", "status": "ok", "results": {}})
+    assert kind("one.jsonl", record + "\n") == "scan" and kind("two.jsonl", record + "\n" + record + "\n") == "scan"
+    assert kind("t.csv", "model,trace,trace.stderr\nm,1,0.1\n") == "csv"
+    assert kind("n.txt", "notes about a run\n") == "text"
+    assert kind("s.yaml", "source: timm\narch: resnet18\n") == "spec"
+    assert kind("p.pkl", pickle.dumps({"w": 1}, protocol=4)) == "pickle"
+    np.savez(tmp_path / "d.npz", x=np.zeros(3))
+    assert sniff_kind(tmp_path / "d.npz") == "data"
+    assert kind("png", b"\x89PNG\r\n\x1a\n" + b"\0" * 16) == "figure"
+    # an indented report larger than what is read is still JSON, not text
+    big = json.dumps({"note": "x" * _SNIFF_BYTES}, indent=2)
+    assert len(big) > _SNIFF_BYTES and kind("big.json", big) == "json"

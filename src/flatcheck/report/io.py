@@ -187,8 +187,8 @@ def _text_kind(text: str) -> str:
         first = stripped.splitlines()[0]
         try:
             return "scan" if isinstance(json.loads(first), dict) else "text"
-        except ValueError:
-            return "text"
+        except ValueError:  # an indented JSON document larger than what was read opens with a bare brace
+            return "json" if first.strip() in ("{", "[") else "text"
     try:
         import yaml
 
