@@ -285,6 +285,67 @@ def scaled_flops(counted: list[tuple[int, float, int]], samples: int, products: 
     return (f1 + per * (samples - n1)) * unit
 
 
+def compile_costs(case: ModelCase, model, *, samples: int, batch: int | None, device, dtype: str, repeat: int = 3,
+                  planned: int = 100) -> dict[str, Any]:
+    """Seconds of one HVP (one vector over every sample) by the autograd backend, the func
+    backend eager and compiled, and the compile time (the first compiled call less a later
+    one): the costs `--backend func --compile` is chosen by, with the choice at `planned`
+    products (flatcheck.backends.compile_choice)."""
+    import torch
+
+    from flatcheck.backends import create_backend
+    from flatcheck.backends.compile_choice import compile_pays
+
+    row: dict[str, Any] = {"model": case.name, "samples": samples, "device": str(device), "dtype": dtype,
+                           "planned_products": planned}
+    try:
+        x, y = _data(case, samples, device, getattr(torch, dtype))
+        session = _session(model, (x, y), loops(2, 2)[0], samples, batch, device, dtype)
+        problem = session.backend.problem
+        row["batch"] = session.samples.batch_size
+        V = torch.randn(1, problem.layout.dim, generator=torch.Generator().manual_seed(0),
+                        dtype=getattr(torch, dtype)).to(device)
+
+        def seconds(backend, calls: int) -> list[float]:
+            out = []
+            for _ in range(calls):
+                _sync(device)
+                start = time.perf_counter()
+                backend.hvp(V)
+                _sync(device)
+                out.append(time.perf_counter() - start)
+            return out
+
+        row["autograd_s"] = statistics.median(seconds(session.backend, repeat + 1)[1:])
+        row["func_eager_s"] = statistics.median(seconds(create_backend("func", problem), repeat + 1)[1:])
+        compiled = create_backend("func", problem, compile=True)
+        first = seconds(compiled, 1)[0]
+        row["func_compiled_s"] = statistics.median(seconds(compiled, repeat))
+        row["compile_s"] = max(0.0, first - row["func_compiled_s"])
+        row["compile_error"] = compiled.compile_error
+        choice = compile_pays(device_type=device.type, planned_products=planned, eager_seconds=row["func_eager_s"],
+                              compiled_seconds=None if compiled.compile_error else row["func_compiled_s"],
+                              compile_seconds=row["compile_s"])
+        row.update(compile_chosen=choice.compile, reason=choice.reason)
+    except Exception as exc:  # noqa: BLE001 - a row records what went wrong
+        row["error"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+    return row
+
+
+def compile_table(rows: list[dict[str, Any]]) -> list[str]:
+    fmt = lambda v, f="{:.4g}": "" if v is None else f.format(v)  # noqa: E731
+    lines = ["", "One HVP (one vector over every sample), seconds: autograd, func eager, func compiled; the compile "
+             "time is the first compiled call less a later one.", "",
+             "| model | samples | batch | autograd s | func eager s | func compiled s | compile s | compile chosen "
+             "| reason |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['samples']} | {fmt(r.get('batch'), '{}')} | {fmt(r.get('autograd_s'))} | "
+                     f"{fmt(r.get('func_eager_s'))} | {fmt(r.get('func_compiled_s'))} | {fmt(r.get('compile_s'))} | "
+                     f"{fmt(r.get('compile_chosen'), '{}')} | "
+                     f"{(r.get('error') or r.get('compile_error') or r.get('reason') or '').replace('|', '/')[:200]} |")
+    return lines
+
+
 def table(rows: list[Row], args, device_name: str, peak: str) -> list[str]:
     import torch
 
@@ -340,6 +401,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per loop (median)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     ap.add_argument("--allow-tf32", action="store_true", help="TF32 matrix products (off: exact float32)")
+    ap.add_argument("--compile-costs", action="store_true", help="instead of the loops: one HVP's seconds by "
+                    "autograd, func eager and func compiled, the compile time, and whether --compile pays at 100 "
+                    "products")
     ap.add_argument("--out", type=Path, default=None, help="markdown table [default: none]")
     ap.add_argument("--jsonl", type=Path, default=None, help="one JSON line per row [default: none]")
     args = ap.parse_args(argv)
@@ -361,7 +425,7 @@ def _pick(items: tuple, names: str, flag: str) -> tuple:
     return tuple(item for item in items if item.name in wanted)
 
 
-def main(argv: list[str] | None = None) -> list[Row]:
+def main(argv: list[str] | None = None) -> list:
     import torch
 
     argv = sys.argv[1:] if argv is None else argv
@@ -385,9 +449,21 @@ def main(argv: list[str] | None = None) -> list[Row]:
     if args.loops:
         chosen = _pick(chosen, args.loops, "--loops")
     rows: list[Row] = []
+    costs: list[dict[str, Any]] = []
     for case in cases:
         torch.manual_seed(0)
         model = case.build().to(device=device, dtype=getattr(torch, args.dtype)).eval()
+        if args.compile_costs:
+            costs.append(compile_costs(case, model, samples=args.samples, batch=args.batch_size, device=device,
+                                       dtype=args.dtype, repeat=args.repeat + 2))
+            print(f"{case.name}: {costs[-1]}", file=sys.stderr, flush=True)
+            text = "\n".join([f"# The costs --compile is chosen by, {device_name}", *compile_table(costs)]) + "\n"
+            if args.out is not None:
+                _write(args.out, text)
+            if args.jsonl is not None:
+                _write(args.jsonl, "".join(json.dumps(r, default=str) + "\n" for r in costs))
+            print(text)
+            continue
         for loop in chosen:
             row = measure_loop(case, model, loop, samples=args.samples, batch=args.batch_size,
                                count_samples=args.count_samples, device=device, dtype=args.dtype, repeat=args.repeat)
@@ -402,6 +478,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if args.compile_costs:
+        return costs
     print("\n".join(table(rows, args, device_name, peak_what)))
     return rows
 

@@ -92,3 +92,17 @@ def test_the_preset_timing_projects_a_line_through_two_sample_counts():
     assert p["from"] == (16, 32) and p["fixed_s"] == pytest.approx(3.0) and p["per_sample_s"] == pytest.approx(0.5)
     assert p["projected_s"] == pytest.approx(503.0)
     assert "| vit | **all rows above** | | | | 503 | 8.4 |" in bench_realsize.projection_table(rows, 1000)
+
+
+def test_the_compile_costs_row(monkeypatch, tmp_path):
+    """The --compile-costs path on the CPU, torch.compile stood in for by the eager function
+    (compiling takes minutes here): every cost is a time, and on a CPU compiling is never chosen."""
+    import torch
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    (row,) = bench.main(["--device", "cpu", "--models", "test_vit", "--samples", "2", "--compile-costs",
+                         "--out", str(tmp_path / "c.md")])
+    assert "error" not in row, row.get("error")
+    assert all(row[k] > 0 for k in ("autograd_s", "func_eager_s", "func_compiled_s")) and row["compile_s"] >= 0
+    assert row["compile_chosen"] is False and "CUDA device only" in row["reason"]
+    assert "| test_vit | 2 |" in (tmp_path / "c.md").read_text()

@@ -19,9 +19,12 @@
 #                      counts below a full batch understate the per-sample slope)
 #   peers         45   benchmarks/bench_peers.py --device cuda --full on ResNet-18, only when the
 #                      peers' wheels are in .whl/ (else a line saying so)
+#   compile        -   (not in `all`) bench_gpu_throughput.py --compile-costs: one HVP's seconds by
+#                      autograd, func eager and func compiled on ViT-B/16 and ResNet-50, the compile
+#                      time, and whether --compile pays at 100 products; COMPILE_TIMEOUT (300)
 #   realsize       -   (not in `all`) every probe on timm ViTs, REALSIZE_TIMEOUT (600)
 #
-#   bash tools/gpu_check.sh [all|tests|throughput|tf32|preset|peers|realsize]
+#   bash tools/gpu_check.sh [all|tests|throughput|tf32|preset|peers|compile|realsize]
 #   THROUGHPUT_TIMEOUT=300 THROUGHPUT_ARGS="--samples 512" bash tools/gpu_check.sh throughput
 #
 # Results go to $RESULTS: $OUT/results when the device tool sets $OUT (copy them into
@@ -74,6 +77,11 @@ if want peers; then
   else
     echo "peers: no wheels in .whl/, so no peer rows (see benchmarks/README.md)" | tee "$OUT/peers.log"
   fi
+fi
+if [ "$stage" = compile ]; then
+  timeout "${COMPILE_TIMEOUT:-300}" python3 benchmarks/bench_gpu_throughput.py --device cuda --compile-costs \
+    --samples "${COMPILE_SAMPLES:-128}" --out "$RESULTS/compile_costs_$gpu.md" --jsonl "$RESULTS/compile_costs_$gpu.jsonl" \
+    ${COMPILE_ARGS:-} 2>&1 | tee "$OUT/compile.log" | tail -15
 fi
 if [ "$stage" = realsize ]; then
   timeout "${REALSIZE_TIMEOUT:-600}" python3 benchmarks/bench_realsize.py --device cuda \
