@@ -656,3 +656,13 @@ def test_the_sources_that_need_a_root_are_known_without_torch():
     assert "--data-root" in missing_root("cifar10", None) and missing_root("digits", None) is None
     assert "does not exist" in argv_data_problem(["--data=CIFAR10", "--data-root", "/nonexistent/x"])
     assert argv_data_problem(["--samples", "3"]) is None
+
+
+@pytest.mark.parametrize("kind", ["imagefolder", "npz"])
+def test_a_missing_data_path_is_told_early_in_the_sources_words(tmp_path, kind):
+    from flatcheck.data.roots import argv_data_problem
+
+    uri = f"{kind}:{tmp_path / 'nope'}"
+    with pytest.raises(DataError) as said:
+        create_dataset(uri)
+    assert argv_data_problem(["--data", uri]) == str(said.value)

@@ -9,12 +9,21 @@ ROOT_ENV = "FLATCHECK_DATA_ROOT"
 ROOT_HELP = f"then pass --data-root or set {ROOT_ENV}"
 # the built-in sources (data.builtin) that read a downloaded copy under the root
 NEEDS_ROOT = ("cifar10", "cifar100", "mnist", "fashion-mnist", "svhn")
+# the built-in sources that read one path, and what it must be
+PATH_KINDS = {"imagefolder": "folder", "npz": "file"}
 
 
 def missing_root(data: str, root: str | None) -> str | None:
     """The one-line problem with `--data data --data-root root`, or None: a source that reads
-    under a root given none (nor $FLATCHECK_DATA_ROOT), or a root that is no folder."""
-    name = data.strip().lower().replace("_", "-")
+    under a root given none (nor $FLATCHECK_DATA_ROOT), a root that is no folder, or the
+    folder or file of imagefolder:PATH or npz:PATH not there."""
+    name, sep, path = data.strip().partition(":")
+    name = name.lower().replace("_", "-")
+    if sep and name in PATH_KINDS:  # said as the sources say it (data.builtin)
+        found = os.path.expanduser(path)
+        if path and not (os.path.isdir(found) if name == "imagefolder" else os.path.isfile(found)):
+            return f"{data.strip()}: {PATH_KINDS[name]} {found} not found"
+        return None
     if name not in NEEDS_ROOT:
         return None
     given = root if root else os.environ.get(ROOT_ENV) or None
