@@ -13,17 +13,12 @@ sample's graph, so that it is tested without a GPU; `fill_batch` measures those 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from ..linalg.memory import gib, memory_limit, process_allowance, resident_bytes
 from .microbatch import GRAPH_FACTOR, forward_bytes_per_sample
-
-# the share of a probe's memory limit a grown batch's graph may take: the rest is left to the
-# vectors each probe stores, planned when it runs (a batch that does not fit beside them is
-# then cut into micro-batches, which changes no value, only the time)
-GROWTH_SHARE = 0.5
-
 
 @dataclass(frozen=True)
 class BatchGrowth:
@@ -47,9 +42,12 @@ def grown_batch(*, default: int, samples: int, device_type: str, per_sample: int
     bytes, when a product over one sample holds `per_sample` bytes of graph.
 
     Grows only on CUDA, only past `default`, never under --bn-mode train (`bn_train`) nor when
-    the user chose the batch (`chosen`); a grown batch's graph takes at most GROWTH_SHARE of
-    the limit, and the samples are split into equal batches (1,000 samples that fit 600 at a
-    time: two of 500)."""
+    the user chose the batch (`chosen`). A grown batch's graph fits the limit whole, and the
+    samples are split into equal batches (1,000 samples that fit 600 at a time: two of 500).
+    The vectors a probe stores are planned when it runs, against the same limit: a batch that
+    does not fit beside them is cut into micro-batches then (flatcheck.engines.microbatch),
+    which changes no value, so each pass is as large as the probe's plan allows, and never
+    smaller than the default's."""
     def kept(why: str) -> BatchGrowth:
         return BatchGrowth(default, default, why)
 
@@ -63,15 +61,15 @@ def grown_batch(*, default: int, samples: int, device_type: str, per_sample: int
         return kept(f"default: one batch holds all {samples} samples")
     if limit is None or per_sample is None:
         return kept("default: the device's free memory cannot be read")
-    fits = int(limit * GROWTH_SHARE) // max(1, per_sample)
+    fits = limit // max(1, per_sample)
     if fits <= default:
         return kept(f"default: a larger batch's graph ({gib(per_sample)} a sample) does not fit "
-                    f"{GROWTH_SHARE:.0%} of the {gib(limit)} a probe may take")
+                    f"the {gib(limit)} a probe may take")
     batches = math.ceil(samples / min(fits, samples))
     size = math.ceil(samples / batches)
     return BatchGrowth(size, default, f"grown from {default}: {batches} batch{'es' if batches > 1 else ''} of "
-                                      f"{size}, whose graph (about {gib(size * per_sample)}) fits {GROWTH_SHARE:.0%} "
-                                      f"of the {gib(limit)} a probe may take")
+                                      f"{size}, whose graph (about {gib(size * per_sample)}) fits the "
+                                      f"{gib(limit)} a probe may take")
 
 
 def fill_batch(problem, *, default: int, chosen: bool, max_memory: int | None, vectors: int = 1,
@@ -107,3 +105,18 @@ def rebatched(samples, size: int):
     from ..data.batches import SampleSet
 
     return SampleSet(samples.dataset, samples=samples.n, batch_size=size, device=samples.device, dtype=samples.dtype)
+
+
+def filled(problem, backend, make_backend, *, default: int, chosen: bool, max_memory: int | None):
+    """(problem, backend, growth): `problem` and its `backend` again, over grown batches when
+    fill_batch grows them (`make_backend(problem)` builds the backend anew), else as they were.
+    A distributed backend keeps its batches: ranks whose free memory differs would cut the
+    same data differently."""
+    if getattr(backend, "name", "").startswith("distributed"):
+        return problem, backend, BatchGrowth(default, default, "default: a distributed backend keeps its batches")
+    growth = fill_batch(problem, default=default, chosen=chosen, max_memory=max_memory,
+                        vectors=getattr(backend, "chunk", 1))
+    if not growth.grown:
+        return problem, backend, growth
+    problem = dataclasses.replace(problem, samples=rebatched(problem.samples, growth.size))
+    return problem, make_backend(problem), growth
