@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 import track_training  # noqa: E402
 
-from flatcheck.api import open_live_session  # noqa: E402
+from flatcheck.live import open_live_session  # noqa: E402
 from flatcheck.linalg.lanczos import lanczos_top  # noqa: E402
 from flatcheck.operators import CurvatureOperator  # noqa: E402
 from flatcheck.zoo.demo_cnn import DigitsCNN  # noqa: E402

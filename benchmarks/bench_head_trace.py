@@ -26,8 +26,8 @@ from torch import nn
 from torch.func import functional_call, grad, jvp, vmap
 from torch.utils.data import TensorDataset
 
-from flatcheck.backends import ParamLayout, Problem, create_backend
-from flatcheck.backends.base import model_mode
+from flatcheck.backends import ParamLayout, create_backend
+from flatcheck.problem import Problem, model_mode
 from flatcheck.data.batches import SampleSet
 from flatcheck.probes._head import head_statistics, resolve_head
 from flatcheck.linalg import hutchinson

@@ -20,8 +20,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from flatcheck.backends import ParamLayout, Problem, create_backend
-from flatcheck.backends.base import model_mode
+from flatcheck.backends import ParamLayout, create_backend
+from flatcheck.problem import Problem, model_mode
 from flatcheck.data.batches import SampleSet
 from flatcheck.data.preprocess import Preprocess
 from flatcheck.data.registry import create_dataset

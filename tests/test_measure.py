@@ -308,7 +308,7 @@ def test_empty_data_is_named_as_empty():
             flatcheck.measure(case.model, data)
     with pytest.raises(InputError, match="test_data: the tensors are empty"):
         flatcheck.measure(case.model, (case.X, case.Y), probes="gap", test_data=(X, Y))
-    with pytest.raises(ConfigError, match="^samples must be a positive integer or None, got 0"):
+    with pytest.raises(ConfigError, match="^samples must be a positive integer, got 0"):
         flatcheck.measure(case.model, (case.X, case.Y), samples=0)
 
 
@@ -366,21 +366,38 @@ def test_errors_name_the_call_s_own_arguments_not_the_command_line_s():
         flatcheck.measure(model, (x, y), probes="gini", samples=100)
     with pytest.raises(InputError, match=r"^data: a tuple of 3 tensors; pass \(x, y\)"):
         flatcheck.measure(model, (x, y, y), probes="gini")
-    # RunConfig's own checks, worded for flags, say the keyword instead (stranger test)
+    # the settings' own checks name the setting: the keyword here, the flag on the command line
     for kwargs, said in ((dict(seed=-1), "^seed must be an integer"), (dict(probes="trase"), "^probes: unknown probe"),
                          (dict(max_memory="lots"), "^max_memory expects a size"),
                          (dict(bn_mode="x"), "^bn_mode must be one of eval, train")):
         with pytest.raises(ConfigError, match=said):
             flatcheck.measure(model, (x, y), **kwargs)
-    # and a probe's refusal as it runs ("… needs about 2 GiB …; raise --max-memory or free memory"),
-    # where a flag is mid-sentence; a longer flag is not one of the call's
-    from flatcheck.live import _call_words
+    with pytest.raises(TypeError, match="measure\\(\\) got an unexpected keyword argument 'sed'"):
+        flatcheck.measure(model, (x, y), sed=1)
+    # a probe's refusal as it runs names the setting mid-sentence; a probe's own option keeps its flag
+    from flatcheck.errors import setting
+    from flatcheck.settings import flag_of
 
-    with pytest.raises(ConfigError, match=r"^probe mls needs 2 GiB \(max_memory less what is held\); raise "
-                                          r"max_memory, or --probes-max 8$"):
-        with _call_words():
-            raise ConfigError("probe mls needs 2 GiB (--max-memory less what is held); raise --max-memory, "
-                              "or --probes-max 8")
+    refusal = ConfigError(f"probe mls needs 2 GiB ({setting('max_memory')} less what is held); raise "
+                          f"{setting('max_memory')}, or --probes-max 8")
+    assert str(refusal) == "probe mls needs 2 GiB (max_memory less what is held); raise max_memory, or --probes-max 8"
+    assert refusal.worded(flag_of) == ("probe mls needs 2 GiB (--max-memory less what is held); raise --max-memory, "
+                                       "or --probes-max 8")
+
+
+def test_measure_takes_the_declared_settings_as_keywords():
+    """measure()'s and open_live_session()'s keywords are the live settings of flatcheck.settings."""
+    import inspect
+
+    from flatcheck.live import open_live_session
+    from flatcheck.settings import live_settings
+
+    for fn in (flatcheck.measure, open_live_session):
+        keywords = inspect.signature(fn).parameters
+        assert set(live_settings()) <= set(keywords)
+        assert all(keywords[name].default is how.live_default for name, how in live_settings().items())
+    assert {"samples", "batch_size", "device", "dtype", "bn_mode", "seed", "params", "budget",
+            "max_memory"} == set(live_settings())
 
 
 class Structured(nn.Module):

@@ -14,7 +14,8 @@ import torch
 from timm.layers import set_fused_attn
 from torch.utils.data import TensorDataset
 
-from flatcheck.backends import ParamLayout, Problem, create_backend
+from flatcheck.backends import ParamLayout, create_backend
+from flatcheck.problem import Problem
 from flatcheck.data.batches import SampleSet
 from flatcheck.linalg.random import rademacher_signs
 from flatcheck.models.spec import LossSpec

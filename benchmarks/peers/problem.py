@@ -26,7 +26,8 @@ class Setup:
 
 def build_setup(model: ModelCfg, data: DataCfg, device: str) -> Setup:
     from flatcheck.api import resolve_device
-    from flatcheck.backends import ParamLayout, Problem
+    from flatcheck.backends import ParamLayout
+    from flatcheck.problem import Problem
     from flatcheck.data.batches import SampleSet
     from flatcheck.data.registry import create_dataset
     from flatcheck.models.checkpoint import apply_state_dict, load_checkpoint

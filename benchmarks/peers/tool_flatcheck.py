@@ -159,7 +159,7 @@ def run(row: Row, setup: Setup, task: Task, tool: str, hints: dict) -> None:
 
 def gradient_seconds(setup: Setup, repeats: int = 3) -> float:
     """Median time of one eager gradient of the whole-sample-set loss (after a warm-up)."""
-    from flatcheck.backends.base import model_mode
+    from flatcheck.problem import model_mode
     from flatcheck.losses import per_sample_loss
 
     p = setup.problem

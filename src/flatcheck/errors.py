@@ -8,6 +8,7 @@ is a bug in flatcheck and is reported as 101.
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 EXIT_INTERRUPTED = 130
 _told = False
@@ -36,10 +37,39 @@ class StdoutClosed(Exception):
     turns a broken pipe into exit 1 ("gate failed" here), lets it through to the entry point."""
 
 
+# brackets around a run setting's name inside a message (see `setting`): characters no path,
+# value or name a message quotes is expected to hold
+_OPEN, _CLOSE = "\u2983", "\u2984"
+
+
+def setting(name: str) -> str:
+    """A run setting (flatcheck.config.SETTINGS) named in an error message: read in code, the
+    message says the setting's name (`max_memory`); the CLI says its flag (`--max-memory`)."""
+    return f"{_OPEN}{name}{_CLOSE}"
+
+
+def words(text: str, name_of: "Callable[[str], str] | None" = None) -> str:
+    """`text` with each `setting(...)` in it said as name_of(name) (default: the name itself)."""
+    head, *rest = text.split(_OPEN)
+    out = [head]
+    for part in rest:
+        name, close, tail = part.partition(_CLOSE)
+        out.append((name_of(name) if name_of is not None else name) + tail if close else _OPEN + part)
+    return "".join(out)
+
+
 class FlatcheckError(Exception):
-    """Base class. Message is a single line shown to the user as-is."""
+    """Base class. Message is a single line shown to the user as-is; the settings it names
+    (`setting`) read as their names, or as the CLI's flags through `worded`."""
 
     exit_code: int = 101
+
+    def __str__(self) -> str:
+        return words(super().__str__())
+
+    def worded(self, name_of: Callable[[str], str]) -> str:
+        """The message with the settings it names said by `name_of` (the CLI: as flags)."""
+        return words(super().__str__(), name_of)
 
 
 class InputError(FlatcheckError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .backends.base import Backend, HvpSums, Vhv
-from .layout import ParamLayout
+from .problem import ParamLayout
 from .errors import ConfigError
 
 MATRICES = ("hessian", "ggn")

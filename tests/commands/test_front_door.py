@@ -179,3 +179,48 @@ def test_the_early_check_knows_every_checkpoint_suffix_the_loader_reads():
     from flatcheck.report.progress import CHECKPOINT_SUFFIXES
 
     assert set(CHECKPOINT_SUFFIXES) == set(SAFETENSORS_EXTS + TORCH_EXTS)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["version"], ["list-probes"], ["explain", "trace"], []])
+def test_commands_that_run_nothing_import_no_torch(argv):
+    """Help, the version, the probe list and `explain` answer from the CLI and the probes'
+    catalogue without importing torch (seconds of a start-up for a line of text)."""
+    import subprocess
+
+    from flatcheck.probes.catalogue import current
+
+    current()  # a shipped catalogue made stale by an edit to a probe is read once and cached
+    code = ("import sys, atexit; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
+            f"sys.argv = ['flatcheck', *{argv!r}]; from flatcheck.entry import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == (0 if argv else 2), proc.stderr  # bare: the help, as a usage error
+    assert proc.stdout.strip().endswith("torch imported: False"), proc.stdout[-300:]
+    if argv and argv[-1] in ("--version", "version"):
+        assert proc.stdout.startswith("flatcheck ")
+    if argv == ["explain", "trace"]:
+        assert "--probes-max" in proc.stdout and "Options" in proc.stdout
+
+
+def test_the_probe_catalogue_is_current():
+    """The catalogue the CLI reads instead of the probes says what the probes say; after a change
+    to a probe's help or options: python -m flatcheck.probes.catalogue."""
+    from flatcheck.probes import catalogue
+
+    assert catalogue.stored(shipped_only=True) is not None, "stale: run python -m flatcheck.probes.catalogue"
+    assert catalogue.stored(shipped_only=True) == catalogue.read()
+
+
+def test_settings_are_the_cli_s_shared_flags_and_errors_say_their_flags():
+    """Each declared setting with a flag is a flag of every probe command, with its help; a
+    setting's error below the CLI names the setting, and the CLI says its flag."""
+    import typer
+
+    from flatcheck.cli import app
+    from flatcheck.settings import declared
+
+    trace = typer.main.get_command(app).get_command(None, "trace")
+    flags = {opt: p for p in trace.params for opt in getattr(p, "opts", [])}
+    for name, how in declared().items():
+        assert how.flag in flags and flags[how.flag].help == how.help, name
+    result = invoke("gini", DEMO, "--spec", DEMO_SPEC, "--data", "digits", "--dtype", "float16")
+    assert result.exit_code == 2 and "error: --dtype must be one of float32, float64, got 'float16'" in result.output

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import typer
 
-from flatcheck.cli import _COMMON, CommandResult, app
+from flatcheck.cli import app
+from flatcheck.commands.kit import CommandResult, shared_options
+from flatcheck.settings import flag_of
 from flatcheck.commands.probes import command_names
 from flatcheck.config import RunConfig, probe_requests
 from flatcheck.errors import ConfigError
@@ -19,7 +21,7 @@ from flatcheck.probes.kit import COMMAND, PARSE
 from flatcheck.probes.registry import get_probe_class, list_probes, parse_options
 
 # the options every probe command shares (data, model, output …) and the budget
-SHARED = {name for name, _, _ in _COMMON} | {"budget"}
+SHARED = {name for name, _, _ in shared_options(budget=True)}
 
 
 def command(name: str):
@@ -71,7 +73,7 @@ def test_the_aliases_and_the_layers_switch_are_kept():
 
 
 def test_probe_leaves_per_layer_parts_off_unless_layers():
-    from flatcheck.cli import probe_cmd
+    from flatcheck.commands.probes import probe_cmd
 
     names, options, layers = probe_cmd(Path("x"), probes="trace,gini", option=None, layers=False)
     assert options["trace"]["parts"] is False and "gini" not in options and not layers
@@ -153,8 +155,10 @@ def test_gates_keep_fixed_counts():
 def test_budget_must_be_positive():
     requests = probe_requests("gini")
     for bad in (0.0, -1.0, float("inf"), float("nan")):
-        with pytest.raises(ConfigError, match="--budget"):
+        # in code the setting is named; the CLI says its flag
+        with pytest.raises(ConfigError, match="^budget must be a positive number of seconds") as refused:
             RunConfig(checkpoint=None, spec=Path("s.yaml"), probes=requests, budget=bad)
+        assert refused.value.worded(flag_of).startswith("--budget must be a positive number of seconds")
     assert RunConfig(checkpoint=None, spec=Path("s.yaml"), probes=requests, budget=1.5).budget == 1.5
 
 

@@ -15,6 +15,7 @@ from flatcheck.problem import Problem
 from flatcheck.config import RunConfig, probe_requests
 from flatcheck.errors import ConfigError
 from flatcheck.linalg.memory import parse_bytes
+from flatcheck.settings import flag_of
 from flatcheck.models.spec import LossSpec
 from flatcheck.probes.registry import ProbeContext, create_probe, parse_options
 from tests.support.cli import CKPT, SPEC, bad
@@ -92,8 +93,9 @@ def test_parse_bytes(text, value):
 
 @pytest.mark.parametrize("text", ["", "lots", "8X", "-1G", "0"])
 def test_parse_bytes_refuses(text):
-    with pytest.raises(ConfigError, match="--max-memory"):
+    with pytest.raises(ConfigError, match="^max_memory ") as refused:  # the setting; the CLI says its flag
         parse_bytes(text)
+    assert refused.value.worded(flag_of).startswith("--max-memory ")
 
 
 def test_run_config_parses_it():
@@ -168,7 +170,7 @@ def test_one_sample_that_cannot_fit_is_refused_with_its_size():
 def test_batch_statistics_are_not_cut():
     case = make_case("cnn", bn_mode="train")
     per = per_sample_graph(case)
-    with pytest.raises(ConfigError, match="--bn-mode train.*cannot cut a batch; use --batch-size 3 or less"):
+    with pytest.raises(ConfigError, match="bn_mode train.*cannot cut a batch; use batch_size 3 or less"):
         case.backend().limit_memory(3 * per + 1, "probe x")
 
 
@@ -208,7 +210,7 @@ def test_stored_vectors_that_cannot_fit_are_refused_up_front(probe, opts, flag):
     case = make_case("mlp")
     stored, _ = limits(run(case, probe, max_memory=2**40, **opts))
     with pytest.raises(ConfigError, match=f"probe {probe}.* {stored:,} bytes .*more than the {stored - 1:,} bytes .*"
-                                          f"allowed \\(--max-memory.*; (no )?{flag} "):
+                                          f"allowed \\(max_memory.*; (no )?{flag} "):
         run(case, probe, max_memory=stored - 1, **opts)
 
 
@@ -258,8 +260,8 @@ def test_lmax_restarted_basis_takes_what_one_samples_graph_leaves_when_half_is_t
     H, _ = dense(case)
     assert abs(result.value - torch.linalg.eigvalsh(H)[-1].item()) <= result.details["residuals"][0]
     with pytest.raises(ConfigError, match=r"thick-restarted Lanczos basis of 3 vectors.*need [0-9,]+ bytes.*"
-                                          r"\(--max-memory less what the process holds; without it, half the free memory\); "
-                                          r"raise --max-memory or lower --k"):
+                                          r"\(max_memory less what the process holds; without it, half the free memory\); "
+                                          r"raise max_memory or lower --k"):
         run(case, "lmax", max_memory=fixed + 2 * per + graph, k=1)
 
 
@@ -467,7 +469,7 @@ def test_a_refusal_under_ulimit_v_says_what_the_limit_leaves(monkeypatch):
         memory.refuse_count(4, 100, 0, 300, "probe x", "--steps")
     assert "ulimit" not in str(plain.value)
     monkeypatch.setattr(memory, "address_space_left", lambda: 2**30)
-    with pytest.raises(ConfigError, match=r"allowed \(--max-memory less what the process holds; without it, half "
+    with pytest.raises(ConfigError, match=r"allowed \(max_memory less what the process holds; without it, half "
                                           r"the free memory; ulimit -v leaves this process 1,073,741,824 bytes "
                                           r"\(1 GiB\)\); --steps 3 fits"):
         memory.refuse_count(4, 100, 0, 300, "probe x", "--steps")

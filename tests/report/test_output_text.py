@@ -13,6 +13,7 @@ import torch
 
 import pytest
 from rich.console import Console
+from rich.table import Table
 from typer.testing import CliRunner
 
 from flatcheck.cli import app
@@ -241,3 +242,24 @@ def test_an_rgb_image_folder_for_a_grey_model_says_it_converted(tmp_path):
     assert ds.channel_conversion.startswith("RGB → grey") and ds.sample_shape == (1, 8, 8)
     assert create_dataset(f"imagefolder:{tmp_path}", preprocess=Preprocess(input_size=(3, 8, 8))).channel_conversion \
         is None
+
+
+@pytest.mark.parametrize("columns, width", [(None, 200), ("120", 120), ("60", 60)])
+def test_off_a_terminal_tables_take_the_log_s_width(monkeypatch, columns, width):
+    """In a CI log (stdout a pipe) rich would wrap every table at 80 columns, cutting rule
+    names mid-word (`max_increas`/`e 20%`): off a terminal the width is $COLUMNS, else wide."""
+    from flatcheck.commands.kit import LOG_WIDTH, console
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    monkeypatch.setattr("sys.stdout", io.StringIO())  # not a terminal
+    out = console()
+    assert out.width == width and (columns is not None or width == LOG_WIDTH)
+    rule = "max_increase 20% over the baseline's upper bound, per layer and in total"
+    table = Table("probe", "rule", "verdict")
+    table.add_row("trace", rule, "passed")
+    out.print(table)
+    text = out.file.getvalue()
+    assert (rule in text) == (width >= 120), text

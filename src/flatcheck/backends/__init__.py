@@ -5,10 +5,9 @@ building backends is flatcheck.backends.registry; every other public module here
 backend. The computations they share live in flatcheck.engines.
 """
 
-from ..layout import ParamLayout
-from .base import Backend, BackendSpec, ExactGGN, GGNVp, Hvp, HvpSums, Outputs, Problem, Vhv, model_mode
+from ..problem import ParamLayout
+from .base import Backend, BackendSpec, ExactGGN, GGNVp, Hvp, HvpFailure, HvpSums, LimitMemory, Outputs, Vhv
 from .registry import create_backend, list_backends, rebuild, register_backend, register_wrapper
 
-__all__ = ["Backend", "BackendSpec", "ExactGGN", "GGNVp", "Hvp", "HvpSums", "Outputs", "ParamLayout", "Problem",
-           "Vhv", "create_backend", "list_backends", "model_mode", "rebuild", "register_backend",
-           "register_wrapper"]
+__all__ = ["Backend", "BackendSpec", "ExactGGN", "GGNVp", "Hvp", "HvpFailure", "HvpSums", "LimitMemory", "Outputs",
+           "ParamLayout", "Vhv", "create_backend", "list_backends", "rebuild", "register_backend", "register_wrapper"]

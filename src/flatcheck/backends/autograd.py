@@ -27,7 +27,8 @@ from ..engines.state import ModelState
 from ..errors import ModelError, first_line
 from ..linalg.reduce import rowsum64
 from ..losses import apply_output_hessian, per_sample_loss
-from .base import BackendSpec, GGNTrace, Problem, model_mode
+from ..problem import Problem, model_mode
+from .base import BackendSpec, GGNTrace
 from .registry import register_backend
 
 

@@ -1,80 +1,25 @@
-"""The backend contract: the problem a backend differentiates, and what a backend is.
+"""The backend contract: what a backend is (the problem it differentiates is flatcheck.problem).
 
 A backend is any object with the required products (`Backend`: `hvp`, `ggn_vp`, `outputs`);
-the optional capabilities (`HvpSums`, `Vhv`, `ExactGGN`) are protocols of their own, checked
+the optional capabilities (`HvpSums`, `Vhv`, `ExactGGN`, `LimitMemory`, `HvpFailure`) are
+protocols of their own, checked
 with isinstance, so that a backend has a capability exactly when it has the method. How
 backends are found and built is flatcheck.backends.registry.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, runtime_checkable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..layout import ParamLayout
-from ..models.spec import LossSpec
+from ..engines.ggn_trace import GGNTrace
+from ..problem import Problem
 
-BN_MODES = ("eval", "train")
-
-
-class SampleSetLike(Protocol):
-    n: int
-    num_batches: int
-
-    def __iter__(self) -> Iterator: ...
-
-
-@dataclass
-class Problem:
-    """Everything a curvature product depends on: L(θ) = (1/N) Σ_n ℓ(f(x_n; θ), y_n).
-
-    `samples` yields batches with weight |batch|/N (flatcheck.data.batches.SampleSet);
-    `layout` names the parameters θ the products are taken with respect to.
-    """
-
-    model: nn.Module
-    loss: LossSpec
-    samples: SampleSetLike
-    layout: ParamLayout
-    bn_mode: str = "eval"
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.layout.params(self.model)[0].dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.layout.params(self.model)[0].device
-
-    def split_params(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """(probed parameters, everything else the forward needs) for torch.func.functional_call."""
-        chosen = dict(zip(self.layout.names, (p.detach() for p in self.layout.params(self.model))))
-        frozen = {n: t.detach() for n, t in self.model.named_parameters() if n not in chosen}
-        frozen.update(dict(self.model.named_buffers()))
-        return chosen, frozen
-
-    def outputs(self) -> Iterator[tuple[Tensor, Tensor, float]]:
-        """(logits, labels, batch weight) for every batch, without a graph.
-
-        The mode is held for each forward only, never across a yield: a caller that stops
-        early, or raises between batches, must not be left with BatchNorm switched or
-        gradients off.
-        """
-        for batch in self.samples:
-            with model_mode(self.model, self.bn_mode), torch.no_grad():
-                logits = self.model(batch.x)
-            yield logits, batch.y, batch.weight
-
-
-@dataclass(frozen=True)
-class GGNTrace:
-    per_param: Tensor  # (len(layout.names),) float64; sums to Tr(G)
-    stderr: float | None  # None when every class column was used (exact)
-    columns: int  # per-sample VJPs spent, Σ_n K_n
+if TYPE_CHECKING:
+    from ..engines.microbatch import BatchPlan
 
 
 @dataclass(frozen=True)
@@ -151,6 +96,25 @@ class ExactGGN(Protocol):
         ...
 
 
+@runtime_checkable
+class LimitMemory(Protocol):
+    def limit_memory(self, allowance: int | None, what: str = "products") -> "BatchPlan | None":
+        """Cut the batches products run over into micro-batches whose graphs fit `allowance`
+        bytes (None: run them whole); the plan, or None when batches stay whole. A backend
+        without it runs every batch whole."""
+        ...
+
+
+@runtime_checkable
+class HvpFailure(Protocol):
+    # why Hessian-vector products failed on this model (an op without a second derivative),
+    # once one did; None: none has. A backend that has it lets a probe switch to a route
+    # that needs no second derivative (forward tangents)
+    hvp_error: str | None
+
+
+# the products a probe may require (probes.registry.requirements); LimitMemory and HvpFailure
+# change how a probe plans, never whether it can run
 CAPABILITIES: tuple[type, ...] = (Hvp, GGNVp, Outputs, HvpSums, Vhv, ExactGGN)
 
 
@@ -162,29 +126,3 @@ def capability_name(cap: type) -> str:
 def missing_capabilities(backend: object, needs) -> list[str]:
     """The names of the capabilities in `needs` that `backend` lacks, sorted."""
     return sorted(capability_name(cap) for cap in needs if not isinstance(backend, cap))
-
-
-@contextlib.contextmanager
-def model_mode(model: nn.Module, bn_mode: str):
-    """Dropout and stochastic depth off; BatchNorm on running stats ("eval") or batch stats ("train").
-
-    In "train" mode running statistics must stay untouched, so batch-norm layers run with
-    track_running_stats switched off: torch then normalises with batch statistics and has
-    no running buffers to update (momentum tricks would still bump num_batches_tracked).
-    """
-    was_training = {m: m.training for m in model.modules()}
-    touched: list[nn.Module] = []
-    model.eval()
-    if bn_mode == "train":
-        for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                touched.append(m)
-                m.train()
-                m.track_running_stats = False
-    try:
-        yield model
-    finally:
-        for m in touched:
-            m.track_running_stats = True
-        for m, flag in was_training.items():
-            m.training = flag

@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ._dist import ensure_process_group
-from .base import Backend, BackendSpec, ExactGGN, GGNTrace, HvpSums, Problem, Vhv
+from .ranks import ensure_process_group
+from ..problem import Problem
+from .base import Backend, BackendSpec, ExactGGN, GGNTrace, HvpSums, Vhv
 from .registry import Make, register_wrapper
 
 

@@ -32,7 +32,8 @@ from ..engines.microbatch import BatchPlan, micro_batches, plan_products
 from ..errors import ConfigError, first_line
 from ..losses import apply_output_hessian, per_sample_loss
 from .autograd import AutogradBackend
-from .base import BackendSpec, GGNTrace, Problem, model_mode
+from ..problem import Problem, model_mode
+from .base import BackendSpec, GGNTrace
 from .registry import register_backend
 
 DEFAULT_CHUNK = 16

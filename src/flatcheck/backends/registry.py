@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError
-from .base import BN_MODES, Backend, BackendSpec, Problem
+from ..problem import Problem
+from .base import Backend, BackendSpec
 
 Make = Callable[[Problem], Backend]
 
@@ -89,8 +90,6 @@ def create_backend(name: str, problem: Problem, **options: object) -> Backend:
     leaf = (inner or wrapper.default_inner) if wrapper is not None else (None if inner else outer)
     if leaf not in _LEAVES:
         raise ConfigError(f"--backend {name!r} is unknown; available: {_choices()}")
-    if problem.bn_mode not in BN_MODES:
-        raise ConfigError(f"--bn-mode must be one of {', '.join(BN_MODES)}, got {problem.bn_mode!r}")
     asked = {k: v for k, v in options.items() if v is not None and v is not False}
     for option in asked:
         if option not in _LEAVES[leaf].options:

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli import Checkpoint, probe_command
+from .kit import Checkpoint, probe_command
 
 
 @probe_command("invariance", help="Rescale layers without changing the function; show which probes move.")

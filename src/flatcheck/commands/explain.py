@@ -1,36 +1,64 @@
-"""`flatcheck explain PROBE`: what a probe measures, its definition, units, how to read it, the
-source paper, its cost in products, and its knobs (read from the probe's Options, so the list is
-the command's own flags)."""
+"""What flatcheck offers, without running anything: `flatcheck explain PROBE` (what a probe
+measures, its definition, units, how to read it, the source paper, its cost in products, and
+its knobs, which are the command's own flags), `list-probes` and `version`.
+
+They read the probes' catalogue (probes/catalogue.py), not the probes, so that they answer
+without importing torch.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any
 
 import typer
 
-from ..cli import app, guarded
+from .kit import command, console, guarded
 
 
-@app.command("explain", help="Explain a probe: what it measures, its definition and units, what a large or small "
-                             "value means and what moves it, the source paper, its cost and its options.")
+@command("explain", help="Explain a probe: what it measures, its definition and units, what a large or small "
+                         "value means and what moves it, the source paper, its cost and its options.")
 def explain_cmd(
     probe: Annotated[str, typer.Argument(help="a probe's name, as list-probes shows it", show_default=False)],
 ) -> None:
     guarded(False, lambda: print(explanation_text(probe)))
 
 
+@command("list-probes", help="List the probes flatcheck offers.")
+def list_probes_cmd() -> None:
+    from rich.table import Table
+
+    from ..probes.catalogue import current
+
+    table = Table("probe", "what it measures")
+    for name, entry in sorted(current().items()):
+        table.add_row(name, entry["summary"])
+    console().print(table)
+
+
+@command("version", help="Print the flatcheck version.")
+def version_cmd() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .. import __version__
+
+    try:  # torch's version as installed, without importing it
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    print(f"flatcheck {__version__} (torch {torch_version})")
+
+
 def explanation_text(name: str) -> str:
     from ..errors import ConfigError
-    from ..probes._explain import EXPLANATIONS
-    from ..probes.registry import get_probe_class, list_probes
+    from ..probes.catalogue import current
+    from ..probes.explanations import EXPLANATIONS
 
-    names = list_probes()
-    if name not in names:
-        raise ConfigError(f"explain: no probe {name!r}; the probes are {', '.join(names)}")
-    cls, text = get_probe_class(name), EXPLANATIONS[name]
+    catalogue = current()
+    if name not in catalogue:
+        raise ConfigError(f"explain: no probe {name!r}; the probes are {', '.join(sorted(catalogue))}")
+    entry, text = catalogue[name], EXPLANATIONS[name]
     sections = [
-        (f"{name}", cls.summary),
+        (f"{name}", entry["summary"]),
         ("What it measures", text.measures),
         ("Definition", text.definition),
         ("Units", text.units),
@@ -41,22 +69,18 @@ def explanation_text(name: str) -> str:
         ("Cost", text.cost),
     ]
     out = [f"{title}\n{_indent(body)}" for title, body in sections]
-    knobs = "\n".join(_knob(f) for f in dataclasses.fields(cls.Options)) or "  none"
+    knobs = "\n".join(_knob(option) for option in entry["options"]) or "  none"
     out.append(f"Options\n{_indent(f'flags of `flatcheck {name}`; in `flatcheck probe`: -o {name}.KEY=VALUE')}\n"
                + knobs)
     return "\n\n".join(out)
 
 
-def _knob(field: dataclasses.Field) -> str:
-    from ..probes._kit import COMMAND, HELP, SHOW, flag_names
-
-    meta = field.metadata
-    shown: Any = meta.get(SHOW, field.default)
-    help = meta.get(HELP, "")
-    flags = " / ".join(flag_names(field)) if COMMAND not in meta else "no flag of its own"
+def _knob(option: dict[str, Any]) -> str:
+    shown, help = option["default"], option["help"]
+    flags = " / ".join(option["flags"]) if option["flags"] is not None else "no flag of its own"
     # a None default is described by the help's own "[default: …]"
     default = "" if shown is None and "[default" in help else f", default {shown}"
-    return _indent(f"{flags} (key {field.name}{default}): {help}", hang=4)
+    return _indent(f"{flags} (key {option['key']}{default}): {help}", hang=4)
 
 
 def _indent(text: str, hang: int = 0) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli import READS, WRITES, Checkpoint, probe_command
+from .kit import READS, WRITES, Checkpoint, probe_command
 
 
 @probe_command("gate", help="Check probe results against the rules of a gates YAML file (exit 1 on failure).")

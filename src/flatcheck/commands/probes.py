@@ -1,43 +1,42 @@
 """`flatcheck PROBE`: one command per registered probe, generated from its Options dataclass.
 
-Each field of the probe's Options (flatcheck.probes._kit.option) becomes one flag with the
+Each field of the probe's Options (flatcheck.probes.kit.option) becomes one flag with the
 field's default, help and aliases, so that `flatcheck trace --rtol X` and
 `flatcheck probe --probes trace -o trace.rtol=X` read the same declaration and cannot drift.
 
 The commands are built when first asked for (cli's command group), not when the CLI is
 imported: building one imports its probe module, and with it torch, which `flatcheck --help`
-of another command, `version` or `report` should not pay for.
+of another command, `version` or `report` should not pay for; their help lines come from the
+probes' catalogue (probes/catalogue.py). `flatcheck probe` runs several probes in one pass.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import pkgutil
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from ..cli import lazy_commands
+from .kit import Checkpoint, TYPED, command_from, lazy_commands, probe_command
 
 # typer understands these; Literal[...] becomes str (the Options' own check names the choices)
 _SIMPLE = (bool, int, float, str)
 
 
 def command_names() -> list[str]:
-    """The probes' command names, from the probe modules' file names (probe `head-trace` lives
-    in head_trace.py, which tests/test_options.py checks), without importing them."""
-    folder = Path(__file__).resolve().parent.parent / "probes"
-    return sorted(info.name.replace("_", "-") for info in pkgutil.iter_modules([str(folder)])
-                  if info.name != "registry" and not info.name.startswith("_"))
+    """The probes' command names, from their catalogue: no probe is imported while it is
+    current (else they are, once, and what they say is cached)."""
+    from ..probes.catalogue import current
+
+    return sorted(current())
 
 
 def build(name: str) -> Any:
     """The click command of probe `name`."""
-    from ..cli import Checkpoint, command_from
-    from ..probes._kit import COMMAND, layers_field
+    from ..probes.kit import COMMAND, layers_field
     from ..probes.registry import get_probe_class
 
     cls = get_probe_class(name)
@@ -66,15 +65,13 @@ def given_only(values: dict[str, Any]) -> dict[str, Any]:
     Options dataclass has the same defaults, and its check of options that contradict each
     other (an estimator that ignores a flag) must see only what the user asked for, as with
     `-o` (registry.parse_options)."""
-    from ..cli import TYPED
-
     typed = TYPED.get()
     return {k: v for k, v in values.items() if k in typed}
 
 
 def option_parameter(field: dataclasses.Field, hint: Any) -> inspect.Parameter:
     """The typer parameter of one Options field: its flags, help, type and default."""
-    from ..probes._kit import HELP, PARSE, SHOW, flag_names
+    from ..probes.kit import HELP, PARSE, SHOW, flag_names
 
     meta = field.metadata
     default = field.default
@@ -103,4 +100,36 @@ def cli_type(hint: Any) -> Any:
     return Optional[hint] if optional else hint
 
 
-lazy_commands(command_names, build)
+def describe(name: str) -> str | None:
+    """Probe `name`'s command help line, from the stored catalogue (None when it is stale)."""
+    from ..probes.catalogue import stored
+
+    entry = (stored() or {}).get(name)
+    return None if entry is None else entry["command_help"]
+
+
+lazy_commands(command_names, build, describe)
+
+
+@probe_command("probe", help="Run several probes in one pass, e.g. --probes trace,gini.", budget=True)
+def probe_cmd(
+    checkpoint: Checkpoint,
+    probes: Annotated[str, typer.Option("--probes", help="comma-separated probe names (see list-probes); gap is "
+                                         "skipped when the data has no second split")] = "trace,gini,gap",
+    option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="PROBE.KEY=VALUE, repeatable, "
+                                                          "e.g. -o trace.estimator=hutchpp")] = None,
+    layers: Annotated[bool, typer.Option("--layers/--no-layers", help="per-layer parts: computed and shown "
+                                         "(off: a probe's per-layer option, e.g. trace.parts, is off too "
+                                         "unless -o sets it)")] = False,
+):
+    from ..config import parse_option_assignments, probe_names
+    from ..probes.kit import layers_field
+    from ..probes.registry import get_probe_class
+
+    options = parse_option_assignments(option or [])
+    # the one difference from the single-probe commands: parts are computed only when shown
+    for name in probe_names(probes):
+        switch = layers_field(get_probe_class(name).Options)
+        if switch is not None:
+            options.setdefault(name, {}).setdefault(switch, layers)
+    return probes, options, layers

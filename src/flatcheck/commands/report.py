@@ -8,10 +8,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..cli import READS, WRITES, app, guarded
+from .kit import READS, WRITES, command, guarded
 
 
-@app.command("report", help="Summarise JSON reports and JSONL scans (shards OUT.rankN included): a table of "
+@command("report", help="Summarise JSON reports and JSONL scans (shards OUT.rankN included): a table of "
                             "models × fields, correlations, a scatter plot of --y against --x, or fields along a "
                             "training run with --x step (or epoch).")
 def report_cmd(
@@ -47,9 +47,7 @@ def report_cmd(
     debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
 ):
     def body() -> int:
-        from rich.console import Console
-
-        from ..cli import _check_json_target, _error_line
+        from .kit import check_json_target, console, error_line
         from ..errors import ConfigError
         from ..report.io import check_distinct_files, check_writable, dump_json, write_text_atomic
         from ..workflows.results_io import TRAJECTORY_FIELDS, expand_paths, load_results
@@ -73,7 +71,7 @@ def report_cmd(
         check_distinct_files([*(("FILE", str(p), False) for p in expand_paths(files)),
                               *((f, str(p), True) for f, p in (("--csv", csv_out), ("--json", json_out),
                                                                ("--plot", plot)) if p is not None and str(p) != "-")])
-        _check_json_target(json_out)
+        check_json_target(json_out)
         if csv_out is not None:
             check_writable(csv_out, "--csv")
         if plot is not None:
@@ -81,7 +79,7 @@ def report_cmd(
 
             check_plot_target(str(plot))
         loaded = load_results(files)
-        say = (lambda m: None) if quiet else (lambda m: _error_line(f"flatcheck: warning: {m}"))
+        say = (lambda m: None) if quiet else (lambda m: error_line(f"flatcheck: warning: {m}"))
         for note in loaded.warnings:
             say(note)
         records = _named(loaded.records, loaded.sources)
@@ -109,12 +107,12 @@ def report_cmd(
         if json_out is not None:
             dump_json(summary, json_out)
         if json_out != "-":
-            _render(Console(), table, columns, corrs)
+            _render(console(), table, columns, corrs)
         if not quiet:
             if plot is not None:
-                _error_line(f"flatcheck report: wrote {plot} ({plotted} points)")
+                error_line(f"flatcheck report: wrote {plot} ({plotted} points)")
             if csv_out is not None:
-                _error_line(f"flatcheck report: wrote {csv_out} ({len(table)} rows)")
+                error_line(f"flatcheck report: wrote {csv_out} ({len(table)} rows)")
         return 0
 
     guarded(debug, body)

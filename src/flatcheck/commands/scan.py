@@ -7,7 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli import app, guarded
+from ..settings import default_of
+from .kit import command, console, guarded, setting_options
+
+# the run's settings that a scan takes as every probe command does, declared once (flatcheck.settings);
+# data, samples, device and budget are said per model here, with help of their own
+SETTING = {name: annotation for name, annotation, _ in setting_options(budget=True)}
 from ..errors import interrupted
 
 _HELP = ("Run probes over many models (a timm pattern, a file of names, a folder of checkpoints + specs); "
@@ -16,7 +21,7 @@ _HELP = ("Run probes over many models (a timm pattern, a file of names, a folder
          "rank writes OUT.rankN.")
 
 
-@app.command("scan", help=_HELP)
+@command("scan", help=_HELP)
 def scan_cmd(
     out: Annotated[Path, typer.Option("--out", help="JSONL file the records are appended to")],
     timm_pattern: Annotated[Optional[list[str]], typer.Option("--timm", help="timm.list_models pattern, e.g. "
@@ -58,17 +63,17 @@ def scan_cmd(
                                                "as one succeeded [default: any failed model is exit 1]")] = False,
     data: Annotated[str, typer.Option("--data", help="data set (see `flatcheck probe --help`)")] = "synthetic",
     data_root: Annotated[Optional[Path], typer.Option("--data-root", help="folder of torchvision data sets")] = None,
-    split: Annotated[str, typer.Option("--split", help="train or test")] = "train",
+    split: SETTING["split"] = "train",
     samples: Annotated[Optional[int], typer.Option("--samples", help="first N samples per model [default: "
                                                    "flatcheck's, or the preset's]")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size")] = 128,
+    batch_size: SETTING["batch_size"] = default_of("batch_size"),
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda, cuda:N (auto under torchrun: "
                                         "cuda:LOCAL_RANK)")] = "auto",
-    dtype: Annotated[str, typer.Option("--dtype")] = "float32",
-    bn_mode: Annotated[str, typer.Option("--bn-mode")] = "eval",
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    params: Annotated[Optional[str], typer.Option("--params", help="globs of parameter names to probe")] = None,
-    backend: Annotated[str, typer.Option("--backend")] = "autograd",
+    dtype: SETTING["dtype"] = str(default_of("dtype")),
+    bn_mode: SETTING["bn_mode"] = str(default_of("bn_mode")),
+    seed: SETTING["seed"] = default_of("seed"),
+    params: SETTING["params"] = None,
+    backend: SETTING["backend"] = default_of("backend"),
     trust_package: Annotated[Optional[list[str]], typer.Option("--trust-package", help="let 'source: python' "
                                                                 "specs import this package (repeatable)")] = None,
     budget: Annotated[Optional[float], typer.Option("--budget", help="seconds per model for its probes: "
@@ -193,14 +198,12 @@ def _entries(patterns, models_file, checkpoints, pretrained, weights_dir, kwargs
 
 def _say(msg: str, quiet: bool) -> None:
     if not quiet:
-        from ..cli import _error_line
+        from .kit import error_line
 
-        _error_line(msg)
+        error_line(msg)
 
 
 def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_errors, placement, quiet):
-    from rich.console import Console
-
     from ..report.progress import ProgressRenderer, Task, clock_text, period_from_env
     from ..workflows.scan import ScanHooks
 
@@ -208,7 +211,7 @@ def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_er
     if quiet:
         return run_scan(entries, base, out, resume=resume, overwrite=overwrite, retry_errors=retry_errors,
                         placement=placement)
-    err = Console(stderr=True)
+    err = console(stderr=True)
     # a bar per probe at a terminal, plain lines elsewhere (a line at least every 15 s even while a
     # model loads); a line per model done, with the scan's ETA from the models done so far
     with ProgressRenderer(err.file, interactive=err.is_interactive, period=period_from_env(),
@@ -246,7 +249,7 @@ def _exit_code(summary, allow_errors: bool) -> int:
     """1 when a model of the scan failed (its latest record, this run's or an earlier one kept by
     --resume), unless --allow-errors and another model succeeded; a scan in which none
     succeeded is never 0. Skipped models (no local weights, no spec) are not failures."""
-    from ..cli import _error_line
+    from .kit import error_line
 
     latest = summary.latest()
     failed = [r["model"] for r in latest if r["status"] == "error"]
@@ -256,7 +259,7 @@ def _exit_code(summary, allow_errors: bool) -> int:
     # said even with --quiet: it is why the exit code is 1
     names = ", ".join(failed[:5]) + (" …" if len(failed) > 5 else "")
     hint = "" if allow_errors or not succeeded else ", or pass --allow-errors to exit 0 when one model succeeded"
-    _error_line(f"flatcheck scan: {len(failed)} of {len(latest)} models failed ({names}){'; none succeeded' if not succeeded else ''}: "
+    error_line(f"flatcheck scan: {len(failed)} of {len(latest)} models failed ({names}){'; none succeeded' if not succeeded else ''}: "
                 f"their records are in {summary.out}; redo them with --resume --retry-errors{hint}")
     return 1
 
@@ -266,7 +269,6 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def _print_summary(summary, figure: dict | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from ..report.render import fmt_pm, fmt_result
@@ -275,7 +277,7 @@ def _print_summary(summary, figure: dict | None = None) -> None:
             if summary.already else "")
     if not summary.records and summary.already:
         # nothing to measure: an empty table would read as a scan of no models
-        Console().print(f"scan → {summary.out}: nothing left to do, all {summary.already} models are already "
+        console().print(f"scan → {summary.out}: nothing left to do, all {summary.already} models are already "
                         f"in it ({_counts(summary.counts(summary.earlier))}; --resume)")
         return
     table = Table(title=f"scan → {summary.out}: {_counts(summary.counts())}{kept}", title_justify="left")
@@ -296,4 +298,4 @@ def _print_summary(summary, figure: dict | None = None) -> None:
             cells.append(fmt_pm(value, None) if isinstance(value, (int, float)) else "—")
         table.add_row(r["model"], r["status"] if not r["error"] else f"{r['status']}: {r['error']}"[:60],
                       f"{r['seconds']:.1f}", *cells)
-    Console().print(table)
+    console().print(table)

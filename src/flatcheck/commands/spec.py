@@ -6,13 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli import _COMMON, READS, WRITES, Checkpoint, app, guarded
+from .kit import READS, WRITES, Checkpoint, command, guarded, shared_options
 
 # the model flags every probe command has, with the same names, help and defaults
-_FLAG = {name: annotation for name, annotation, _ in _COMMON}
+_FLAG = {name: annotation for name, annotation, _ in shared_options()}
 
 
-@app.command("spec", help="Write the fully resolved model spec (library metadata filled in, each field's origin "
+@command("spec", help="Write the fully resolved model spec (library metadata filled in, each field's origin "
                           "as a comment) for --model, --spec or a checkpoint that says what it is.")
 def spec_cmd(
     checkpoint: Checkpoint = None,
@@ -29,7 +29,7 @@ def spec_cmd(
     debug: _FLAG["debug"] = False,
 ):
     def body() -> int:
-        from ..cli import model_request
+        from .kit import model_request
         from ..models.load import build_with_weights
         from ..models.resolve import describe
         from ..models.spec import spec_yaml
@@ -54,7 +54,7 @@ def spec_cmd(
     guarded(debug, body)
 
 
-@app.command("embed-spec", help="Write a model spec into a .safetensors checkpoint's metadata (atomically; the "
+@command("embed-spec", help="Write a model spec into a .safetensors checkpoint's metadata (atomically; the "
                                 "tensors' bytes are untouched), so that the checkpoint alone says what it is.")
 def embed_spec_cmd(
     checkpoint: Annotated[Path, typer.Argument(help="the .safetensors checkpoint", show_default=False), READS],

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from flatcheck.errors import ConfigError, DataError
+from flatcheck.errors import ConfigError, DataError, setting
 
 _CPU = torch.device("cpu")
 
@@ -60,15 +60,15 @@ class SampleSet:
         self.device = torch.device(device)
         self.dtype = dtype
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"--batch-size must be an integer >= 1, got {batch_size!r}")
+            raise ConfigError(f"{setting('batch_size')} must be an integer >= 1, got {batch_size!r}")
         available = len(dataset)  # type: ignore[arg-type]
         if samples is None:
             samples = available
         elif isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            raise ConfigError(f"--samples must be an integer >= 1, got {samples!r}")
+            raise ConfigError(f"{setting('samples')} must be an integer >= 1, got {samples!r}")
         elif samples > available:
             raise DataError(
-                f"--samples {samples} is more than the {available} samples of data '{self.name}' split '{self.split}'"
+                f"{setting('samples')} {samples} is more than the {available} samples of data '{self.name}' split '{self.split}'"
             )
         if samples < 1:
             raise DataError(f"data '{self.name}' split '{self.split}' has no samples")

@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, vjp, vmap
 
-from ..backends.base import GGNTrace
 from ..problem import Problem, model_mode
 from ..losses import output_hessian_factors, sample_columns
 from .persample import layer_sqnorms
@@ -26,6 +25,15 @@ from .pullback import pullback
 # stays this whatever the number of classes C (all C columns of a 1,000-class model's
 # factorisation at once held C gradients of every parameter: gigabytes).
 PER_SAMPLE_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class GGNTrace:
+    """Tr(G) as a backend's exact GGN route returns it (backends.base.ExactGGN)."""
+
+    per_param: Tensor  # (len(layout.names),) float64; sums to Tr(G)
+    stderr: float | None  # None when every class column was used (exact)
+    columns: int  # per-sample VJPs spent, Σ_n K_n
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,7 @@ def ggn_trace(problem: Problem, class_samples: int | None = None, generator: tor
             U, lam = output_hessian_factors(logits, batch.y, problem.loss)
             if class_samples is not None:
                 U, lam = sample_columns(U, lam, class_samples, generator)
-            if problem.bn_mode == "eval":
+            if not problem.batch_statistics:
                 sq = _per_sample_sqnorms(problem, params, batch.x, U, per_sample)
             else:
                 # Batch statistics couple the samples: f_n depends on the whole batch,

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, setting
 from ..linalg.memory import gib, limit_words
 
 # what a product over a sample holds, in units of its forward's saved tensors: the forward
@@ -125,26 +125,26 @@ def plan_batches(per_sample: int, allowance: int, sizes: list[int], splittable: 
     if fits < 1:
         raise ConfigError(f"{what}: one sample's graph needs about {per_sample:,} bytes ({gib(per_sample)}), more than "
                           f"the {allowance:,} bytes ({gib(allowance)}) left for it ({limit_words()}) after the stored vectors; "
-                          "raise --max-memory or free memory")
+                          f"raise {setting('max_memory')} or free memory")
     if fits >= largest:
         return BatchPlan(per_sample, allowance, None, largest)
     if not splittable:
         raise ConfigError(f"{what}: a batch of {largest} samples needs about {largest * per_sample:,} bytes "
                           f"({gib(largest * per_sample)}) for its graph, more than the {allowance:,} bytes "
-                          f"({gib(allowance)}) left under --max-memory, and --bn-mode train (batch statistics) "
-                          f"cannot cut a batch; use --batch-size {fits} or less, --bn-mode eval, or raise --max-memory")
+                          f"({gib(allowance)}) left under {setting('max_memory')}, and {setting('bn_mode')} train (batch "
+                          f"statistics) cannot cut a batch; use {setting('batch_size')} {fits} or less, "
+                          f"{setting('bn_mode')} eval, or raise {setting('max_memory')}")
     return BatchPlan(per_sample, allowance, int(fits), largest)
 
 
 def has_batch_statistics(problem) -> bool:
-    return problem.bn_mode == "train" and any(isinstance(m, nn.modules.batchnorm._BatchNorm)
-                                              for m in problem.model.modules())
+    return problem.batch_statistics
 
 
 def forward_bytes_per_sample(problem) -> int:
     """What one sample's forward and loss save for backward (the model's own tensors left
     out). Batch statistics need two samples to run: their forward is measured and halved."""
-    from ..backends.base import model_mode
+    from ..problem import model_mode
     from ..losses import per_sample_loss
 
     batch = next(iter(problem.samples))

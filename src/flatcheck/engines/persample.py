@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layout import ParamLayout
+from ..problem import ParamLayout
 
 _CONV = (nn.Conv1d, nn.Conv2d)
 

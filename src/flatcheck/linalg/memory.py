@@ -10,9 +10,11 @@ import torch
 
 def limit_words() -> str:
     """How every refusal names the limit it was held to; under `ulimit -v` also what that
-    leaves, which a larger --max-memory cannot raise."""
+    leaves, which a larger max_memory cannot raise."""
+    from ..errors import setting
+
     left = address_space_left()
-    words = "--max-memory less what the process holds; without it, half the free memory"
+    words = f"{setting('max_memory')} less what the process holds; without it, half the free memory"
     return words if left is None else f"{words}; ulimit -v leaves this process {left:,} bytes ({gib(left)})"
 
 
@@ -77,10 +79,10 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb"
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
 
-def parse_bytes(text: "str | int | float", flag: str = "--max-memory") -> int:
+def parse_bytes(text: "str | int | float", name: str = "max_memory") -> int:
     """"8G", "512MiB", "1.5GB", "4096" (bytes) → bytes. K/M/G/T alone are binary (GiB), as in
-    `free -g`; KB/MB/GB decimal. Anything else is one error line naming the flag."""
-    from ..errors import ConfigError
+    `free -g`; KB/MB/GB decimal. Anything else is one error line naming the setting `name`."""
+    from ..errors import ConfigError, setting
 
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value, unit = float(text), ""
@@ -89,13 +91,13 @@ def parse_bytes(text: "str | int | float", flag: str = "--max-memory") -> int:
 
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
         if match is None or match.group(2).lower() not in _UNITS:
-            raise ConfigError(f"{flag} expects a size such as 8G, 512M or 1.5GiB (bytes without a unit), got {text!r}")
+            raise ConfigError(f"{setting(name)} expects a size such as 8G, 512M or 1.5GiB (bytes without a unit), got {text!r}")
         value, unit = float(match.group(1)), match.group(2).lower()
     if not value * _UNITS[unit] < 2**63:  # 1e400 reads as inf, NaN compares false: no size
-        raise ConfigError(f"{flag} must be a finite size below 8 EiB, got {text!r}")
+        raise ConfigError(f"{setting(name)} must be a finite size below 8 EiB, got {text!r}")
     size = int(value * _UNITS[unit])
     if size < 1:
-        raise ConfigError(f"{flag} must be a positive size, got {text!r}")
+        raise ConfigError(f"{setting(name)} must be a positive size, got {text!r}")
     return size
 
 
@@ -109,14 +111,14 @@ def resident_bytes(device: torch.device) -> int:
 
 def process_allowance(device: torch.device, cap: int, held: int) -> int:
     """The bytes the probes' working sets may take when the whole process may hold `cap`
-    (--max-memory) and holds `held` already — torch itself, the model and the samples (about
+    (the max_memory setting) and holds `held` already — torch itself, the model and the samples (about
     1.25 GB for a ViT-B/16 at batch 8) count against the cap, as a user who sizes the flag to
     the machine expects; on the host no more than an address-space limit (`ulimit -v`) leaves,
     as for the default. Refuses (exit 2) a cap the process is already over."""
-    from ..errors import ConfigError
+    from ..errors import ConfigError, setting
 
     if held >= cap:
-        raise ConfigError(f"--max-memory {cap:,} bytes ({gib(cap)}) leaves no room: with the model and samples "
+        raise ConfigError(f"{setting('max_memory')} {cap:,} bytes ({gib(cap)}) leaves no room: with the model and samples "
                           f"loaded this process already holds {held:,} bytes ({gib(held)}); give that much more "
                           "than the probes need")
     left = address_space_left() if device.type == "cpu" else None
@@ -124,7 +126,7 @@ def process_allowance(device: torch.device, cap: int, held: int) -> int:
 
 
 def memory_limit(device: torch.device, requested: int | None) -> int | None:
-    """The bytes a probe's working set may take: --max-memory when given, else half of what is
+    """The bytes a probe's working set may take: max_memory's allowance when given, else half of what is
     free now (MemAvailable, or CUDA's free VRAM) — the other half is left to the model's own
     forward/backward buffers, the allocator's slack and other processes. None: unknown."""
     if requested is not None:
@@ -136,14 +138,14 @@ def memory_limit(device: torch.device, requested: int | None) -> int | None:
 def chunk_size(per_item: int, limit: int | None, what: str, total: int | None = None) -> int:
     """How many items of `per_item` bytes fit in `limit`; refuses (ConfigError, exit 2) up front
     when even one does not, with the size it would need."""
-    from ..errors import ConfigError
+    from ..errors import ConfigError, setting
 
     if limit is None:
         return total or 1 << 30
     if per_item > limit:
         raise ConfigError(f"{what} needs about {gib(per_item)} even one at a time, more than the "
                           f"{gib(limit)} allowed ({limit_words()}); "
-                          f"raise --max-memory or free memory")
+                          f"raise {setting('max_memory')} or free memory")
     n = max(1, limit // max(1, per_item))
     return n if total is None else min(n, total)
 
@@ -161,7 +163,7 @@ def refuse_count(count: int, per_item: int, fixed: int, limit: int | None, what:
     bytes (plus `fixed`) that does not fit `limit`, naming the bytes it needs, the limit and
     the largest `flag` that fits (or that none ≥ `least` does). Fewer vectors would change
     the quantity, which is the user's decision, so it is never done silently."""
-    from ..errors import ConfigError
+    from ..errors import ConfigError, setting
 
     need = count * per_item + fixed
     if limit is None or need <= limit:
@@ -171,4 +173,4 @@ def refuse_count(count: int, per_item: int, fixed: int, limit: int | None, what:
     working = f" and {fixed:,} bytes of working vectors" if fixed else ""
     raise ConfigError(f"{what} would hold {count} vectors of {per_item:,} bytes{working}, {need:,} bytes "
                       f"({gib(need)}) in all, more than the {limit:,} bytes ({gib(limit)}) allowed ({limit_words()}); "
-                      f"{fix}, or raise --max-memory")
+                      f"{fix}, or raise {setting('max_memory')}")

@@ -20,10 +20,10 @@ from typing import Callable, Iterator, Literal
 import torch
 from torch import Tensor, nn
 
-from ..backends.base import model_mode
-from ..errors import ConfigError
+from ..problem import model_mode, uses_batch_statistics
+from ..errors import ConfigError, setting
 from ._hooks import Call, record
-from ._kit import SampleBudget
+from .kit import SampleBudget
 
 Output = Literal["logits", "softmax", "sigmoid"]
 # Rows of all samples of one chunk together; a single sample larger than this still runs.
@@ -38,10 +38,10 @@ OUTPUT_HELP = "differentiate the logits, softmax(logits) or sigmoid(logits)"
 
 
 def require_independent(model: nn.Module, bn_mode: str, probe: str) -> None:
-    if bn_mode == "train" and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+    if uses_batch_statistics(model, bn_mode):
         raise ConfigError(
-            f"--bn-mode train: probe {probe} needs per-sample input Jacobians, which batch statistics "
-            "make depend on the whole batch; use --bn-mode eval"
+            f"{setting('bn_mode')} train: probe {probe} needs per-sample input Jacobians, which batch statistics "
+            f"make depend on the whole batch; use {setting('bn_mode')} eval"
         )
 
 

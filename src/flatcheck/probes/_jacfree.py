@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..linalg.memory import chunk_size, gib, memory_limit
 from ._hooks import Call, record
 from ._inputjac import AUTO_MAX_CLASSES, ROW_BYTES, Output, apply_output
-from ._kit import SampleBudget, option
+from .kit import SampleBudget, option
 
 # streams of the per-sample generators
 LANCZOS_STREAM, PROBE_STREAM = 1, 2

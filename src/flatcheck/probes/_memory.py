@@ -4,22 +4,22 @@ products run over (cut into micro-batches by the backend, flatcheck.engines.micr
 
 from __future__ import annotations
 
+from ..backends.base import LimitMemory
 from ..linalg.memory import memory_limit
 from .registry import ProbeContext
 
 
 def probe_limit(ctx: ProbeContext) -> int | None:
     """The bytes this probe's working set may take: --max-memory, or half of what is free."""
-    return memory_limit(ctx.backend.problem.device, ctx.max_memory)
+    return memory_limit(ctx.backend.problem.device, ctx.memory_allowance)
 
 
 def limit_products(ctx: ProbeContext, limit: int | None, stored: int, what: str) -> dict:
     """Leave the backend what the stored vectors leave of `limit` for its graphs (a backend
     without micro-batches runs its batches whole); the plan, for the result's details."""
     plan = None
-    limit_memory = getattr(ctx.backend, "limit_memory", None)
-    if limit_memory is not None:
-        plan = limit_memory(None if limit is None else limit - stored, f"probe {what}")
+    if isinstance(ctx.backend, LimitMemory):
+        plan = ctx.backend.limit_memory(None if limit is None else limit - stored, f"probe {what}")
     return {"limit_bytes": limit, "stored_vector_bytes": stored, **cap_details(ctx),
             **(plan.details() if plan is not None else {})}
 

@@ -9,10 +9,11 @@ from typing import ClassVar
 
 import torch
 
-from ..backends.base import Outputs, model_mode
+from ..backends.base import Outputs
+from ..problem import model_mode
 from ._hooks import is_relu_like, named_matching, record
 from ..report.result import ProbeResult
-from ._kit import progress_reporter
+from .kit import progress_reporter
 from .gating import Gating
 from .registry import ProbeContext, register_probe
 

@@ -19,8 +19,8 @@ from ..linalg import hutchinson
 from ..models.spec import LOSSES, LossSpec
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
-from ._kit import budget_stop, option, progress_reporter, refuse_unused, time_left, told_if_budget
-from ._kit import mean_loss as sample_loss  # L(θ) over the sample set
+from .kit import budget_stop, option, progress_reporter, refuse_unused, time_left, told_if_budget
+from .kit import mean_loss as sample_loss  # L(θ) over the sample set
 from .gating import Gating
 from .registry import ProbeContext, register_probe
 

@@ -11,7 +11,7 @@ from ..data.batches import SampleSet
 from ..data.registry import MissingSplitError
 from ..errors import ConfigError, DataError
 from ..report.result import ProbeResult
-from ._kit import loss_and_accuracy, option, progress_reporter
+from .kit import loss_and_accuracy, option, progress_reporter
 from .gating import Gating
 from .registry import ProbeContext, register_probe
 

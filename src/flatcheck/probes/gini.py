@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from ..report.result import ProbeResult
-from ._kit import accuracy, loss_statistic, progress_reporter, sample_means
+from .kit import accuracy, loss_statistic, progress_reporter, sample_means
 from ..backends.base import Outputs
 from .gating import Gating
 from .registry import ProbeContext, register_probe

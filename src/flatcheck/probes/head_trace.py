@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ._head import Head, HeadStatistics, head_statistics, resolve_head
 from ..report.result import ProbeResult
 from ._head import HEAD_HELP
-from ._kit import option, progress_reporter
+from .kit import option, progress_reporter
 from .gating import Gating
 from .registry import ProbeContext, register_probe
 

@@ -9,7 +9,8 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..backends.base import Outputs, model_mode
+from ..backends.base import Outputs
+from ..problem import model_mode
 from ..errors import ConfigError
 from ..linalg.memory import gib
 from ..report.result import ProbeResult
@@ -17,7 +18,7 @@ from ._inputjac import (AUTO_MAX_CLASSES, OUTPUT_HELP, ROW_BYTES, jacobian_rows,
                         spectral_stats, summarise)
 from ._jacfree import (LANCZOS_STREAM, PROBE_STREAM, JacobianProducts, gaussian, iter_chunks, lanczos_sigma, plan,
                        rademacher)
-from ._kit import SampleBudget, option, progress_reporter
+from .kit import SampleBudget, option, progress_reporter
 from .gating import Gating
 from .registry import ProbeContext, register_probe
 
@@ -118,7 +119,7 @@ class JacobianProbe:
         # either route's chunk of samples planned as mls plans them: refused up front (exit 2, the
         # bytes) when one sample's cannot fit --max-memory
         with model_mode(model, problem.bn_mode):
-            memory = plan(model, first[:1], options.output, [], method, ctx.max_memory, self.name).details()
+            memory = plan(model, first[:1], options.output, [], method, ctx.memory_allowance, self.name).details()
         region = options.region
         mask = region_mask(x_shape, region) if region is not None else None
         eps = torch.finfo(first.dtype).eps

@@ -9,16 +9,16 @@ from typing import ClassVar, Literal
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, setting
 from ..linalg.lanczos import default_max_iter, lanczos_bytes, lanczos_top, plan_steps
 from ..linalg.memory import gib, limit_words
 from ..linalg.thick_restart import lanczos_top_restarted, min_rows, restart_bytes
 from ..linalg.power import power_top
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
-from ._kit import budget_stop, option, progress_reporter, told_if_budget
+from .kit import budget_stop, option, progress_reporter, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
-from ..backends.base import GGNVp, Hvp
+from ..backends.base import GGNVp, Hvp, LimitMemory
 from .gating import Gating, number
 from .registry import ProbeContext, register_probe
 
@@ -187,7 +187,7 @@ class LmaxProbe:
         elif not all(res.converged):
             notes += f"; raise --max-iter (now {max_iter}) or --tol, or use --dtype float64"
         if rows is not None:
-            limit = "--max-memory" if ctx.max_memory is not None else "the default limit, half the free memory"
+            limit = "--max-memory" if ctx.memory_allowance is not None else "the default limit, half the free memory"
             notes += (f"; thick-restarted in a basis of {rows} vectors, the most that fit {limit} "
                       f"({restarts} restart{'' if restarts == 1 else 's'})")
         notes += memory_note(memory)
@@ -262,13 +262,13 @@ def _restart_rows(ctx: ProbeContext, op, steps: int, limit: int, k: int, what: s
     if rows < useful:
         problem = ctx.backend.problem
         graph = GRAPH_FACTOR * forward_bytes_per_sample(problem)
-        if getattr(ctx.backend, "limit_memory", None) is None:  # batches run whole
+        if not isinstance(ctx.backend, LimitMemory):  # batches run whole
             graph *= max(batch_sizes(problem.samples))
         rows = (limit - graph - fixed) // per
         if rows < min_rows(k):
             need = fixed + min_rows(k) * per + graph
             raise ConfigError(f"{what}: a thick-restarted Lanczos basis of {min_rows(k)} vectors, its working "
                               f"vectors and one sample's graph need {need:,} bytes ({gib(need)}), more than the "
-                              f"{limit:,} bytes ({gib(limit)}) allowed ({limit_words()}); raise --max-memory or lower --k")
+                              f"{limit:,} bytes ({gib(limit)}) allowed ({limit_words()}); raise {setting('max_memory')} or lower --k")
     rows = int(min(rows, steps))
     return rows, fixed + rows * per

@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 import torch
 
 from ..backends.base import Backend
-from ..errors import ConfigError
+from ..errors import ConfigError, setting
 from ..models.spec import ModelSpec
 from ..report.result import ProbeResult
 
@@ -27,7 +27,7 @@ from ..report.result import ProbeResult
 class ProbeContext:
     backend: Backend
     seed: int
-    # (description, done, total, *, value=None, stderr=None): see probes/_kit.progress_reporter
+    # (description, done, total, *, value=None, stderr=None): see probes/kit.progress_reporter
     progress: Callable[..., None] | None = None
     spec: ModelSpec | None = None  # the model spec, for probes that need e.g. the head's name
     # the same data source, another split ("train"/"test"), same sample cap and batching;
@@ -39,12 +39,12 @@ class ProbeContext:
     # state a probe may keep from one run to the next on the same model (a Tracker's warm
     # starts: lmax keeps its Ritz vectors here); None: every run starts cold
     warm: dict[Any, Any] | None = None
-    # bytes a probe's working set may take (what --max-memory leaves of the process's cap when
-    # the probe starts); None: half of what is free when it runs (linalg.memory.memory_limit).
-    # Probes chunk samples/classes/vectors to fit, or refuse
-    max_memory: int | None = None
-    # --max-memory as given and what the process held when the probes started (None without
-    # it): recorded in each result's details.memory, so a plan can be read back
+    # bytes a probe's working set may take (what the run's max_memory, the process's cap,
+    # leaves when the probe starts); None: half of what is free when it runs
+    # (linalg.memory.memory_limit). Probes chunk samples/classes/vectors to fit, or refuse
+    memory_allowance: int | None = None
+    # the run's max_memory as given and what the process held when the probes started (None
+    # without it): recorded in each result's details.memory, so a plan can be read back
     memory_cap: int | None = None
     memory_held: int | None = None
 
@@ -96,9 +96,10 @@ def register_probe(cls: type) -> type:
 
 def _load_builtin() -> None:
     # the probe modules are this module's siblings, found by file name (not imported by name
-    # here, which would make the package and its registry import each other)
+    # here, which would make the package and its registry import each other); a helper module
+    # imported with them (kit, explanations) registers nothing
     for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
-        if info.name != "registry" and not info.name.startswith("_"):  # _name: helpers, not probes
+        if info.name != "registry" and not info.name.startswith("_"):  # _name: private helpers
             importlib.import_module(f"{__package__}.{info.name}")
 
 
@@ -108,9 +109,14 @@ def list_probes(pattern: str = "*") -> list[str]:
 
 
 def get_probe_class(name: str) -> type:
-    _load_builtin()
+    if name not in _PROBES:  # the probe's own module first (head-trace: head_trace.py), the rest if need be
+        module = name.replace("-", "_")
+        if module.isidentifier() and not module.startswith("_") and (Path(__file__).parent / f"{module}.py").is_file():
+            importlib.import_module(f"{__package__}.{module}")
     if name not in _PROBES:
-        raise ConfigError(f"--probes: unknown probe {name!r}; available: {', '.join(list_probes())}")
+        _load_builtin()
+    if name not in _PROBES:
+        raise ConfigError(f"{setting('probes')}: unknown probe {name!r}; available: {', '.join(list_probes())}")
     return _PROBES[name]
 
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 from ._head import head_statistics, resolve_head
 from ..report.result import ProbeResult
 from ._head import HEAD_HELP
-from ._kit import option
+from .kit import option
 from ..backends.base import Outputs
 from .gating import Gating
 from .registry import ProbeContext, register_probe

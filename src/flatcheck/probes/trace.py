@@ -8,16 +8,16 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from ..errors import ConfigError, ModelError
+from ..errors import ConfigError, ModelError, setting
 from ..linalg import hutchinson, hutchpp
 from ..linalg.memory import gib, limit_words
 from ..linalg.trace import plan_block
 from ..operators import CurvatureOperator, LayoutParts
 from ..linalg.random import SIGN_STREAM
 from ..report.result import ProbeResult
-from ._kit import budget_stop, option, progress_reporter, refuse_unused, time_left, told_if_budget
+from .kit import budget_stop, option, progress_reporter, refuse_unused, time_left, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
-from ..backends.base import ExactGGN, GGNVp, Hvp, Vhv
+from ..backends.base import ExactGGN, GGNVp, Hvp, HvpFailure, Vhv
 from .gating import Gating
 from .registry import ProbeContext, register_probe
 
@@ -259,7 +259,7 @@ class TraceProbe:
                 # HVPs chosen for a short run, but the model has an op without a second
                 # derivative (the first product says so): forward tangents need none
                 if split is not None or options.route == "hvp" or op.takes_vhv \
-                        or getattr(ctx.backend, "hvp_error", None) is None:
+                        or not isinstance(ctx.backend, HvpFailure) or ctx.backend.hvp_error is None:
                     raise
                 op = CurvatureOperator(ctx.backend, matrix)
                 est = estimate(op)
@@ -359,5 +359,5 @@ def _check_hutchpp_memory(op: CurvatureOperator, matvecs: int, limit: int | None
         fix = f"--probes-max {most} fits" if most >= 6 else "no --probes-max ≥ 6 fits"
         raise ConfigError(f"probe trace: --probes-max {matvecs}: Hutch++ would hold {need:,} bytes ({gib(need)}) of "
                           f"(k, P) blocks for {op.dim:,} parameters, more than the {limit:,} bytes ({gib(limit)}) "
-                          f"allowed ({limit_words()}); {fix}, or raise --max-memory")
+                          f"allowed ({limit_words()}); {fix}, or raise {setting('max_memory')}")
     return need

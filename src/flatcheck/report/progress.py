@@ -6,7 +6,7 @@ subprocess) a line is written at each probe's end and, from a background ticker,
 `period` seconds while work runs — a ticker because one unit (one HVP of a large model) can
 take minutes and then no callback comes to write the line.
 
-A probe reports "0 done" with no total when it begins (probes/_kit.progress_reporter), so the
+A probe reports "0 done" with no total when it begins (probes/kit.progress_reporter), so the
 line names the running probe from its start, not only after its first unit (a block of trace
 products can take a minute). A probe that ends short of its total because --budget ran out
 says so (`stopped`), so that its last line does not look unfinished.

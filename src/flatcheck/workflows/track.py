@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, ModelError, first_line
-from .live import is_finite, preserved
+from ..live import is_finite, preserved
 from .results_io import HeldOutput, check_records_file, new_record, repair_tail, write_record
 
 RECORD_KIND = "flatcheck.track"
@@ -77,7 +77,7 @@ class Tracker:
                  out: str | os.PathLike | None = "track.jsonl", options: dict[str, dict[str, Any]] | None = None,
                  strict: bool = False, name: str | None = None, warm_start: bool = True,
                  cold_every: int | None = COLD_EVERY, **measure_kwargs: Any):
-        from ..api import open_live_session, probe_options
+        from ..live import open_live_session, probe_options
 
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"every must be a positive integer (measure every K-th step), got {every!r}")
@@ -197,14 +197,14 @@ class Tracker:
             warm[key] = self._handed[key] = extrapolated_start(previous, latest)
 
     def _measure(self, step: int):
-        from ..api import _call_words, run
+        from ..api import run
 
         session = self.session
         if session.model is not self.model:
             _copy_weights(self.model, session.model)  # measured on a copy in another device/dtype
         if not is_finite(session.model):
             raise ModelError(f"step {step}: the model's weights are not finite (the training run diverged)")
-        with preserved(self.model, session.device), _call_words():
+        with preserved(self.model, session.device):
             return run(session.config, None, session)
 
     def _start(self, step: int) -> None:

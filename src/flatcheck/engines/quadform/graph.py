@@ -12,7 +12,7 @@ from torch import Tensor, fx
 from torch.func import functional_call, jvp
 from torch.utils._pytree import tree_flatten
 
-from ...backends.base import Problem
+from ...problem import Problem
 from ...losses import per_sample_loss
 
 aten = torch.ops.aten

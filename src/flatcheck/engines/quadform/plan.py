@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, fx
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ...backends.base import Problem
+from ...problem import Problem
 from .graph import arg_nodes, preload, trace_loss
 from .rules import choose_rule
 
