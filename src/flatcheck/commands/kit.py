@@ -278,7 +278,7 @@ def execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple]
         from ..report.io import check_distinct_files
 
         _refuse_empty_outputs(files)
-        check_distinct_files(files + _data_file(common["data"]))
+        check_distinct_files(files + _data_file(common["data"]), kinds=False)  # kinds: after the found inputs
         with warnings.catch_warnings():
             if quiet:
                 warnings.simplefilter("ignore")

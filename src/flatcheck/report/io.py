@@ -76,10 +76,12 @@ def same_file(a: str | Path, b: str | Path) -> bool:
         return False
 
 
-def check_distinct_files(files: Sequence[tuple[str, str | Path, bool | str]]) -> None:
+def check_distinct_files(files: Sequence[tuple[str, str | Path, bool | str]], *, kinds: bool = True) -> None:
     """Refuse, before any work, an output that is one of the run's inputs or another output:
-    the run would destroy its own input, or one output would replace the other; and an output
-    path holding a file of another kind than the output (check_output_kind).
+    the run would destroy its own input, or one output would replace the other; and (kinds) an
+    output path holding a file of another kind than the output (check_output_kind). A command
+    that learns more of its inputs later leaves the kinds to check_outputs_spare, which first
+    names the input an output would overwrite.
 
     files: (flag, path, writes) for every file the command reads or writes; `writes` is False
     for an input, and for an output True or the kind it writes (OUTPUT_KINDS; True: the flag's)."""
@@ -87,7 +89,7 @@ def check_distinct_files(files: Sequence[tuple[str, str | Path, bool | str]]) ->
         for other_flag, other, other_writes in files[i + 1:]:
             if (writes or other_writes) and same_file(path, other):
                 raise ConfigError(_clash(flag, path, bool(writes), other_flag, other, bool(other_writes)))
-    for flag, path, writes in files:
+    for flag, path, writes in files if kinds else ():
         if writes and str(path) != "-":
             check_output_kind(flag, path, writes if isinstance(writes, str) else _FLAG_KINDS.get(flag))
 
@@ -98,7 +100,7 @@ OUTPUT_KINDS = ("json", "csv", "figure", "text", "scan", "spec", "checkpoint")
 # what each kind of output may replace besides its own kind (an empty file: anything)
 _MAY_REPLACE = {"text": ("text", "csv"), "figure": ("figure", "image")}
 _KIND_NAMES = {"checkpoint": "a checkpoint", "pickle": "a pickle (a checkpoint or a data batch)",
-               "data": "a data file (npz/npy)", "figure": "a PNG/PDF/SVG figure", "image": "an image",
+               "data": "a data file (npz/npy)", "figure": "an image (PNG/PDF/SVG)", "image": "an image",
                "json": "a JSON file", "scan": "a scan's JSONL records", "spec": "a model spec",
                "gates": "a gates file", "csv": "a CSV table", "text": "a text file", "binary": "a binary file"}
 _SNIFF_BYTES = 1 << 24  # whole files are parsed up to this size; a larger one by its first line
@@ -214,7 +216,8 @@ def check_outputs_spare(outputs: Sequence[tuple[str, str | Path]], inputs: Seque
                         reads: Sequence[str] = ()) -> None:
     """Refuse an output that is an input found after the command line was read (`what`, a file),
     or, inside an input folder, a file there already or one with a suffix in `reads` (an image
-    the data set would read as a sample next time): the run would change what it reads."""
+    the data set would read as a sample next time): the run would change what it reads. Then
+    an output over a file of another kind (check_output_kind)."""
     for flag, path in outputs:
         target = Path(os.path.realpath(os.path.expanduser(path)))
         for what, source in inputs:
@@ -226,6 +229,9 @@ def check_outputs_spare(outputs: Sequence[tuple[str, str | Path]], inputs: Seque
             if not real.is_dir() and same_file(path, source):
                 raise ConfigError(f"{flag} {path} is {what}: writing {flag} would overwrite an input of the run; "
                                   f"give {flag} another path")
+    for flag, path in outputs:
+        if str(path) != "-":
+            check_output_kind(flag, path, _FLAG_KINDS.get(flag))
 
 
 def _clash(flag: str, path: str | Path, writes: bool, other_flag: str, other: str | Path, other_writes: bool) -> str:
