@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flatcheck.cli import app
+from tests.support.proc import HANG_GUARD
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = [str(ROOT / "demo" / "digits_cnn.safetensors"), "--spec", str(ROOT / "model_specs" / "demo_digits.yaml"),
@@ -30,7 +31,7 @@ def _env() -> dict:
 def _torchrun(args: list[str], out: Path) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "flatcheck", *args, "--json", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_GUARD)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(out.read_text())
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.support.cli import invoke  # the one CLI runner of the suite (stdout/stderr apart, fixed width)
-from tests.support.cli import CKPT, ROOT, SMALL, SPEC, bad
+from tests.support.cli import CKPT, ROOT, SMALL, SPEC, bad, invoke
+from tests.support.proc import HANG_GUARD
 
 
 def trace(*extra, ckpt=CKPT, spec=SPEC):
@@ -817,7 +817,7 @@ def scan_subprocess(*args) -> subprocess.Popen:
 
 
 def wait_for_records(out: Path, count: int, proc: subprocess.Popen) -> None:
-    deadline = time.time() + 120
+    deadline = time.time() + HANG_GUARD
     while (out.read_bytes().count(b"\n") if out.exists() else 0) < count:
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "timed out"
         time.sleep(0.02)
@@ -839,7 +839,7 @@ def test_second_scan_on_the_same_out_is_refused_and_sigkill_leaves_no_lock(tmp_p
             "another scan")
         assert out.read_bytes() == before
         holder.send_signal(signal.SIGKILL)
-        holder.wait(timeout=60)
+        holder.wait(timeout=HANG_GUARD)
     finally:
         holder.kill()
         holder.communicate()
@@ -849,7 +849,7 @@ def test_second_scan_on_the_same_out_is_refused_and_sigkill_leaves_no_lock(tmp_p
 
 
 HOLD = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
-        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)")
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(1e6)")  # killed when done
 
 
 def test_scan_lock_is_per_rank_shard(tmp_path, monkeypatch):
@@ -894,57 +894,80 @@ def test_lmax_k_above_the_parameter_count(monkeypatch):
 LONG_TRACE = ["trace", str(CKPT), "--spec", str(SPEC), "--samples", "512", "--probes-max", "5000", "--rtol", "1e-9"]
 
 
-def after(seconds: float):
-    return lambda pid: time.sleep(seconds)
+# Each wait below returns at a phase of the run, told by the process itself (a line on stderr,
+# a library mapped), never after a number of seconds: how far a process gets in a given time
+# depends on the machine's load. Each returns what it read of stderr.
+
+
+def starting(proc: subprocess.Popen) -> str:
+    """The entry point's first line, written once its interrupt handler is in place and just
+    before the CLI is imported (typer and rich, then torch)."""
+    line = proc.stderr.readline()
+    assert line.startswith("flatcheck trace: starting"), line
+    return line
 
 
 def once_loaded(library: str):
     """Wait until the process has mapped `library`: it is then inside that import."""
 
-    def wait(pid: int) -> None:
-        deadline = time.time() + 120
-        while time.time() < deadline:
+    def wait(proc: subprocess.Popen) -> str:
+        while proc.poll() is None:
             try:
-                if library in Path(f"/proc/{pid}/maps").read_text():
-                    return
+                if library in Path(f"/proc/{proc.pid}/maps").read_text():
+                    return ""
             except (FileNotFoundError, ProcessLookupError):
                 break
             time.sleep(0.002)
-        pytest.fail(f"{library} never loaded")
+        pytest.fail(f"{library} never loaded: the process ended first")
 
     return wait
 
 
+def running(proc: subprocess.Popen) -> str:
+    """Wait for the probe's own progress line (the ticker's, every PERIOD seconds): the model and
+    data are loaded and the run is under way."""
+    seen = ""
+    while True:
+        line = proc.stderr.readline()
+        assert line, f"the process ended before its run began:\n{seen}"
+        seen += line
+        if line.startswith("flatcheck trace") and "elapsed" in line:
+            return seen
+
+
 def then(*waits):
-    def wait(pid: int) -> None:
-        for w in waits:
-            w(pid)
+    def wait(proc: subprocess.Popen) -> str:
+        return "".join(w(proc) for w in waits)
 
     return wait
 
 
 SCRIPT = [str(Path(sys.executable).with_name("flatcheck"))]  # the console script pip made
 MODULE = [sys.executable, "-m", "flatcheck"]
+PERIOD = "0.2"  # FLATCHECK_PROGRESS_SECONDS: the run's ticker line comes soon after the run starts
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see the imports")
 @pytest.mark.parametrize("exe, when", [
-    (SCRIPT, after(0.15)),  # importing typer and rich (flatcheck has control after about 40 ms)
+    (SCRIPT, starting),  # importing typer and rich
     (SCRIPT, once_loaded("libtorch_cpu")),  # importing torch
     (MODULE, once_loaded("libtorch_cpu")),
     (SCRIPT, once_loaded("_multiarray_umath")),  # numpy, imported by torch's C code, which swallowed the interrupt
-    (SCRIPT, then(once_loaded("_multiarray_umath"), after(3.0))),  # later: loading, the run
-], ids=["0.15s", "torch", "torch -m", "numpy", "numpy+3s"])
+    (SCRIPT, then(once_loaded("_multiarray_umath"), running)),  # later: the run
+], ids=["starting", "torch", "torch -m", "numpy", "running"])
 def test_ctrl_c_at_any_moment(exe, when):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FLATCHECK_PROGRESS_SECONDS": PERIOD}
     proc = subprocess.Popen(exe + LONG_TRACE, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        when(proc.pid)
+        before = when(proc)
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
+        # a guard against a hang only: an interrupt that was swallowed lets the run go on to
+        # its end, and its exit status fails the check below
+        stdout, stderr = proc.communicate(timeout=HANG_GUARD)
     finally:
-        proc.kill()  # an interrupt that was swallowed leaves the run going
+        proc.kill()
+    stderr = before + stderr
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and stderr.splitlines()[-1] == "interrupted", stderr
     assert stdout == ""
@@ -1235,7 +1258,7 @@ def test_an_empty_output_path_says_it_is_empty(tmp_path, never_runs, flag):
     assert ("GITHUB_STEP_SUMMARY is set only inside GitHub Actions" in err) == (flag == "--summary")
 
 
-def run_cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(*args, timeout: float = HANG_GUARD) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.run(MODULE + [str(a) for a in args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -1313,7 +1336,7 @@ def test_a_reader_that_closes_stdout_ends_the_command_quietly_with_141(args):
                             env={**os.environ, "FLATCHECK_PROGRESS_SECONDS": "600"})
     proc.stdout.close()  # before the command writes anything
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=300) == 141, err
+    assert proc.wait(timeout=HANG_GUARD) == 141, err
     assert "error" not in err and "Traceback" not in err, err
 
 
@@ -1459,7 +1482,7 @@ def test_torch_that_cannot_load_under_an_address_space_limit_is_one_line():
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([*MODULE, "trace", str(CKPT), "--spec", str(SPEC), "--data", "digits"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=1800, preexec_fn=limited)
+                          env=env, capture_output=True, text=True, timeout=HANG_GUARD, preexec_fn=limited)
     if proc.returncode == 0:
         pytest.skip("torch loads within 2.5 GB of address space here")
     one_error_line(proc, "cannot load", "ulimit -v allows 2.38 GiB of address space and leaves this process",
@@ -1475,6 +1498,6 @@ def test_a_missing_data_root_is_told_before_torch_is_imported(args, said):
     line now comes before the 'starting · importing torch' line would."""
     env = {k: v for k, v in os.environ.items() if k != "FLATCHECK_DATA_ROOT"}
     proc = subprocess.run([*MODULE, "trace", str(CKPT), "--spec", str(SPEC), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1800)
+                          capture_output=True, text=True, timeout=HANG_GUARD)
     one_error_line(proc, *said)
     assert proc.stderr.count("\n") == 1, proc.stderr  # nothing else: torch was never imported

@@ -17,6 +17,7 @@ import pytest
 
 from flatcheck import __version__
 from tests.support.cli import CKPT, ROOT, SMALL, SPEC, as_json, assert_only_tables, invoke, ok, strip_volatile
+from tests.support.proc import HANG_GUARD
 
 HEAD_PARAMS = 32 * 10 + 10  # DigitsCNN.head = Linear(32, 10)
 
@@ -322,7 +323,7 @@ def test_no_arguments_shows_help():
 
 def test_python_dash_m_help():
     proc = subprocess.run([sys.executable, "-m", "flatcheck", "--help"], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+                          timeout=HANG_GUARD, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     for command in ("trace", "probe", "list-probes", "version"):
         assert command in proc.stdout
@@ -331,6 +332,6 @@ def test_python_dash_m_help():
 def test_console_script_installed():
     script = Path(sys.executable).parent / "flatcheck"
     assert script.is_file(), f"no console script at {script}"
-    proc = subprocess.run([str(script), "version"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run([str(script), "version"], capture_output=True, text=True, timeout=HANG_GUARD, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().startswith(f"flatcheck {__version__}")

@@ -19,6 +19,7 @@ import flatcheck
 from flatcheck.models.checkpoint import fitting_prefix
 from flatcheck.zoo.demo_cnn import DigitsCNN
 from tests.support.cli import CKPT as DEMO, SPEC as DEMO_SPEC, FAST_JSON as FAST, copy_demo, invoke, refused, run_json
+from tests.support.proc import HANG_GUARD
 
 LOUD = [a for a in FAST if a != "--quiet"]  # warnings are said (and pytest records them)
 NET = ("from torch import nn\n\ndef net(num_classes=10):\n"
@@ -138,7 +139,7 @@ def test_a_resize_is_said_once_on_stderr_and_recorded(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "flatcheck", "probe", str(DEMO), "--spec", str(DEMO_SPEC),
                            "--input-size", "1,16,16", "--probes", "gini,gap", "--samples", "32", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300,
+                          capture_output=True, text=True, timeout=HANG_GUARD,
                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     said = [line for line in proc.stderr.splitlines() if "images resized" in line]
@@ -167,7 +168,7 @@ def test_a_missing_checkpoint_is_refused_before_torch_is_imported(tmp_path, make
     code = ("import sys, atexit; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
             f"sys.argv = ['flatcheck', 'trace', {path!r}, '--data', 'synthetic']; "
             "from flatcheck.entry import main; main()")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message.format(path)), proc.stderr
@@ -192,7 +193,7 @@ def test_commands_that_run_nothing_import_no_torch(argv):
     current()  # a shipped catalogue made stale by an edit to a probe is read once and cached
     code = ("import sys, atexit; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
             f"sys.argv = ['flatcheck', *{argv!r}]; from flatcheck.entry import main; main()")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD)
     assert proc.returncode == (0 if argv else 2), proc.stderr  # bare: the help, as a usage error
     assert proc.stdout.strip().endswith("torch imported: False"), proc.stdout[-300:]
     if argv and argv[-1] in ("--version", "version"):

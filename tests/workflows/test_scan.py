@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.cli import ROOT, invoke
 from tests.support.scan import CHEAP, FAST, lines, models_file, scan, subprocess_env
+from tests.support.proc import HANG_GUARD
 
 # float64: the single-process and per-rank scans run with different thread counts, and
 # float32 reductions in another order differ by ~1e-5 relative on the trace
@@ -129,13 +130,13 @@ def test_interrupted_scan_resumes_without_redoing_or_duplicating(tmp_path):
            "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.time() + 120
+    deadline = time.time() + HANG_GUARD
     while time.time() < deadline and proc.poll() is None:
         if out.exists() and out.read_bytes().count(b"\n") >= 1:
             proc.send_signal(signal.SIGINT)
             break
         time.sleep(0.02)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = proc.communicate(timeout=HANG_GUARD)
     before = lines(out)
     assert before, "no model finished"
     if proc.returncode != 0:  # interrupted mid-scan (not finished before the signal landed)
@@ -193,7 +194,7 @@ def test_two_ranks_cover_the_single_process_scan(tiny, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "flatcheck", "scan", "--models-file", str(mf), *TINY, *FAST, "--allow-errors",
                            "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=HANG_GUARD)
     assert proc.returncode == 0, proc.stderr[-2000:]
     shards = [lines(out.with_name(f"scan.jsonl.rank{r}")) for r in range(2)]
     assert [r["model"] for r in shards[0]] == names[0::2] and [r["model"] for r in shards[1]] == names[1::2]
@@ -251,7 +252,7 @@ def test_a_model_whose_process_is_killed_is_recorded_and_the_scan_goes_on(tmp_pa
     # be one that cannot fork for autograd, and the scan would then run the killer in it
     res = subprocess.run([sys.executable, "-m", "flatcheck", "scan", "--checkpoints", str(folder), "--trust-package",
                           "doomed_models", "--probes", "gini", "--data", "digits", "--samples", "16", "-q",
-                          "--allow-errors", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          "--allow-errors", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(pkg), os.environ.get("PYTHONPATH", "")])})
     assert res.returncode == 0, res.stderr
     killed, memory, demo = lines(out)
@@ -532,14 +533,14 @@ def test_a_forked_child_uses_threads_only_where_its_parent_cannot_have_used_the_
     fresh interpreters under a timeout, so that a hang fails the test instead of the suite."""
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     for mode, expected in (("fresh", ["2", "2", "2", "0", "2"]), ("library", ["1", "1", "1", "0", "2"])):
-        out = subprocess.run([sys.executable, "-c", FORK, mode], capture_output=True, text=True, timeout=120,
+        out = subprocess.run([sys.executable, "-c", FORK, mode], capture_output=True, text=True, timeout=HANG_GUARD,
                              env=env)
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == expected, mode
     # a parent that used the pool on 2 threads: its child on one thread finishes
     used = FORK.replace("with child_process.parent_without_pool() as n:", "(torch.randn(1500, 1500) @ "
                         "torch.randn(1500, 1500)).sum()\nwith child_process.parent_without_pool() as n:")
-    out = subprocess.run([sys.executable, "-c", used, "library"], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run([sys.executable, "-c", used, "library"], capture_output=True, text=True, timeout=HANG_GUARD, env=env)
     assert out.returncode == 0 and out.stdout.split() == ["1", "1", "1", "0", "2"], out.stderr
 
 
@@ -566,7 +567,7 @@ print(child_process.fork_works())
 
 
 def test_a_fresh_process_can_fork_for_autograd():
-    out = subprocess.run([sys.executable, "-c", FORK_WORKS], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", FORK_WORKS], capture_output=True, text=True, timeout=HANG_GUARD)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
 
 
