@@ -101,24 +101,21 @@ TV_RESNET18_SPEC = "model_specs/resnet18_torchvision_cifar10.yaml"
 
 def _shape_hint(checkpoint: Path) -> str | None:
     """What a bare state dict's keys say it is, when they are a torchvision ResNet's."""
-    try:
-        from flatcheck.models.checkpoint import load_checkpoint
-
-        state = load_checkpoint(checkpoint).state_dict
-    except Exception:  # unreadable: the run's own load says why, with its own line
+    shapes = _shapes(checkpoint)
+    if shapes is None:
         return None
     blocks: dict[int, set[int]] = {}
-    for key in state:
+    for key in shapes:
         m = re.match(r"layer([1-4])\.(\d+)\.", key)
         if m:
             blocks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-    fc = state.get("fc.weight")
-    if sorted(blocks) != [1, 2, 3, 4] or "conv1.weight" not in state or fc is None or fc.dim() != 2:
+    fc = shapes.get("fc.weight")
+    if sorted(blocks) != [1, 2, 3, 4] or "conv1.weight" not in shapes or fc is None or len(fc) != 2:
         return None
-    arch = _TV_RESNETS.get((tuple(len(blocks[i]) for i in (1, 2, 3, 4)), "layer1.0.conv3.weight" in state))
+    arch = _TV_RESNETS.get((tuple(len(blocks[i]) for i in (1, 2, 3, 4)), "layer1.0.conv3.weight" in shapes))
     if arch is None:
         return None
-    classes = int(fc.shape[0])
+    classes = int(fc[0])
     hint = f"its keys are torchvision's {arch} with a {classes}-class fc: --model torchvision:{arch} --num-classes {classes}"
     if arch == "resnet18" and classes == 10:
         hint += f", or --spec {TV_RESNET18_SPEC} from flatcheck's source tree (CIFAR-10 at 32×32)"
@@ -162,6 +159,27 @@ def spec_from_timm_config(cfg: Any, where: Path) -> dict[str, Any]:
         if pre.get(name) is not None:
             data[name] = list(pre[name])
     return data
+
+
+_HINT_LOAD_BYTES = 1 << 30  # a pickled checkpoint is unpickled for a hint only up to this size
+
+
+def _shapes(checkpoint: Path) -> dict[str, list[int]] | None:
+    """Each tensor's shape by key: from a safetensors header (no tensor read), else from the
+    loaded state dict of a file small enough to load for a hint; None: unreadable or too big."""
+    try:
+        if checkpoint.suffix.lower() == ".safetensors":
+            from flatcheck.models.embed import read_header
+
+            header, _ = read_header(checkpoint)
+            return {k: list(v.get("shape", [])) for k, v in header.items() if isinstance(v, dict)}
+        if checkpoint.stat().st_size > _HINT_LOAD_BYTES:
+            return None
+        from flatcheck.models.checkpoint import load_checkpoint
+
+        return {k: list(v.shape) for k, v in load_checkpoint(checkpoint).state_dict.items()}
+    except Exception:  # unreadable: the run's own load says why, with its own line
+        return None
 
 
 def _json(raw: bytes, where: Path) -> Any:
