@@ -1,6 +1,6 @@
-"""The fixed cost of a flatcheck run: process wall time of a two-probe trace on the
-demo CNN, beside what its parts cost on their own (the interpreter, importing torch, importing
-the CLI, torch's compiler stack that make_fx pulls in).
+"""The fixed cost of a flatcheck run, as ratios to `python -c "import torch"` (the floor of
+any run that computes): a two-probe trace on the demo CNN, and the commands that run nothing
+(--help, --version, list-probes, explain), which import no torch at all.
 
 The rows take turns (run 1 of every row, then run 2 …) so that a change in the machine's load
 falls on all of them alike, and each row reports the median and range of its runs. Beside the
@@ -33,24 +33,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "fixed_cost.md"
 PY = [sys.executable]
+# the console script when it is installed beside the interpreter, as a user runs it
+_SCRIPT = Path(sys.executable).with_name("flatcheck")
+FLATCHECK = [str(_SCRIPT)] if _SCRIPT.is_file() else PY + ["-m", "flatcheck"]
 DEMO = ["demo/digits_cnn.safetensors", "--spec", "model_specs/demo_digits.yaml", "--data", "digits",
         "--probes-max", "2"]
+FLOOR = "import torch"
 
 # (row, command, what it shows)
 ROWS: list[tuple[str, list[str], str]] = [
     ("python -c pass", PY + ["-c", "pass"], "the interpreter alone"),
-    ("import torch", PY + ["-c", "import torch"], "the floor of any run"),
+    (FLOOR, PY + ["-c", "import torch"], "the floor of any run"),
     ("import flatcheck.cli", PY + ["-c", "import flatcheck.cli"], "typer, rich and the CLI, no torch"),
-    ("import torch + torch._inductor.config", PY + ["-c", "import torch, torch._inductor.config"],
-     "what make_fx's import of the compiler config (and torch._dynamo) adds"),
-    ("flatcheck trace --help", PY + ["-m", "flatcheck", "trace", "--help"], "building the command (imports torch)"),
-    ("trace --no-layers (headline)", PY + ["-m", "flatcheck", "trace", *DEMO, "--no-layers", "-q"],
-     "the total alone; 2 products < TANGENT_MIN_PRODUCTS: HVPs (before 4b95a7e: forward tangents)"),
-    ("trace --no-layers --route tangent", PY + ["-m", "flatcheck", "trace", *DEMO, "--no-layers", "--route",
-                                                "tangent", "-q"],
-     "vᵀHv by forward tangents (traced with make_fx, which imports torch._dynamo)"),
-    ("trace --layers", PY + ["-m", "flatcheck", "trace", *DEMO, "--layers", "-q"],
-     "per-layer parts: double-backward HVPs, no tracing"),
+    ("flatcheck --help", FLATCHECK + ["--help"], "no torch: the probes' help lines from their catalogue"),
+    ("flatcheck --version", FLATCHECK + ["--version"], "no torch: torch's version from its metadata"),
+    ("flatcheck list-probes", FLATCHECK + ["list-probes"], "no torch"),
+    ("flatcheck explain trace", FLATCHECK + ["explain", "trace"], "no torch"),
+    ("flatcheck trace --help", FLATCHECK + ["trace", "--help"], "building the command (imports torch)"),
+    ("trace --no-layers (2 probes)", FLATCHECK + ["trace", *DEMO, "--no-layers", "-q"],
+     "the demo trace: torch, the CLI, the trace probe, the model, 1,000 digits, 2 products"),
 ]
 
 
@@ -78,13 +79,18 @@ def table(times: dict[str, list[tuple[float, float]]], label: str, repeat: int) 
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     lines = [f"## {label} · commit {commit()} · {datetime.datetime.now().isoformat(timespec='minutes')}", "",
              f"- {repeat} interleaved runs per row; load average at the end {load} "
-             f"({os.cpu_count()} logical CPUs, shared); OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}",
-             "", "| row | median wall (s) | wall range (s) | median CPU (s) | CPU range (s) | what it shows |",
-             "|---|---:|---|---:|---|---|"]
+             f"({os.cpu_count()} logical CPUs, shared with other work); "
+             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}",
+             "", "| row | median wall (s) | wall range (s) | median CPU (s) | × import torch (wall) | "
+             "× import torch (CPU) | what it shows |",
+             "|---|---:|---|---:|---:|---:|---|"]
+    floor = times[FLOOR]
     for name, _, what in ROWS:
         wall, cpu = [t[0] for t in times[name]], [t[1] for t in times[name]]
+        wall_ratio = statistics.median(t[0] / f[0] for t, f in zip(times[name], floor))
+        cpu_ratio = statistics.median(t[1] / f[1] for t, f in zip(times[name], floor))
         lines.append(f"| {name} | {statistics.median(wall):.2f} | {min(wall):.2f}–{max(wall):.2f} | "
-                     f"{statistics.median(cpu):.2f} | {min(cpu):.2f}–{max(cpu):.2f} | {what} |")
+                     f"{statistics.median(cpu):.2f} | {wall_ratio:.2f} | {cpu_ratio:.2f} | {what} |")
     return "\n".join(lines) + "\n"
 
 
@@ -97,8 +103,7 @@ def main() -> None:
     parser.add_argument("--before-label", default="before")
     args = parser.parse_args()
     if args.before_src:
-        # --route is newer than some sources: the rows every version takes
-        traces = [(name, cmd, what) for name, cmd, what in ROWS if name.startswith("trace") and "--route" not in cmd]
+        traces = [(name, cmd, what) for name, cmd, what in ROWS if name.startswith("trace")]
         ROWS.extend((f"{name} — {args.before_label}", cmd, f"{what}; source {args.before_src}")
                     for name, cmd, what in traces)
     sources = {name: args.before_src if name.endswith(f" — {args.before_label}") else None for name, _, _ in ROWS}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Annotated, Any
+import sys
+from typing import Any
 
 import typer
 from typer.core import TyperGroup
@@ -74,24 +75,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,
-    help="Loss-landscape geometry of trained checkpoints: Hessian trace, flatness and sensitivity probes.",
+    help="Loss-landscape geometry of trained checkpoints: Hessian trace, flatness and sensitivity probes. "
+         "`flatcheck --version` prints the version.",
 )
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        from .commands.explain import version_cmd
-
-        version_cmd()
-        raise typer.Exit()
-
-
-@app.callback()
-def _options(
-    version: Annotated[bool, typer.Option("--version", help="Print the flatcheck version and exit.", is_eager=True,
-                                          callback=_print_version)] = False,
-) -> None:
-    """Loss-landscape geometry of trained checkpoints: Hessian trace, flatness and sensitivity probes."""
 
 
 def _register_commands() -> None:
@@ -114,6 +100,11 @@ _click_errors = importlib.import_module(typer.BadParameter.__module__)
 def main() -> int:
     """Run the command; returns its exit code. click's usage errors (a bad value, a missing or
     unknown option or command) become the CLI's one `error:` line, exit 2."""
+    if sys.argv[1:] == ["--version"]:  # said here: an option of the app would have typer check every command's
+        from .commands.explain import version_cmd
+
+        version_cmd()
+        return 0
     try:
         code = app(standalone_mode=False)
     except getattr(_click_errors, "NoArgsIsHelpError", ()) as exc:  # bare `flatcheck`: the help
