@@ -315,6 +315,10 @@ def test_example_gates_file_is_valid():
 
     cfg = load_gate_config(ROOT / "examples" / "gates.yaml")
     assert cfg.needs_baseline and {"trace", "gini"} <= set(cfg.probes)
+    # both directions of the trace, and a quantity that moves with the logit scale
+    kinds = {(b.field, b.kind) for b in cfg.bounds}
+    assert {("trace.value", "max_increase"), ("trace.value", "max_decrease"), ("jacobian.value", "max_increase"),
+            ("jacobian.value", "max_decrease")} <= kinds
 
 
 # ---------------------------------------------------------------- baselines and pairing

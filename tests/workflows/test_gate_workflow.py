@@ -5,7 +5,10 @@
 (b) unpaired: the baseline of seed 0 and the gate at seeds 1–19 pass (19 of 19);
 (c) a copy of the checkpoint whose trace is ≥ 1.3× the original's (the head scaled by 0.85) (checked with the exact GGN
     trace and a Hutch++ Tr(H) with its own interval) fails the gate: exit 1, the relative rule
-    "fail", not inconclusive, both paired and unpaired.
+    "fail", not inconclusive, both paired and unpaired;
+(d) the head scaled by 2 (the softmax saturates, the trace falls, accuracy stays) and by 0.5
+    fail it, by the trace's rule in the direction it moved and by the Jacobian's, which moves
+    with the logit scale.
 """
 
 from __future__ import annotations
@@ -117,6 +120,41 @@ def test_gate_fails_a_checkpoint_whose_trace_grew(tmp_path, sharper, seed):
     checks = {c["rule"]: c for c in json.loads(res.stdout)["gate"]["checks"]}
     assert checks[RELATIVE]["verdict"] == "fail"
     assert (checks[RELATIVE]["paired"] is not None) == (seed == 0)
+
+
+@pytest.fixture(scope="module")
+def rescaled(tmp_path_factory):
+    """The demo checkpoint with its head (weight and bias) scaled by 2 and by 0.5: the logits
+    scale by the same factor, the argmax does not."""
+    folder = tmp_path_factory.mktemp("rescaled")
+    out = {}
+    for factor in (2.0, 0.5):
+        sd = load_file(str(CKPT))
+        sd["head.weight"], sd["head.bias"] = sd["head.weight"] * factor, sd["head.bias"] * factor
+        out[factor] = folder / f"head_x{factor}.safetensors"
+        save_file(sd, str(out[factor]))
+    return out
+
+
+@pytest.mark.parametrize("factor, trace_moved, jacobian_moved", [(2.0, "max_decrease", "max_increase"),
+                                                                  (0.5, "max_increase", "max_decrease")],
+                         ids=["fc×2", "fc×0.5"])
+def test_the_shipped_gate_fails_a_rescaled_head_in_both_directions(outcomes, rescaled, factor, trace_moved,
+                                                                   jacobian_moved):
+    """fc × 2 drove Tr(H) from 27.9 to 3.6 with accuracy 1.0, and the shipped gate (trace max and
+    max_increase, accuracy min) passed it. Against the seed-0 baseline, at seeds 0 (paired) and
+    1 (unpaired): the trace's rule in the direction it moved fails, and so does the Jacobian's,
+    which scales exactly with the logits; accuracy cannot see either."""
+    gate, out = outcomes
+    baseline = out[0][0]
+    for seed in (0, 1):
+        outcome = run_gate(config(seed, rescaled[factor]), gate, baseline=baseline)
+        checks = {c.bound.name: c for c in outcome.checks}
+        assert outcome.exit_code == 1
+        assert checks[f"trace.value {trace_moved} 20%"].verdict == "fail", checks[f"trace.value {trace_moved} 20%"]
+        jac = checks[f"jacobian.value {jacobian_moved} 20%"]
+        assert jac.verdict == "fail" and jac.value == pytest.approx(factor * jac.baseline, rel=1e-5)
+        assert checks["gini.details.accuracy min 0.9"].verdict == "pass"
 
 
 def test_probe_vectors_do_not_depend_on_the_block_size():

@@ -109,8 +109,7 @@ class Gating:
         details = result.get("details") or {}
         route = details.get("route")
         if route is not None:
-            name = route.partition(":")[0] if isinstance(route, str) else route
-            if name not in self.routes:
+            if not isinstance(route, str) or route.partition(":")[0] not in self.routes:
                 known = ", ".join(sorted(self.routes)) or "none"
                 return f"details.route {route!r} is not one of {probe}'s routes ({known})"
         return None
