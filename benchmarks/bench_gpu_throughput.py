@@ -358,7 +358,8 @@ def table(rows: list[Row], args, device_name: str, peak: str) -> list[str]:
         f"{args.products} products per Hessian loop (fixed count), mls at {args.lanczos} Lanczos steps at most per "
         f"sample. Seconds: the probe's own, median of {args.repeat}. FLOPs: FlopCounterMode over the same loop on "
         f"the first {args.count_samples} and {2 * args.count_samples} samples, extrapolated (affine in samples) to the "
-        f"timed run. Peak: {peak}.",
+        f"timed run. Peak: {peak}. samples/s: samples × products per second for a Hessian loop (each product "
+        "passes over every sample), samples per second for mls (each sample's Lanczos is its own).",
         "",
         "| model | loop | samples | batch | products | seconds | products/s | samples/s | TFLOP/s | of peak "
         "| peak device (GB) | note |",

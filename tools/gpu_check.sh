@@ -6,13 +6,13 @@
 #
 #   stage       limit  what it measures
 #   setup         20   nvidia-smi, torch/timm versions, the peers' wheels from .whl/ if present
-#   tests         60   tests/backends/test_cuda.py: every backend on the GPU against dense
+#   tests         75   tests/backends/test_cuda.py: every backend on the GPU against dense
 #                      float64 truth computed on the CPU
-#   throughput   170   benchmarks/bench_gpu_throughput.py: products/s, samples/s and FLOP/s as a
+#   throughput   160   benchmarks/bench_gpu_throughput.py: products/s, samples/s and FLOP/s as a
 #                      fraction of the non-TF32 float32 peak, for trace (HVP and vᵀHv), lmax,
 #                      adaptive sharpness (2nd order) and mls (estimate) on ViT-B/16 and ResNet-50;
 #                      the batch is flatcheck's own (grown past 128 when the memory plan fits)
-#   tf32          70   benchmarks/bench_tf32.py: each probe's value in float64, float32 and TF32
+#   tf32          65   benchmarks/bench_tf32.py: each probe's value in float64, float32 and TF32
 #                      on the demo DigitsCNN and test_vit, with the seconds TF32 saves
 #   preset       115   benchmarks/bench_realsize.py --preset mls-vs-sharpness on ViT-B/16 at two
 #                      reduced sample counts, projected to 1,000 samples (a line through both;
@@ -51,16 +51,16 @@ gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/nul
 gpu=${gpu:-gpu}
 
 if want tests; then
-  timeout "${TESTS_TIMEOUT:-60}" python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda.py 2>&1 \
+  timeout "${TESTS_TIMEOUT:-75}" python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda.py 2>&1 \
     | tee "$OUT/tests.log" | tail -25
 fi
 if want throughput; then
-  timeout "${THROUGHPUT_TIMEOUT:-170}" python3 benchmarks/bench_gpu_throughput.py --device cuda --samples 256 \
+  timeout "${THROUGHPUT_TIMEOUT:-160}" python3 benchmarks/bench_gpu_throughput.py --device cuda --samples 256 \
     --products 8 --lanczos 8 --count-samples 4 --out "$RESULTS/gpu_throughput_$gpu.md" \
     --jsonl "$RESULTS/gpu_throughput_$gpu.jsonl" ${THROUGHPUT_ARGS:-} 2>&1 | tee "$OUT/throughput.log" | tail -20
 fi
 if want tf32; then
-  timeout "${TF32_TIMEOUT:-70}" python3 benchmarks/bench_tf32.py --device cuda --samples 256 \
+  timeout "${TF32_TIMEOUT:-65}" python3 benchmarks/bench_tf32.py --device cuda --samples 256 \
     --probes "${TF32_PROBES:-trace,lmax,adaptive-sharpness,mls}" --out "$RESULTS/tf32_effect_$gpu.md" \
     --jsonl "$RESULTS/tf32_effect_$gpu.jsonl" ${TF32_ARGS:-} 2>&1 | tee "$OUT/tf32.log" | tail -15
 fi

@@ -24,10 +24,12 @@ from .backends import Backend, ParamLayout, create_backend
 from .backends.base import missing_capabilities
 from .backends.ranks import launched, local_cuda_device
 from .config import DEFAULT_SAMPLES, RunConfig
+from .settings import DEFAULT_BATCH_SIZE
 from .data.batches import SampleSet
 from .data.catalogue import MissingSplitError
 from .data.preprocess import Preprocess
 from .data.registry import create_dataset
+from .engines import batchfill
 from .errors import ConfigError, DataError, InputError, ModelError, first_line, setting
 from .linalg.memory import process_allowance, resident_bytes
 from .losses import per_sample_loss
@@ -140,8 +142,15 @@ def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: Sample
     layout = ParamLayout.from_model(model, config.params)
     problem = Problem(model=model, loss=spec.loss, samples=samples, layout=layout, bn_mode=config.bn_mode)
     backend = create_backend(config.backend, problem, compile=config.compile)
-    return Session(config, spec, checkpoint, model, samples, backend, device, num_classes, preprocess,
-                   split_source, dict(data_info or {}))
+    # on a GPU, a default batch grows to what a probe's memory holds (engines.batchfill)
+    problem, backend, growth = batchfill.filled(
+        problem, backend, lambda p: create_backend(config.backend, p, compile=config.compile),
+        default=config.batch_size, chosen=config.batch_size != DEFAULT_BATCH_SIZE, max_memory=config.max_memory)
+    info = dict(data_info or {})
+    if device.type == "cuda" or growth.grown:
+        info["batch_size_reason"] = growth.reason
+    return Session(config, spec, checkpoint, model, problem.samples, backend, device, num_classes, preprocess,
+                   split_source, info)
 
 
 def _input_hint(spec: ModelSpec) -> str:

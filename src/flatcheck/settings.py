@@ -211,8 +211,9 @@ class Settings:
     samples: Optional[int] = declare(None, "--samples", "use the first N samples, in fixed order "
                                      "[default: 1000, or the whole split if smaller]", _positive_int_or_none,
                                      cli_type=Optional[int], live=True)
-    batch_size: int = declare(DEFAULT_BATCH_SIZE, "--batch-size", "samples per forward pass", _positive_int,
-                              live=True)
+    batch_size: int = declare(DEFAULT_BATCH_SIZE, "--batch-size", "samples per forward pass [default: 128, "
+                              "grown on a CUDA device to what a probe's memory holds, except under --bn-mode train]",
+                              _positive_int, live=True)
     device: str = declare("auto", "--device", "auto, cpu, cuda or cuda:N", _device, live=True)
     dtype: Dtype = declare(Dtype.FLOAT32, "--dtype", "float32 or float64", _choice(Dtype), cli_type=str, live=True)
     bn_mode: BnMode = declare(BnMode.EVAL, "--bn-mode", "BatchNorm statistics: eval (running) or train "

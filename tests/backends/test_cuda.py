@@ -1,7 +1,7 @@
 """CUDA: every backend on the GPU against dense float64 ground truth computed on the CPU.
 
 Skipped where torch sees no GPU (the CI machine); run on a lent GPU machine with
-`python -m pytest tests/test_cuda.py`. The OOM-halving logic itself is tested on the CPU
+`python -m pytest tests/backends/test_cuda.py`. The OOM-halving logic itself is tested on the CPU
 in test_conformance.py; here it meets a real CUDA out-of-memory error.
 """
 
@@ -24,7 +24,7 @@ from flatcheck.data.batches import SampleSet
 from flatcheck.linalg.thick_restart import restart_bytes
 from flatcheck.probes import ProbeContext, create_probe, parse_options
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.realsize, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 ROOT = Path(__file__).resolve().parents[2]
 EPS64 = torch.finfo(torch.float64).eps
@@ -195,3 +195,31 @@ def test_max_memory_on_cuda_caps_what_the_device_holds(tmp_path):
             "--data", "digits", "--samples", "200", "--device", "cuda", "--max-memory", "1000", "-q"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "--max-memory 1,000 bytes" in res.output and "leaves no room" in res.output
+
+
+def _demo_report(**kw) -> dict:
+    from flatcheck.api import run
+    from flatcheck.config import RunConfig, probe_requests
+
+    probes = probe_requests(["trace", "lmax"], {"trace": {"probes_max": 12, "rtol": "none"}})
+    return run(RunConfig(checkpoint=ROOT / "demo/digits_cnn.safetensors", spec=ROOT / "model_specs/demo_digits.yaml",
+                         data="digits", samples=600, dtype="float64", device="cuda", probes=probes, **kw)).to_dict()
+
+
+def test_the_batch_grows_on_cuda_and_measures_what_a_chosen_one_does():
+    """On a GPU the default batch grows when the memory plan fits it (the demo's 600 samples:
+    one batch), the report says so, and the values are a chosen batch's to round-off, far
+    inside each probe's own error; --bn-mode train keeps the default."""
+    grown = _demo_report()
+    data = grown["data"]
+    assert data["batch_size"] == 600 and "grown from 128" in data["batch_size_reason"]
+    chosen = _demo_report(batch_size=100)
+    kept = chosen["data"]
+    assert kept["batch_size"] == 100 and kept["batch_size_reason"] == "chosen by the user"
+    for name, a in chosen["results"].items():
+        b = grown["results"][name]
+        own = a["stderr"] or a["error_bound"]
+        assert own and abs(a["value"] - b["value"]) <= 1e-6 * own, name
+    report = _demo_report(bn_mode="train")
+    data = report["data"]
+    assert data["batch_size"] == 128 and "--bn-mode train" in data["batch_size_reason"]

@@ -73,37 +73,37 @@ def demo_run(probes_only=("trace", "lmax", "adaptive-sharpness"), **kw):
     from flatcheck.config import RunConfig, probe_requests
     from tests.support.cli import ROOT
 
-    options = {"trace": {"probes_max": 12, "rtol": "none"}, "adaptive-sharpness": {"probes_max": 8}}
+    options = {"trace": {"probes_max": 12, "rtol": "none"}, "adaptive-sharpness": {"probes_max": 8, "noise_draws": 4}}
     probes = probe_requests(list(probes_only), {k: v for k, v in options.items() if k in probes_only})
     config = RunConfig(checkpoint=ROOT / "demo" / "digits_cnn.safetensors", spec=ROOT / "model_specs" / "demo_digits.yaml",
-                       data="digits", samples=300, dtype="float64", device="cpu", probes=probes, **kw)
+                       data="digits", samples=200, dtype="float64", device="cpu", probes=probes, **kw)
     return run(config).to_dict()
 
 
 def test_the_default_batch_and_the_grown_one_agree(monkeypatch):
-    """The demo in float64 at the default batch (128: three batches of 300 samples) and grown,
-    as on a CUDA device with 64 GiB for a probe (one batch of 300): each value equal to
+    """The demo in float64 at the default batch (128: two batches of 200 samples) and grown,
+    as on a CUDA device with 64 GiB for a probe (one batch of 200): each value equal to
     round-off, far inside the probe's own error; under --bn-mode train the batch is kept."""
     import flatcheck.engines.batchfill as batchfill
 
     base = demo_run()
-    assert base["data"]["batch_size"] == 128 and base["data"]["batches"] == 3
+    assert base["data"]["batch_size"] == 128 and base["data"]["batches"] == 2
     assert "batch_size_reason" not in base["data"]  # on a CPU nothing was decided
     real = batchfill.fill_batch
     monkeypatch.setattr(batchfill, "fill_batch",
                         lambda problem, **kw: real(problem, **{**kw, "device_type": "cuda", "limit": 64 * GIB}))
     grown = demo_run()
-    assert grown["data"]["batch_size"] == 300 and grown["data"]["batches"] == 1
+    assert grown["data"]["batch_size"] == 200 and grown["data"]["batches"] == 1
     assert "grown from 128" in grown["data"]["batch_size_reason"]
     kept = demo_run(bn_mode="train", probes_only=("trace",))
-    assert kept["data"]["batch_size"] == 128 and kept["data"]["batches"] == 3
+    assert kept["data"]["batch_size"] == 128 and kept["data"]["batches"] == 2
     chosen = demo_run(batch_size=64, probes_only=("trace",))  # a batch the user gave is theirs
     assert chosen["data"]["batch_size"] == 64
-    eps = 2.0**-52
     for name, a in base["results"].items():
         b = grown["results"][name]
         assert a["matvecs"] == b["matvecs"]
-        # the same sums in another grouping: round-off, a few thousand ulps of the value at most
-        assert abs(a["value"] - b["value"]) <= 1e4 * eps * abs(a["value"]), name
+        # the same sums in another grouping: round-off, a millionth of the probe's own error
+        # (a difference of losses, as adaptive sharpness's Monte Carlo, carries the loss's
+        # round-off, not the value's, so ulps of the value are no measure)
         own = a["stderr"] or a["error_bound"]
         assert own and abs(a["value"] - b["value"]) <= 1e-6 * own, name
