@@ -106,3 +106,13 @@ def test_the_compile_costs_row(monkeypatch, tmp_path):
     assert all(row[k] > 0 for k in ("autograd_s", "func_eager_s", "func_compiled_s")) and row["compile_s"] >= 0
     assert row["compile_chosen"] is False and "CUDA device only" in row["reason"]
     assert "| test_vit | 2 |" in (tmp_path / "c.md").read_text()
+
+
+def test_the_tf32_bench_on_a_cpu_where_tf32_changes_nothing():
+    import bench_tf32
+
+    (row,) = bench_tf32.main(["--device", "cpu", "--models", "demo", "--probes", "lmax", "--samples", "64"])
+    assert "note" not in row, row.get("note")
+    assert row["tf32_vs_f32"] == 0.0  # a CPU has no TF32: the same float32 run twice
+    # float32 against float64: within the float32 run's own error bound
+    assert row["error"] and row["f32_vs_f64"] <= row["error"]
