@@ -2,7 +2,7 @@
 
 The knobs are not written here: `flatcheck explain` reads them from the probe's Options
 dataclass (flag, default, help), so that they cannot drift from the command's own flags.
-tests/test_explain.py checks that every registered probe has an entry and no entry is orphaned.
+tests/commands/test_explain.py checks that every registered probe has an entry and no entry is orphaned.
 Papers are cited by author and year.
 """
 
@@ -34,7 +34,10 @@ EXPLANATIONS: dict[str, Explanation] = {
         measures="How sharply the loss curves on average over all directions in parameter space: the trace of the "
                  "Hessian H (or of the Gauss-Newton matrix G), with a per-layer breakdown.",
         definition="Tr(H) = Σ_i λ_i(H), H = ∇²_θ L, L(θ) = (1/N) Σ_n ℓ(f(x_n; θ), y_n). Hutchinson: (1/m) Σ_k v_kᵀ H v_k "
-                   "with Rademacher v_k, mean ± standard error; Hutch++ deflates a low-rank part first; exact (GGN, "
+                   "with Rademacher v_k, mean ± standard error: where the products H v_k are formed (the GGN, the func "
+                   "backend) the larger of the values' spread and √(2(‖H‖_F² − Σ H_ii²)/m) estimated from the products "
+                   "(a normal interval: the spread of few skewed values under-covers), else the spread with Student's "
+                   "t on m − 1 degrees of freedom; Hutch++ deflates a low-rank part first; exact (GGN, "
                    "cross entropy): Tr(G) = (1/N) Σ_n Σ_c p_nc ‖∇_θ(f_nc − p_n·f_n)‖².",
         units=_CURVATURE_UNITS,
         large="a sharp region: a random small step in the weights raises the loss quickly.",
@@ -45,16 +48,19 @@ EXPLANATIONS: dict[str, Explanation] = {
         source="Hutchinson 1989 (estimator); Meyer et al. 2021 (Hutch++); Anonymous 2025, §3 and App. A.1 "
                "(the exact GGN trace as a centered decomposition).",
         cost="Hutchinson: one curvature product per probe, at least --min-probes (10) and at most --probes-max (100); "
-             "by default it stops at a relative standard error of 5 %. Hutch++: exactly --probes-max products. "
+             "by default it stops at a relative standard error of 5 %. Hutch++: 3·⌊--probes-max/3⌋ products (9 at "
+             "--probes-max 10), a third each for its sketch, its basis and its residual probes. "
              "Exact GGN: no products, C backward passes per batch (C classes; --class-samples K draws K instead). "
              "One product costs about two to four gradients over the N samples.",
     ),
     "lmax": Explanation(
         measures="The sharpest directions: the largest eigenvalues of the Hessian (or GGN) and how well each "
                  "converged.",
-        definition="The k algebraically largest eigenvalues λ_1 ≥ … ≥ λ_k of H (or G) by Lanczos with full "
-                   "reorthogonalisation (or power iteration), each with its residual ‖Hq − λq‖; it stops when every "
-                   "residual ≤ TOL·|λ|, or reports a stall at the dtype's noise floor.",
+        definition="The k algebraically largest eigenvalues λ_1 ≥ … ≥ λ_k of H (or G; k = 1 by default, λ_max) "
+                   "by Lanczos with full reorthogonalisation (or power iteration), each with its residual "
+                   "r = ‖Hq − λq‖ and an error bound: r²/δ (Kato–Temple) with δ the gap to the neighbouring "
+                   "Ritz values, or r where no gap is resolved; it stops when every bound ≤ TOL·|λ|, or reports "
+                   "a stall at the dtype's noise floor.",
         units=_CURVATURE_UNITS.split(";")[0] + "; not a sum, so it does not grow with P as the trace does",
         large="the loss rises steeply along some direction; for gradient descent with step size η, training is "
               "unstable along directions with λ > 2/η, so λ_max tends to settle near 2/η.",
@@ -81,7 +87,9 @@ EXPLANATIONS: dict[str, Explanation] = {
         source="Ghorbani et al. 2019 and Granziol 2020, App. B (stochastic Lanczos quadrature).",
         cost="--starts × --lanczos-steps curvature products (default 2 × 100 = 200); memory: the Lanczos basis, "
              "--lanczos-steps × P numbers, or two vectors with --reorth none (auto: when the basis does not fit "
-             "--max-memory).",
+             "--max-memory). Under --budget a start may stop short of its steps: the result is then unresolved, "
+             "with its nodes and its unbiased Tr and Tr² but no smoothed density (too few nodes to place "
+             "eigenvalues), and --plot draws the nodes alone.",
     ),
     "rank": Explanation(
         measures="How degenerate the curvature is: the fraction of directions with (near) zero curvature, beside "
@@ -187,7 +195,9 @@ EXPLANATIONS: dict[str, Explanation] = {
         units="MLS: output units per input unit; normalized MLS: output units (invariant to input scaling)",
         large="sensitive outputs; the bound ties a large MLS to large weight gradients (sharpness).",
         small="locally flat in input space.",
-        moves="the same as jacobian; the bound holds for dense layers and is marked n/a for conv layers.",
+        moves="the same as jacobian. The MLS bound is given when the first layer is a Linear that takes x itself, "
+              "NMLS's when every layer is dense (a Linear on one vector per sample); otherwise it is n/a, and the "
+              "table note and details.mls_bound_reason / nmls_bound_reason say which layer is not.",
         source="Chen et al. 2023, §3.",
         cost="no curvature products: exact takes C backward passes per batch; estimate takes --projections draws "
              "and up to --lanczos-iters Lanczos steps per sample.",
@@ -206,10 +216,14 @@ EXPLANATIONS: dict[str, Explanation] = {
         cost="no curvature products: one forward pass per batch.",
     ),
     "decomposition": Explanation(
-        measures="The GGN trace split per layer into a scale term and a centered term, with a scale-aware upper "
-                 "bound, beside the exact Tr(G).",
+        measures="The GGN trace of the layers' weights split per layer into a scale term and a centered term, with "
+                 "a scale-aware upper bound, beside the GGN trace of those weights (details.ggn_trace_weights) and "
+                 "Tr(G) over every probed parameter, biases and norm parameters included (details.ggn_trace).",
         definition="per Linear/Conv layer l: s_{l−1} = ‖a^{(l−1)}‖², λmax(M^{(l)}) = σ_max(∂f/∂z^{(l)})², the centered "
-                   "term Σ_i p_i (v_i − v̄)ᵀ M^{(l)} (v_i − v̄); bound 2 Σ_l s_{l−1} λmax(M^{(l)}) Σ_i p_i ‖v_i‖².",
+                   "term Σ_i p_i (v_i − v̄)ᵀ M^{(l)} (v_i − v̄); value Σ_l s_{l−1}·centered, plus, for a dense weight "
+                   "used by several calls i, j, the cross terms 2 (a_i·a_j) Tr(A D_i D_jᵀ) (D = ∂f/∂z of a call, "
+                   "A the loss's output Hessian) that make it the weights' GGN trace exactly; "
+                   "bound 2 Σ_l s_{l−1} λmax(M^{(l)}) Σ_i p_i ‖v_i‖².",
         units=_CURVATURE_UNITS.split(";")[0],
         large="curvature driven by large activations (scale) or by spread-out predictions (centered term): the "
               "decomposition says which.",

@@ -301,6 +301,10 @@ class TraceProbe:
                 "probe_values": None if est is None else list(est.samples),
                 "sign_stream": None if est is None else SIGN_STREAM,  # which vectors a seed gives
                 "offset": None if est is None else est.offset,
+                # Hutchinson where the products were formed: the stderr from the estimator's own
+                # variance 2(‖A‖_F² − Σ A_ii²)/m, a floor under the probe values' spread (a normal
+                # interval then; dof null); null on a streamed route (vᵀAv alone) and Hutch++
+                "known_stderr": None if est is None else est.known_stderr,
                 "stop_reason": stop,
                 "block_size": options.block_size,
                 "rtol": options.rtol,
