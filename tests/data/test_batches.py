@@ -126,14 +126,20 @@ def test_cached_set_never_rereads(digits):
 
 
 def test_sample_and_batch_size_errors(digits):
+    from flatcheck.settings import flag_of
+
+    # the setting is named in code as its keyword; the CLI says it as its flag
     with pytest.raises(DataError) as e:
         SampleSet(digits, samples=5000, batch_size=8)
-    assert "--samples 5000" in str(e.value) and "1437" in str(e.value)
+    assert "samples 5000" in str(e.value) and "1437" in str(e.value)
+    assert "--samples 5000" in e.value.worded(flag_of)
     for bad in (0, -3, 2.5):
-        with pytest.raises(ConfigError, match="--batch-size"):
+        with pytest.raises(ConfigError, match="batch_size") as e:
             SampleSet(digits, samples=10, batch_size=bad)
-    with pytest.raises(ConfigError, match="--samples"):
+        assert "--batch-size" in e.value.worded(flag_of)
+    with pytest.raises(ConfigError, match="samples") as e:
         SampleSet(digits, samples=0, batch_size=8)
+    assert "--samples" in e.value.worded(flag_of)
 
 
 def test_batch_larger_than_samples(digits):
