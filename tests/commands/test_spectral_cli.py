@@ -40,10 +40,11 @@ def test_lmax_json():
     r = d["results"]["lmax"]
     det = r["details"]
     assert r["label"] == "λmax(H)" and r["value"] == det["eigenvalues"][0] and r["stderr"] is None
-    # a Ritz value is good to its residual, not exact (it was called exact before schema 2.4)
-    assert r["exact"] is False and r["error_bound"] == det["residuals"][0] > 0
+    # a Ritz value is good to its certified bound (r²/δ, or its residual), not exact
+    assert r["exact"] is False and r["error_bound"] == det["error_bounds"][0] > 0
     assert det["eigenvalues"][0] >= det["eigenvalues"][1] and det["converged"] == [True, True]
-    assert all(x <= 1e-6 for x in det["relative_residuals"]) and det["bn_mode"] == "eval"
+    assert all(b <= 1e-6 * abs(v) for b, v in zip(det["error_bounds"], det["eigenvalues"]))
+    assert det["bn_mode"] == "eval"
     assert r["matvecs"] == det["iterations"] + 2 * ((r["matvecs"] - det["iterations"]) // 2) > det["iterations"]
 
 

@@ -200,6 +200,7 @@ runpy.run_module("flatcheck", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.process
 def test_cli_off_a_terminal_first_line_within_a_second_then_timer_and_end_lines(tmp_path):
     # within a second: the line is written before anything heavy is imported. The process says
     # what it had imported by then; a clock would measure the machine's load as well
@@ -224,6 +225,7 @@ def test_cli_off_a_terminal_first_line_within_a_second_then_timer_and_end_lines(
     assert lines[-1] == end[0].string
 
 
+@pytest.mark.process
 def test_cli_quiet_writes_nothing_to_stderr():
     proc = subprocess.run(RUN + ["--probes-max", "2", "-q"], cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="0.1"),
                           capture_output=True, text=True, timeout=HANG_GUARD)
@@ -231,6 +233,7 @@ def test_cli_quiet_writes_nothing_to_stderr():
     assert "Tr(H)" in proc.stdout
 
 
+@pytest.mark.process
 def test_cli_refuses_a_bad_period():
     proc = subprocess.run(RUN + ["--probes-max", "2"], cwd=ROOT, env=env(FLATCHECK_PROGRESS_SECONDS="soon"),
                           capture_output=True, text=True, timeout=HANG_GUARD)
@@ -249,6 +252,7 @@ def test_a_probe_run_twice_gets_two_end_lines():
     assert len(ends) == 2 and all(line.endswith("5 ± 0.5") for line in ends)
 
 
+@pytest.mark.process
 def test_scan_off_a_terminal_says_which_model_loads_and_each_model_done(tmp_path):
     models = tmp_path / "models.txt"
     models.write_text("test_resnet\ntest_convnext\n", encoding="utf-8")
@@ -390,6 +394,7 @@ def test_cli_gini_and_gap_write_their_end_line_off_a_terminal():
         assert ends[0]["value"], ends[0].string
 
 
+@pytest.mark.process
 def test_cli_spectrum_under_a_budget_ends_with_the_products_it_made():
     proc = subprocess.run([sys.executable, "-m", "flatcheck", "spectrum", str(CKPT), "--spec", str(SPEC),
                            "--samples", "64", "--budget", "0.3", "--json", "-"], cwd=ROOT,
@@ -442,3 +447,28 @@ def test_adaptive_sharpness_progress_shows_the_headline_units():
         "method": "second-order", "probes_max": 12, "rho": 0.01}))
     last = [v for d, v in seen if d == "adaptive-sharpness (second order)" and v is not None][-1]
     assert last == pytest.approx(result.value, rel=1e-12)
+
+
+# ---------------------------------------------------------------- forecast totals
+
+def test_a_count_without_a_forecast_shows_n_of_unknown_and_no_eta():
+    clock = FakeClock()
+    task = Task("lmax (lanczos)", started=clock.now)
+    clock.now += 5
+    task.update(clock.now, 1, 0, 3.0, None)
+    assert task.eta() is None
+    assert task.line(clock.now) == "flatcheck lmax (lanczos): 1/? · elapsed 0:00:05 · ETA ? · 3"
+
+
+def test_the_eta_follows_a_forecast_total_and_counts_from_the_last_report():
+    """A stopping rule's forecast (the total) may change from one report to the next; the ETA is
+    the mean rate since the first unit times what the latest forecast leaves, less the time
+    since that report."""
+    clock = FakeClock()
+    task = Task("lmax (lanczos)", started=clock.now)
+    for done, total in [(1, 0), (2, 20), (3, 12), (4, 8)]:
+        clock.now += 10.0
+        task.update(clock.now, done, total, None, None)
+    assert task.eta() == pytest.approx(10.0 * 4)  # 10 s a unit, 4 units forecast left
+    clock.now += 15.0  # the ticker's line, 15 s after the last report
+    assert task.line(clock.now).endswith("4/8 · elapsed 0:00:55 · ETA 0:00:25")

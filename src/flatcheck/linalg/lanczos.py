@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from .certify import GAP_FROM_RITZ, MIN_EXTRA, TOO_FEW, Bound, ritz_bounds, round_off_floor
+from .forecast import DecayForecast
 from .random import gaussian
 from .reduce import rowsum64
 from .trace import Operator, Progress, StopTest
@@ -253,13 +255,20 @@ class EigenResult:
 
     values: list[float]
     residuals: list[float]  # true ‖Hq − λq‖ of the reported unit vectors q
-    converged: list[bool]  # residual ≤ tol·|λ|
+    converged: list[bool]  # error bound ≤ tol·|λ|
     matvecs: int  # including the block product that measures the true residuals (cold starts only)
     iterations: int  # Lanczos steps, or power iterations summed over the k pairs
     stop_reason: str  # converged, max_iter, stalled (round-off floor), invariant (Krylov space closed)
     method: str
     # the reported unit eigenvectors (k, P), same order as values: a later run's warm start
     vectors: Tensor | None = None
+    # |λ − value| ≤ bound, per value (certify.ritz_bounds: r²/δ where a gap is resolved, else r)
+    bounds: list[Bound] | None = None
+    gap_from: str | None = None  # how the gaps were estimated (None: no gap estimate)
+
+    @property
+    def errors(self) -> list[float]:
+        return [b.value for b in self.bounds] if self.bounds is not None else list(self.residuals)
 
 
 def lanczos_top(
@@ -275,12 +284,14 @@ def lanczos_top(
 ) -> EigenResult:
     """The k largest (algebraic) eigenvalues of a symmetric operator.
 
-    Stops once every one of the top k Ritz pairs has the estimated residual |β_{j+1}·s_{j,i}|
-    (the exact residual norm in exact arithmetic) ≤ tol·|θ_i|; then the true residual is
-    measured with one block product of the k Ritz vectors, and if round-off keeps it above
-    the tolerance the recurrence goes on (re-measuring only after a quarter more steps),
-    and stops as "stalled" once a re-measurement has not at least halved the worst relative
-    residual: the limit the products' round-off sets (about 1e-6 relative in float32).
+    Stops on the eigenvalues' error, not the residual: once every one of the top k Ritz pairs
+    has an error bound (certify.ritz_bounds: r²/δ with δ the gap to the neighbouring Ritz
+    values, or r where no gap is resolved) ≤ tol·|θ_i| by its estimated residual
+    |β_{j+1}·s_{j,i}| (the exact residual norm in exact arithmetic), the true residual is
+    measured with one product per Ritz vector and the bound recomputed from it; if round-off
+    keeps it above the tolerance the recurrence goes on (re-measuring only after a quarter
+    more steps), and stops as "stalled" once a re-measurement has not at least halved the
+    worst relative bound: the limit the products' round-off sets.
     After a breakdown with fewer than k Ritz values it restarts from a random direction
     orthogonal to the basis. Limitation of a one-vector recurrence: further copies of a
     repeated eigenvalue are found only through such restarts or round-off, so a multiple
@@ -315,6 +326,8 @@ def lanczos_top(
             return _true_residuals(op, lz, S_top)
     lz = Lanczos(op, random_start, limit)
     stop, next_check, measured = "max_iter", 0, None
+    # the progress line's total: the steps the bound's decay says are left, and a cold check's k
+    forecast = DecayForecast(limit, 0 if start is not None else k)
     while True:
         if lz.invariant and lz.size < k:
             lz.restart(gaussian(1, dim, generator, dtype=op.dtype, device=op.device)[0])
@@ -322,18 +335,20 @@ def lanczos_top(
             stop = "invariant" if lz.invariant else "max_iter"
             break
         lz.step()
-        if progress is not None:  # the running λmax: the largest Ritz value (a tridiagonal eigh)
-            progress(lz.size, limit, value=float(lz.ritz()[0][-1]))
+        theta, S = lz.ritz()
+        estimates = np.abs(lz.beta_next * S[-1])
+        if progress is not None:  # the running λmax: the largest Ritz value
+            ratio = bound_ratio(theta, estimates, k, tol)
+            progress(lz.size, forecast.total(lz.size, ratio), value=float(theta[-1]))
         if should_stop is not None and lz.size >= k and lz.can_step and should_stop():
             stop = "budget"
             break
         if lz.size < k or lz.size < next_check:
             continue
-        theta, S = lz.ritz()
-        top = np.argsort(theta)[::-1][:k]
-        if np.all(np.abs(lz.beta_next * S[-1, top]) <= tol * np.abs(theta[top])):
+        top, below = top_and_below(theta, estimates, k)
+        if bound_ratio(theta, estimates, k, tol) <= 1:
             previous = measured
-            measured = (lz.size, measure(lz, S[:, top]))
+            measured = (lz.size, measure(lz, S[:, top]), below, round_off_floor(op.dtype, lz.scale))
             verdict = check_verdict(measured, previous, tol)
             if verdict is not None:
                 stop = verdict
@@ -341,44 +356,68 @@ def lanczos_top(
             next_check = lz.size + max(1, lz.size // 4)
     if measured is None or measured[0] != lz.size:
         theta, S = lz.ritz()
+        top, below = top_and_below(theta, np.abs(lz.beta_next * S[-1]), k)
         # a spent budget takes the residuals from the products already made (Lanczos.residuals):
         # k fresh products of a large model would overrun it by k steps' time
         final = Lanczos.residuals if stop == "budget" else measure
-        measured = (lz.size, final(lz, S[:, np.argsort(theta)[::-1][:k]]))
-    return eigen_result(measured[1], stop, tol, op.matvecs - start_matvecs, lz.size)
+        measured = (lz.size, final(lz, S[:, top]), below, round_off_floor(op.dtype, lz.scale))
+    return eigen_result(measured, stop, tol, op.matvecs - start_matvecs, lz.size)
+
+
+def bound_ratio(theta: np.ndarray, estimates: np.ndarray, k: int, tol: float) -> float:
+    """The worst of the top k Ritz values' error bounds from their residual estimates, over
+    tol·|θ|: ≤ 1 is the stop's first test passed (inf before there are k Ritz values)."""
+    if theta.size < k:
+        return math.inf
+    top, below = top_and_below(theta, estimates, k)
+    bounds = ritz_bounds(theta[top].tolist(), estimates[top].tolist(), below)
+    return max(b.value / (tol * abs(t)) if t != 0 else math.inf for b, t in zip(bounds, theta[top]))
+
+
+def top_and_below(theta: np.ndarray, estimates: np.ndarray, k: int) -> tuple[np.ndarray, tuple[float, float] | str]:
+    """The indices of the k largest Ritz values (largest first), and the next one below them
+    with its residual estimate: the gap the top k are certified by (certify.TOO_FEW in a space
+    too small to tell one)."""
+    order = np.argsort(theta)[::-1]
+    below = TOO_FEW if order.size < k + MIN_EXTRA else (float(theta[order[k]]), float(estimates[order[k]]))
+    return order[:k], below
 
 
 def check_verdict(measured, previous, tol: float) -> str | None:
-    """What a residual check ends in: "converged" when every true residual is within tol,
-    "stalled" when it has not halved the worst of the previous check's — the recurrence says
-    converged, the products disagree and more steps do not help: their own round-off
-    (float32) is above tol·|λ| — else None (go on)."""
-    if _all_within(measured[1], tol):
+    """What a check ends in: "converged" when every value's error bound (certify.ritz_bounds) is
+    within tol·|λ|, "stalled" when the worst relative bound has not halved since the previous
+    check's — the recurrence says converged, the products disagree and more steps do not help:
+    their own round-off (float32) is above what tol asks — else None (go on)."""
+    if _all_within(measured, tol):
         return "converged"
-    if previous is not None and _worst(measured[1]) > STALL_FACTOR * _worst(previous[1]):
+    if previous is not None and _worst(measured) > STALL_FACTOR * _worst(previous):
         return "stalled"
     return None
 
 
 def eigen_result(measured, stop: str, tol: float, matvecs: int, iterations: int,
                  method: str = "lanczos") -> EigenResult:
-    """The EigenResult of a check's (values, residuals, vectors), largest first."""
-    values, res, vectors = measured
+    """The EigenResult of a check (steps, (values, residuals, vectors), below, round-off floor),
+    largest first."""
+    _, (values, res, vectors), below, floor = measured
     if stop == "max_iter" and _all_within(measured, tol):
         stop = "converged"
     order = sorted(range(len(values)), key=lambda i: -values[i])
-    values, res = [values[i] for i in order], [res[i] for i in order]
+    values, res = [float(values[i]) for i in order], [res[i] for i in order]
+    bounds = ritz_bounds(values, res, below, floor)
     return EigenResult(
-        values=[float(v) for v in values],
+        values=values,
         # a view stays a view when already in order: a copy of k parameter-sized rows would be
         # memory the run's plan did not count
         vectors=vectors if order == sorted(order) else vectors[order],
         residuals=res,
-        converged=[r <= tol * abs(v) for r, v in zip(res, values)],
+        converged=[b.value <= tol * abs(v) for b, v in zip(bounds, values)],
         matvecs=matvecs,
         iterations=iterations,
         stop_reason=stop,
         method=method,
+        bounds=bounds,
+        gap_from=GAP_FROM_RITZ,
     )
 
 
@@ -434,14 +473,20 @@ def plan_steps(steps: int, dim: int, dtype: torch.dtype, limit: int | None, *, w
     return steps, steps * per + fixed
 
 
+def _relative_bounds(measured) -> list[float]:
+    _, (values, res, _vectors), below, floor = measured
+    order = sorted(range(len(values)), key=lambda i: -values[i])
+    values = [values[i] for i in order]
+    bounds = ritz_bounds(values, [res[i] for i in order], below, floor)
+    return [b.value / abs(v) if v != 0 else math.inf for b, v in zip(bounds, values)]
+
+
 def _worst(measured) -> float:
-    values, res = measured[:2]
-    return max(r / abs(v) if v != 0 else math.inf for v, r in zip(values, res))
+    return max(_relative_bounds(measured))
 
 
 def _all_within(measured, tol: float) -> bool:
-    values, res = measured[:2]
-    return all(r <= tol * abs(v) for v, r in zip(values, res))
+    return all(b <= tol for b in _relative_bounds(measured))
 
 
 def _true_residuals(op: Operator, lz: Lanczos, S_top: np.ndarray) -> tuple[list[float], list[float], Tensor]:

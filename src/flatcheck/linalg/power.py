@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from .certify import residual_bounds, round_off_floor
+from .forecast import DecayForecast
 from .lanczos import STALL_FACTOR, EigenResult
 from .random import gaussian
 from .trace import Operator, Progress, StopTest
@@ -52,6 +54,7 @@ def power_top(
         v = v / torch.linalg.vector_norm(v)
         lam, res = math.nan, math.inf
         best, best_at = math.inf, 0
+        forecast, before = DecayForecast(max_iter), iterations
         for it in range(max_iter):
             w = _project(op.matmat(v.unsqueeze(0))[0], basis)
             lam = torch.dot(v, w).item()
@@ -59,8 +62,9 @@ def power_top(
             iterations += 1
             if not math.isfinite(res):
                 raise InputError("curvature products are not finite (overflow?); try --dtype float64")
-            if progress is not None:
-                progress(i * max_iter + it + 1, k * max_iter, value=lam)
+            if progress is not None:  # this pair's forecast, and as many for each pair after it
+                ahead = forecast.total(it + 1, res / (tol * abs(lam)) if lam else math.inf)
+                progress(before + it + 1, ahead and before + ahead * (k - i), value=lam)
             if res <= tol * abs(lam):
                 break
             if should_stop is not None and should_stop():
@@ -88,6 +92,8 @@ def power_top(
         stop_reason="converged" if all(converged) and not budget else
                     ("budget" if budget else "stalled" if stalled else "max_iter"),
         method="power",
+        # one vector at a time sees no other Ritz value, so no gap: the residual is the bound
+        bounds=residual_bounds(residuals, round_off_floor(op.dtype, max((abs(v) for v in values), default=0.0))),
     )
 
 

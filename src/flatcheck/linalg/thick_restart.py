@@ -27,7 +27,9 @@ from torch import Tensor
 
 from ..errors import InputError
 from .lanczos import (WORK_VECTORS, DGKS_ETA, EigenResult, breakdown_threshold, check_verdict, eigen_result,
-                      warm_vector)
+                      bound_ratio, top_and_below, warm_vector)
+from .certify import round_off_floor
+from .forecast import DecayForecast
 from .random import gaussian
 from .reduce import rowsum64
 from .trace import Operator, Progress, StopTest
@@ -192,11 +194,11 @@ def lanczos_top_restarted(
     start: Tensor | None = None,
 ) -> tuple[EigenResult, int]:
     """The k largest (algebraic) eigenvalues in a basis of at most `rows` vectors, and the
-    number of restarts. Stops as lanczos_top does: once every top-k Ritz pair's residual
-    estimate β·|s| ≤ tol·|θ|, confirmed by the true residuals of the Ritz vectors (k more
-    products), or "stalled" when a re-measurement has not halved the worst of them (the
-    products' round-off floor), or after `max_iter` steps, or at the budget (then the
-    residuals are the estimates, with no product past it). `start`: a warm start's
+    number of restarts. Stops as lanczos_top does: once every top-k Ritz pair's error bound
+    from its residual estimate β·|s| (r²/δ, or r with no gap) ≤ tol·|θ|, confirmed by the
+    true residuals of the Ritz vectors (k more products), or "stalled" when a re-measurement
+    has not halved the worst bound (the products' round-off floor), or after `max_iter`
+    steps, or at the budget (then the residuals are the estimates, with no product past it). `start`: a warm start's
     eigenvectors (lanczos.warm_vector: their sum with a random part, as lanczos_top takes it)."""
     dim = op.dim
     k = min(k, dim)
@@ -208,11 +210,13 @@ def lanczos_top_restarted(
         first = warm_vector(start, first, dim)
     lz = RestartedLanczos(op, first, rows)
     stop, next_check, measured = "max_iter", 0, None
+    forecast = DecayForecast(max_iter, k)  # every check measures k true residuals
     while lz.steps < max_iter:
         lz.step()
         theta, S = lz.ritz()
         if progress is not None:
-            progress(lz.steps, max_iter, value=float(theta[-1]))
+            ratio = bound_ratio(theta, lz.estimates(S), k, tol) if lz.n >= k else math.inf
+            progress(lz.steps, forecast.total(lz.steps, ratio), value=float(theta[-1]))
         if lz.invariant:
             if lz.n >= k:
                 stop = "invariant"
@@ -223,13 +227,13 @@ def lanczos_top_restarted(
             stop = "budget"
             break
         if lz.n >= k and lz.steps >= next_check:
-            top = np.argsort(theta)[::-1][:k]
-            if np.all(lz.estimates(S[:, top]) <= tol * np.abs(theta[top])):
+            _, below = top_and_below(theta, lz.estimates(S), k)
+            if bound_ratio(theta, lz.estimates(S), k, tol) <= 1:
                 # the check restarts first, so the Ritz vectors it measures are basis rows, not
                 # k more vectors; the recurrence goes on from there if they fall short
                 lz.restart(keep, full=False)
                 previous = measured
-                measured = (lz.steps, lz.true_residuals(k))
+                measured = (lz.steps, lz.true_residuals(k), below, round_off_floor(op.dtype, lz.scale))
                 verdict = check_verdict(measured, previous, tol)
                 if verdict is not None:
                     stop = verdict
@@ -239,8 +243,11 @@ def lanczos_top_restarted(
         if lz.full:
             lz.restart(keep)
     if measured is None or measured[0] != lz.steps:
+        theta, S = lz.ritz()
+        _, below = top_and_below(theta, lz.estimates(S), k)
         lz.restart(keep, full=False)
         # no product past a budget: the recurrence's own residuals
-        measured = (lz.steps, lz.estimated_residuals(k) if stop == "budget" else lz.true_residuals(k))
-    result = eigen_result(measured[1], stop, tol, op.matvecs - start_matvecs, lz.steps)
+        found = lz.estimated_residuals(k) if stop == "budget" else lz.true_residuals(k)
+        measured = (lz.steps, found, below, round_off_floor(op.dtype, lz.scale))
+    result = eigen_result(measured, stop, tol, op.matvecs - start_matvecs, lz.steps)
     return result, lz.restarts

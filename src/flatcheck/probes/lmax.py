@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 import torch
 
 from ..errors import ConfigError, setting
+from ..linalg.certify import KATO_TEMPLE
 from ..linalg.lanczos import default_max_iter, lanczos_bytes, lanczos_top, plan_steps
 from ..linalg.memory import gib, limit_words
 from ..linalg.thick_restart import lanczos_top_restarted, min_rows, restart_bytes
@@ -32,12 +33,14 @@ DEFAULT_TOL = {torch.float32: 1e-3, torch.float64: 1e-6}
 
 @dataclass(frozen=True)
 class LmaxOptions:
-    k: int = option(5, "how many of the largest eigenvalues")
+    # λmax by default, as the probe's name says; the top few are one flag away (--k 5)
+    k: int = option(1, "how many of the largest eigenvalues")
     matrix: Literal["hessian", "ggn"] = option("hessian", "hessian or ggn")
     method: Literal["lanczos", "power"] = option(
         "lanczos", "lanczos (full reorthogonalisation) or power (power finds the largest |λ|)")
-    tol: float | None = option(None, "stop when every ‖Hq − λq‖ ≤ TOL·|λ| [default: 1e-3 in float32, "
-                                     "1e-6 in float64]")
+    tol: float | None = option(None, "stop when every eigenvalue's error bound (r²/gap, or the residual "
+                                     "‖Hq − λq‖ where no gap is resolved) ≤ TOL·|λ| [default: 1e-3 in "
+                                     "float32, 1e-6 in float64]")
     max_iter: int | None = option(None, "most Lanczos steps, or power iterations per eigenvalue "
                                         "[default: max(300, 20k); power 1000]")
 
@@ -45,7 +48,7 @@ class LmaxOptions:
         if self.k < 1:
             raise ConfigError(f"--k must be at least 1, got {self.k}")
         if self.tol is not None and not 0 < self.tol < 1:
-            raise ConfigError(f"--tol must be in (0, 1) (a relative residual), got {self.tol}")
+            raise ConfigError(f"--tol must be in (0, 1) (a relative error bound), got {self.tol}")
         if self.max_iter is not None and self.max_iter < max(1, self.k if self.method == "lanczos" else 1):
             raise ConfigError(f"--max-iter must be at least --k ({self.k}) for lanczos and ≥ 1 for power, "
                               f"got {self.max_iter}")
@@ -102,12 +105,14 @@ class LmaxProbe:
     """Top-k eigenvalues, largest algebraic first (on an indefinite Hessian "top" means the most
     positive, not the largest in magnitude).
 
-    Lanczos with full reorthogonalisation (default) stops when every one of the k Ritz pairs
-    has ‖Hq − λq‖ ≤ tol·|λ|; the residual reported is the true one, measured with one
-    extra block product of the Ritz vectors. Power iteration (the seeds' method; deflated for
-    k > 1) uses the same rule but converges to the largest |λ|, which can be a negative
-    eigenvalue of H: the notes say so when it happens. The value is λ1; there is no standard
-    error (the result is deterministic given the seed, which sets the random start vector).
+    Lanczos with full reorthogonalisation (default) stops when every one of the k Ritz values
+    has its error bound ≤ tol·|λ|: r²/δ (Kato–Temple), with r the true residual ‖Hq − λq‖
+    (one extra product per Ritz vector) and δ the gap to the neighbouring Ritz values, or r
+    itself where no gap is resolved (linalg/certify.py); `error_bound` is λ1's. Power
+    iteration (the seeds' method; deflated for k > 1) sees no gap, so its bound is the
+    residual, and it converges to the largest |λ|, which can be a negative eigenvalue of H:
+    the notes say so when it happens. The value is λ1; there is no standard error (the
+    result is deterministic given the seed, which sets the random start vector).
     """
 
     name: ClassVar[str] = "lmax"
@@ -160,21 +165,27 @@ class LmaxProbe:
         bn_mode = ctx.backend.problem.bn_mode
         symbol = "H" if options.matrix == "hessian" else "G"
         relative = [r / abs(v) if v != 0 else math.inf for v, r in zip(res.values, res.residuals)]
+        bounds = res.bounds
+        certified = sum(b.kind == KATO_TEMPLE for b in bounds)
         shown = ", ".join(f"{v:.6g}" for v in res.values)
         # Lanczos stalls only once its own recurrence says converged and the true residual stops
         # shrinking: the products' round-off is then the floor, and the values are as good as
         # this dtype gives (a power-iteration stall can also be two close |λ|: not noise)
         to_noise = res.stop_reason == "stalled" and options.method == "lanczos"
         worst = max(relative)
+        worst_bound = max(b.value / abs(v) if v != 0 else math.inf for b, v in zip(bounds, res.values))
         if all(res.converged):
             state = "converged"
         elif to_noise:
-            state = f"converged to noise (residuals at the round-off floor, {worst:.2g}·|λ|)"
+            state = (f"converged to noise (residuals at the round-off floor, {worst:.2g}·|λ|; "
+                     f"error ≤ {worst_bound:.2g}·|λ|)")
         else:
             state = f"NOT converged ({sum(res.converged)}/{len(res.converged)})"
+        how = (f"error ≤ r²/gap for {certified}/{len(bounds)}" if certified
+               else "error ≤ residual (no gap resolved)")
         notes = (f"top-{len(res.values)}: {shown}; {options.method} {res.iterations} "
-                 f"{'steps' if options.method == 'lanczos' else 'iterations'}, {state} at tol {tol:g}; "
-                 f"bn {bn_mode}")
+                 f"{'steps' if options.method == 'lanczos' else 'iterations'}, {state} at tol {tol:g} "
+                 f"({how}); bn {bn_mode}")
         if options.method == "power" and res.values[0] < 0:
             notes += "; power iteration found the largest |λ|, which is negative: use --method lanczos for λmax"
         if res.stop_reason == "budget":
@@ -182,8 +193,8 @@ class LmaxProbe:
         elif to_noise:
             notes += "; --dtype float64 resolves them further"
         elif res.stop_reason == "stalled":
-            notes += (f"; residuals stalled at {worst:.2g}·|λ|: use --dtype float64, "
-                      f"or --tol {worst * 2:.0e}")
+            notes += (f"; error bounds stalled at {worst_bound:.2g}·|λ|: use --dtype float64, "
+                      f"or --tol {worst_bound * 2:.0e}")
         elif not all(res.converged):
             notes += f"; raise --max-iter (now {max_iter}) or --tol, or use --dtype float64"
         if rows is not None:
@@ -197,8 +208,8 @@ class LmaxProbe:
             stderr=None,
             # a Ritz value short of its tolerance only bounds λmax from below: no verdict on it
             resolved=all(res.converged) or to_noise,
-            # a converged Ritz value lies within its residual ‖Hv − θv‖ of an eigenvalue
-            error_bound=res.residuals[0] if all(res.converged) or to_noise else None,
+            # λ1's certified bound (r²/δ, or the residual r where no gap is resolved)
+            error_bound=bounds[0].value if all(res.converged) or to_noise else None,
             matvecs=op.matvecs,
             seconds=time.perf_counter() - start,
             seed=ctx.seed,
@@ -221,6 +232,13 @@ class LmaxProbe:
                 "eigenvalues": res.values,
                 "residuals": res.residuals,
                 "relative_residuals": relative,
+                # |λ_i − eigenvalues[i]| ≤ error_bounds[i]: which bound decided it, the gap δ it
+                # used (or the unresolved estimate) and how the gaps were estimated
+                "error_bounds": [b.value for b in bounds],
+                "bound": [b.kind for b in bounds],
+                "gaps": [b.gap for b in bounds],
+                "gap_from": res.gap_from or "none: power iteration sees one vector at a time, so the bound "
+                                            "is the residual",
                 "converged": res.converged,
                 # the residuals stalled at the products' round-off floor (Lanczos): as converged
                 # as this dtype allows, not a failure

@@ -13,7 +13,10 @@ says so (`stopped`), so that its last line does not look unfinished.
 
 The ETA comes from the completed units after the first one: the first includes the one-off
 costs (tracing, the first forward pass, allocator warm-up), which would inflate every later
-estimate if averaged in, and a windowed rate swings with the machine's load.
+estimate if averaged in, and a windowed rate swings with the machine's load. The total is the
+estimator's own forecast of the units its stopping rule needs (an error bound's decay, a
+standard error against its rtol, a budget), not its cap, and may change as the run goes; a
+total of 0 after units are done means "not yet forecast": the line shows the count as `n/?`.
 """
 
 from __future__ import annotations
@@ -88,8 +91,10 @@ class Task:
 
     def eta(self) -> float | None:
         """Seconds left at the mean rate of the units completed after the first report."""
+        if not self.known:
+            return None
         if self.anchor is None or self.done >= self.total:
-            return 0.0 if self.done >= self.total and self.total else None
+            return 0.0 if self.done >= self.total else None
         t0, d0 = self.anchor
         if self.done <= d0:
             return None
@@ -97,16 +102,24 @@ class Task:
 
     @property
     def known(self) -> bool:
-        """Whether the total is known: a start report ("0 done", total 0) does not know it."""
+        """Whether the total is known: a start report ("0 done", total 0) does not know it, nor
+        does an estimator that has not yet forecast how many units its stopping rule needs."""
         return self.total > 0
 
     def line(self, now: float, *, end: bool = False) -> str:
         elapsed = f"elapsed {clock_text(now - self.started)}"
-        parts = [f"{self.done}/{self.total}", elapsed] if self.known else [elapsed]
+        if self.known:
+            parts = [f"{self.done}/{self.total}", elapsed]
+        elif self.done:  # units done, the total not yet forecast
+            parts = [f"{self.done}/?", elapsed]
+        else:
+            parts = [elapsed]
         if end:
             parts.insert(0, f"stopped by the {self.stop}" if self.stop else "done")
-        elif self.known:
-            parts.append(f"ETA {clock_text(self.eta())}")
+        elif self.known or self.done:
+            eta = self.eta()
+            # counted from the last report: a unit of minutes would otherwise show a stale ETA
+            parts.append(f"ETA {clock_text(None if eta is None else max(0.0, eta - (now - self.last)))}")
         else:
             parts.insert(0, "starting")
         if self.value is not None:

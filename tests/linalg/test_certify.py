@@ -1,0 +1,170 @@
+"""The certified stop (linalg/certify.py) against dense float64 spectra of small foreign models.
+
+A Ritz value's error bound is r²/δ (Kato–Temple) with δ estimated from the neighbouring Ritz
+values, or the residual r where no gap is resolved. The gap estimate can overstate δ (a Ritz
+value lies at or below its eigenvalue), so the bound is a claim to be measured: over ≥ 50 seeds
+of each of three small architectures built here (a tanh MLP, a small CNN, a one-head
+transformer), the dense eigenvalue lies within the reported bound in ≥ 99 % of the values, and the
+r²/δ route, not the fallback, decides most stops. The only allowance besides the bound is
+float64 round-off of the products, 64·eps·‖H‖. A near-degenerate pair that the Krylov space has
+not yet resolved is the estimate's known failure (the twin's test, an expected failure).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from flatcheck.linalg.certify import GAP_SAFETY, KATO_TEMPLE, RESIDUAL, TOO_FEW, ritz_bounds
+from flatcheck.linalg.lanczos import lanczos_top
+
+SEEDS = 50
+TOLS = (1e-3, 1e-6)  # the float32 and float64 defaults
+ROUNDOFF = 64 * torch.finfo(torch.float64).eps
+
+
+
+class Dense:
+    """A symmetric matrix as the operator the estimators take."""
+
+    def __init__(self, A: torch.Tensor):
+        self.A, self.dim, self.dtype, self.device, self.matvecs = A, A.shape[0], A.dtype, A.device, 0
+
+    def matmat(self, V: torch.Tensor) -> torch.Tensor:
+        self.matvecs += V.shape[0]
+        return V @ self.A
+
+
+class Attention(nn.Module):
+    """One head of self-attention over a short sequence, mean-pooled into a linear head."""
+
+    def __init__(self, d_in: int = 3, d: int = 4, classes: int = 3):
+        super().__init__()
+        self.embed, self.q, self.k, self.v = nn.Linear(d_in, d), nn.Linear(d, d, bias=False), \
+            nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        h = self.embed(x)
+        a = torch.softmax(self.q(h) @ self.k(h).transpose(1, 2) / math.sqrt(h.shape[-1]), dim=-1)
+        return self.head((h + a @ self.v(h)).mean(1))
+
+
+class Twin(nn.Module):
+    """Two tanh MLPs on the same input, outputs summed; built as near-copies, their Hessian
+    blocks nearly share a top eigenvalue."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+        self.b = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+
+    def forward(self, x):
+        x1, x2 = x[:, :3], x[:, 3:]
+        return torch.cat([self.a(x1), self.b(x2)], 1)
+
+
+def _case(arch: str, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    if arch == "mlp":
+        model, x = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)), torch.randn(24, 4, generator=g)
+        y = torch.randint(0, 3, (24,), generator=g)
+    elif arch == "cnn":
+        model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.Tanh(), nn.AvgPool2d(2), nn.Flatten(), nn.Linear(12, 3))
+        x, y = torch.randn(16, 1, 6, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+    elif arch == "transformer":
+        model, x = Attention(), torch.randn(16, 3, 3, generator=g)
+        y = torch.randint(0, 3, (16,), generator=g)
+    else:  # twin: the second copy's weights and data are the first's, changed by 1e-3 relative
+        model = Twin()
+        with torch.no_grad():
+            for pa, pb in zip(model.a.parameters(), model.b.parameters()):
+                pb.copy_(pa * (1 + 1e-3 * torch.randn(pa.shape, generator=g)))
+        x1 = torch.randn(24, 3, generator=g)
+        x = torch.cat([x1, x1 * (1 + 1e-3 * torch.randn(x1.shape, generator=g))], 1)
+        y = torch.randint(0, 2, (24,), generator=g)
+    model = model.double()
+    x = x.double()
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for _, p in model.named_parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    def loss(w):
+        params, at = {}, 0
+        for n, s in zip(names, shapes):
+            params[n] = w[at:at + s.numel()].reshape(s)
+            at += s.numel()
+        out = torch.func.functional_call(model, params, (x,))
+        if arch == "twin":  # one loss per copy, so the copies' curvature blocks are separate
+            return nn.functional.cross_entropy(out[:, :2], y) + nn.functional.cross_entropy(out[:, 2:], y)
+        return nn.functional.cross_entropy(out, y)
+
+    H = torch.autograd.functional.hessian(loss, flat)
+    return (H + H.T) / 2
+
+
+def _coverage(arch: str, runs) -> tuple[int, int, int, int]:
+    """(values within their bound, values, stops λ1's r²/δ decided, stops) over SEEDS seeds
+    and the (tol, k) of `runs`."""
+    values = within = certified = stops = 0
+    for seed in range(SEEDS):
+        H = _case(arch, seed)
+        truth = torch.linalg.eigvalsh(H).flip(0)
+        slack = ROUNDOFF * truth.abs().max().item()
+        for tol, k in runs:
+            r = lanczos_top(Dense(H), k, generator=torch.Generator().manual_seed(seed), tol=tol)
+            assert r.stop_reason in ("converged", "invariant")
+            stops += 1
+            certified += r.bounds[0].kind == KATO_TEMPLE
+            for i, (v, b) in enumerate(zip(r.values, r.bounds)):
+                values += 1
+                within += abs(v - truth[i].item()) <= b.value + slack
+                assert b.value <= tol * abs(v) or r.stop_reason == "invariant"
+    print(f"\n{arch} {runs}: truth within the bound for {within}/{values} values; r²/δ decided "
+          f"{certified}/{stops} stops (λ1's bound)")
+    return within, values, certified, stops
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("arch", ["mlp", "cnn", "transformer"])
+def test_the_truth_lies_within_the_certified_bound(arch):
+    within, values, certified, stops = _coverage(arch, [(TOLS[0], 1), (TOLS[1], 3)])
+    assert within >= 0.99 * values
+    assert certified > stops / 2
+
+
+@pytest.mark.statistical
+@pytest.mark.xfail(strict=True, reason="a near-degenerate pair the Krylov space has not resolved hides λ2 and the "
+                                      "Ritz gap overstates δ (measured: λ1 within r²/δ for 5/50 seeds at tol 1e-6, "
+                                      "38/50 at 1e-3)")
+def test_a_near_degenerate_top_pair_is_within_its_bound():
+    """Two near-copies side by side: λ1 and λ2 (and every later pair) a fraction of a percent
+    apart. The r²/δ stop comes before the Krylov space has resolved the pair (7 products at
+    tol 1e-3, 11 at 1e-6), the hidden λ2 makes the estimated gap too wide, and λ1 lies outside
+    its bound; the residual stop missed it too at 1e-6 (λ1 within r for 40/50 seeds).
+    Resolving such a pair takes a block Krylov method (block size ≥ the cluster's)."""
+    gaps = []
+    for seed in range(SEEDS):
+        truth = torch.linalg.eigvalsh(_case("twin", seed)).flip(0)
+        gaps.append((truth[0] - truth[1]).item() / truth[0].abs().item())
+    assert sorted(gaps)[len(gaps) // 2] < 1e-2  # the case is what it claims
+    within, values, certified, stops = _coverage("twin", [(TOLS[1], 1)])
+    assert within >= 0.99 * values
+
+
+def test_a_gap_no_wider_than_the_residual_falls_back_to_it():
+    tight, loose = ritz_bounds([1.0, 0.99], [0.02, 0.02], (0.5, 0.0))
+    assert tight.kind == RESIDUAL and tight.value == 0.02
+    assert loose.kind == RESIDUAL  # its gap above (θ1 less θ1's residual) is 0.0 - no wider than r
+    (top,) = ritz_bounds([1.0], [0.01], (0.5, 0.1))
+    # the gap to 0.5 less its residual 0.1, halved against an eigenvalue not yet seen
+    assert top.kind == KATO_TEMPLE and top.gap == pytest.approx(0.4 / GAP_SAFETY)
+    assert top.value == pytest.approx(1e-4 / top.gap)
+    (alone,) = ritz_bounds([1.0], [0.01], None)
+    assert alone.kind == RESIDUAL and alone.gap is None
+    (early,) = ritz_bounds([1.0], [0.01], TOO_FEW)  # a Krylov space too small to tell a gap
+    assert early.kind == RESIDUAL and early.value == 0.01

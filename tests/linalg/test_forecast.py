@@ -1,0 +1,94 @@
+"""Progress totals from the stopping rules (linalg/forecast.py): what a progress line's ETA is
+made of, tested on units, with no clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flatcheck.linalg.forecast import DecayForecast, stderr_forecast
+from flatcheck.linalg.lanczos import lanczos_top
+from flatcheck.linalg.trace import hutchpp
+
+
+class Dense:
+    def __init__(self, A):
+        self.A, self.dim, self.dtype, self.device, self.matvecs = A, A.shape[0], A.dtype, A.device, 0
+
+    def matmat(self, V):
+        self.matvecs += V.shape[0]
+        return V @ self.A
+
+
+def test_a_geometric_decay_is_forecast_exactly_from_two_points():
+    f = DecayForecast(limit=300, extra=1)
+    assert f.total(1, 2.0 ** 10) == 0  # one point: no rate yet
+    # halving each step: 2^9 → 1 takes 9 more steps, then the check's one product
+    assert f.total(2, 2.0 ** 9) == 2 + 9 + 1
+    assert f.total(3, 2.0 ** 8) == 3 + 8 + 1
+    assert f.total(11, 0.5) == 12  # met: only the check is left
+
+
+def test_a_ratio_that_does_not_fall_keeps_the_last_forecast_and_the_cap_holds():
+    f = DecayForecast(limit=20)
+    f.total(1, 100.0)
+    assert f.total(2, 100.0) == 0 and f.total(3, math.inf) == 0  # never forecast: unknown
+    assert f.total(4, 10.0) == 6  # 100 → 10 in two steps: two more to 1
+    assert f.total(5, 12.0) == 6  # it rose: the last forecast is kept while still ahead
+    assert f.total(6, 12.0) == 0  # and is unknown again once behind
+    g = DecayForecast(limit=20)
+    g.total(1, 1e6)
+    assert g.total(2, 0.9e6) == 20  # 130 steps at this rate: the cap
+
+
+def test_the_stderr_forecast_follows_the_square_root_law():
+    # stderr/|mean| twice rtol after 10 probes: four times the probes
+    assert stderr_forecast(10, 1.0, 0.2, 0.1, least=10, most=1000) == 40
+    assert stderr_forecast(10, 1.0, 0.2, 0.1, least=10, most=25) == 25
+    assert stderr_forecast(10, 1.0, 0.2, None, least=10, most=25) == 25  # no rtol: every probe
+    assert stderr_forecast(1, 1.0, None, 0.1, least=10, most=25) == 0  # no stderr yet: unknown
+    assert stderr_forecast(10, 1.0, 0.099, 0.1, least=10, most=1000) == 10  # met
+    assert stderr_forecast(10, 1.0, 0.1, 0.1, least=2, most=1000) == 11  # not met: one more at least
+
+
+def test_lanczos_forecasts_its_steps_not_its_cap():
+    """The totals lmax's progress line shows come from the bound's decay: none at the cap
+    (300), and at a quarter and half of the run within ±50 % of the steps actually left (later
+    a failed check's jump can double the few steps left), the last one what it took."""
+    n = 400
+    Q, _ = torch.linalg.qr(torch.randn(n, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    eigs = torch.cat([torch.tensor([10.0, 8.0]), torch.linspace(-2.0, 6.0, n - 2)]).double()
+    A = Q @ torch.diag(eigs) @ Q.T
+    seen = []
+    r = lanczos_top(Dense(A), 1, generator=torch.Generator().manual_seed(1), tol=1e-6,
+                    progress=lambda done, total, **_: seen.append((done, total)))
+    final = r.matvecs  # steps and the check's product
+    assert all(total != 300 for _, total in seen)
+    assert seen[0][1] == 0  # the first step forecasts nothing
+    for done, total in seen:
+        if done in (round(final / 4), round(final / 2)):
+            left, forecast = final - done, total - done
+            assert 0.5 * left <= forecast <= 1.5 * left, (done, total, final)
+    assert seen[-1][1] == final
+
+
+def test_hutchpp_reports_within_each_third():
+    A = torch.diag(torch.linspace(0.0, 1.0, 50, dtype=torch.float64))
+    seen = []
+    hutchpp(Dense(A), generator=torch.Generator().manual_seed(0), matvecs=24,
+            progress=lambda done, total, **_: seen.append((done, total)))
+    dones = [d for d, _ in seen]
+    assert dones == sorted(dones) and dones[-1] == 24 and all(t == 24 for _, t in seen)
+    assert len([d for d in dones if d <= 16]) >= 2 * 4  # the sketch's two thirds, in pieces
+    assert dones[0] <= 2  # the first count after a piece of the sketch, not after 2k products
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_lanczos_last_total_is_what_it_did(k):
+    A = torch.diag(torch.linspace(0.0, 1.0, 60, dtype=torch.float64)) + torch.diag(torch.tensor([0.0] * 59 + [1.0]))
+    seen = []
+    r = lanczos_top(Dense(A), k, generator=torch.Generator().manual_seed(0), tol=1e-8,
+                    progress=lambda done, total, **_: seen.append((done, total)))
+    assert seen[-1][0] == r.iterations and seen[-1][1] <= r.matvecs + k
