@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import flatcheck
-from flatcheck.models.embed import read_header
+from flatcheck.models.header import read_header
 from flatcheck.models.sources import build_model
 from flatcheck.models.spec import load_spec
 from tests.support.cli import CKPT as DEMO, SPEC as DEMO_SPEC, FAST_JSON as FAST, ROOT, copy_demo, invoke, refused, run_json
@@ -235,6 +235,7 @@ def test_a_checkpoint_that_says_nothing_lists_the_ways(tmp_path):
         assert way in line
 
 
+@pytest.mark.realsize
 def test_headline_torchvision_resnet18_on_cifar10(tmp_path):
     """`flatcheck trace model.safetensors --data cifar10 --data-root DIR` as written, on a
     torchvision ResNet-18 (7x7 stem) checkpoint that carries the shipped spec."""

@@ -169,7 +169,7 @@ def _shapes(checkpoint: Path) -> dict[str, list[int]] | None:
     loaded state dict of a file small enough to load for a hint; None: unreadable or too big."""
     try:
         if checkpoint.suffix.lower() == ".safetensors":
-            from flatcheck.models.embed import read_header
+            from flatcheck.models.header import read_header
 
             header, _ = read_header(checkpoint)
             return {k: list(v.get("shape", [])) for k, v in header.items() if isinstance(v, dict)}
