@@ -300,7 +300,9 @@ def test_hutchinson_rows_per_product_change_no_value():
     op2 = DenseOperator(A + A.T)
     rows = hutchinson(op2, generator=torch.Generator().manual_seed(3), max_probes=24, rtol=0.01, block_size=8, rows=3)
     assert rows.samples == whole.samples and rows.stop_reason == whole.stop_reason
-    assert plan_block(8, op, False, 8 * 50 + 3 * 4 * 50 * 8, "x") == (3, 8 * 50 + 3 * 4 * 50 * 8)
+    # the block's int8 signs, the products' running sum for their variance (50 float64), 3 rows
+    held = 8 * 50 + 50 * 8 + 3 * 4 * 50 * 8
+    assert plan_block(8, op, False, held, "x") == (3, held)
 
 
 @pytest.mark.parametrize("probe", ["spectrum", "rank"])
@@ -473,3 +475,29 @@ def test_a_refusal_under_ulimit_v_says_what_the_limit_leaves(monkeypatch):
                                           r"the free memory; ulimit -v leaves this process 1,073,741,824 bytes "
                                           r"\(1 GiB\)\); --steps 3 fits"):
         memory.refuse_count(4, 100, 0, 300, "probe x", "--steps")
+
+
+@pytest.mark.parametrize("probe", ["spectrum", "lmax", "trace"])
+def test_a_capped_run_states_its_peak_and_what_the_cap_does_not_cover(probe):
+    """--max-memory 600M peaked at 726 MiB in /usr/bin/time with nothing said: a capped result
+    gives the process's peak when the probe ended beside the cap and what the process held
+    before the probes, and says what the cap covers and what it does not."""
+    from flatcheck.linalg.memory import _statm
+
+    case = make_case("mlp")
+    held = _statm(1)
+    ctx = ProbeContext(case.backend(), seed=0, memory_allowance=2**30, memory_cap=held + 2**30, memory_held=held)
+    opts = {"lanczos_steps": 10} if probe == "spectrum" else {}
+    r = create_probe(probe).run(ctx, parse_options(probe, opts))
+    memory = r.details["memory"]
+    assert memory["max_memory_bytes"] == held + 2**30 and memory["process_held_bytes"] == held
+    assert memory["peak_bytes"] >= _statm(1) * 0.99  # the peak so far is at least what is resident now
+    assert "cannot be cut" in memory["max_memory_covers"] and "interpreter exit" in memory["max_memory_covers"]
+    assert f"{held / 2**20:,.0f} MiB of it held before the probes" in r.notes
+    assert "over it" not in r.notes  # a GiB of room above what was held
+
+
+def test_a_cap_below_what_the_process_holds_names_the_floor():
+    result = invoke("gini", CKPT, "--spec", SPEC, "--samples", "4", "--max-memory", "64M")
+    err = bad(result, "--max-memory", "leaves no room")
+    assert "a floor the cap cannot cut" in err and "torch alone" in err

@@ -119,7 +119,8 @@ def process_allowance(device: torch.device, cap: int, held: int) -> int:
 
     if held >= cap:
         raise ConfigError(f"{setting('max_memory')} {cap:,} bytes ({gib(cap)}) leaves no room: with the model and samples "
-                          f"loaded this process already holds {held:,} bytes ({gib(held)}); give that much more "
+                          f"loaded this process already holds {held:,} bytes ({gib(held)}), a floor the cap "
+                          "cannot cut (torch alone holds about 0.5 GiB once imported); give that much more "
                           "than the probes need")
     left = address_space_left() if device.type == "cpu" else None
     return cap - held if left is None else min(cap - held, left)
