@@ -15,6 +15,7 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from .forecast import stderr_forecast
 from .random import rademacher, rademacher_signs
 from .reduce import rowsum64
 
@@ -196,6 +197,9 @@ def hutchinson(
     variance = None if streams else ProductVariance(op.dim, op.dtype, op.device)
     block = block_size or default_block(op, parts=split is not None)
     per_probe = None
+    # the progress line's total: the probes the rtol rule forecasts (linalg/forecast.py), not
+    # max_probes, once a standard error exists
+    total = max_probes if rtol is None else 0
     while done < max_probes:
         k = min(block, max_probes - done)
         if time_left is not None:
@@ -208,7 +212,9 @@ def hutchinson(
             # the block's draws at once (int8, as rademacher draws them), its products `rows`
             # vectors at a time: the values are those of the whole block
             S = rademacher_signs(k, op.dim, generator, device="cpu")
-            vals, pieces = _products(op, S, rows or k, split, variance)
+            within = None if progress is None else (
+                lambda n, done=done, k=k: progress(done + n, max(total, done + k) if total else 0))
+            vals, pieces = _products(op, S, rows or k, split, variance, within)
         values.append(vals.cpu())
         per_probe = max(time.monotonic() - started, 1e-9) / k
         for name, v in pieces.items():
@@ -216,7 +222,8 @@ def hutchinson(
         done += k
         mean, se = _mean_stderr(torch.cat(values), variance)
         if progress is not None:
-            progress(done, max_probes, value=mean, stderr=se)
+            total = stderr_forecast(done, mean, se, rtol, min_probes, max_probes)
+            progress(done, total, value=mean, stderr=se)
         if rtol is not None and done >= min_probes:
             if se is not None and mean != 0 and se / abs(mean) < rtol:
                 reason = "rtol"
@@ -232,9 +239,11 @@ def hutchinson(
 
 
 def _products(op: Operator, S: Tensor, rows: int, split: Split | None,
-              variance: ProductVariance | None = None) -> tuple[Tensor, dict]:
+              variance: ProductVariance | None = None,
+              within: Callable[[int], None] | None = None) -> tuple[Tensor, dict]:
     """vᵀAv and the parts of v ⊙ Av for the rows v of the ±1 block S, `rows` at a time (and
-    v ⊙ Av into `variance`)."""
+    v ⊙ Av into `variance`); `within(rows done)` after each but the last, so a block of slow
+    products shows its count as it goes."""
     vals, pieces = [], {}
     for i in range(0, S.shape[0], rows):
         V = S[i:i + rows].to(dtype=op.dtype, device=op.device)
@@ -245,7 +254,35 @@ def _products(op: Operator, S: Tensor, rows: int, split: Split | None,
         for name, part in (split(prod) if split is not None else {}).items():
             pieces.setdefault(name, []).append(part)
         del V, prod
+        if within is not None and i + rows < S.shape[0]:
+            within(i + rows)
     return torch.cat(vals), {name: torch.cat(parts) for name, parts in pieces.items()}
+
+
+# Hutch++ takes each third's products in about this many pieces when progress is shown, so a
+# third of slow products is not one silent stretch (a line after each piece)
+PIECES = 4
+
+
+def _short_of(progress: Progress | None, total: int) -> Progress | None:
+    """progress that leaves out the report of the last unit: that one carries the estimate."""
+    if progress is None:
+        return None
+    return lambda done, _total: None if done >= total else progress(done, total)
+
+
+def _in_pieces(apply: Callable[[Tensor], Tensor], M: Tensor, progress: Progress | None, done: int,
+               total: int) -> Tensor:
+    """apply(M) (rows of M → rows), in PIECES pieces of rows with progress(done + rows, total)
+    after each; in one call when nothing listens."""
+    if progress is None:
+        return apply(M)
+    step = max(1, -(-M.shape[0] // PIECES))
+    out = []
+    for i in range(0, M.shape[0], step):
+        out.append(apply(M[i:i + step]))
+        progress(done + min(i + step, M.shape[0]), total)
+    return torch.cat(out)
 
 
 # P-sized vectors beside a block: a streamed block's one float vector, its product and the
@@ -311,7 +348,7 @@ def hutchpp(
     S = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
     stop_reason = "matvecs"
     if time_left is None:
-        AS = op.matmat(S)
+        AS = _in_pieces(op.matmat, S, progress, 0, 3 * k)
     else:
         started = time.monotonic()
         first = op.matmat(S[:1])
@@ -319,21 +356,19 @@ def hutchpp(
         fit = max(2, min(k, int((time_left() / per_product + 1) // 3)))
         if fit < k:
             k, S, stop_reason = fit, S[:fit], "budget"
-        AS = torch.cat([first, op.matmat(S[1:])])  # k ≥ 2
+        AS = torch.cat([first, _in_pieces(op.matmat, S[1:], progress, 1, 3 * k)])  # k ≥ 2
     Q, _ = torch.linalg.qr(AS.T)  # (P, k)
     Q = Q.T.contiguous()  # rows are basis vectors
     forms = split is None and _streams(op, parts=False)
     if forms:
-        head_values, _ = op.quadratic(Q)
+        head_values = _in_pieces(lambda M: op.quadratic(M)[0], Q, progress, k, 3 * k)
     else:
-        AQ = op.matmat(Q)
-    if progress is not None:
-        progress(2 * k, 3 * k)
+        AQ = _in_pieces(op.matmat, Q, progress, k, 3 * k)
     G = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
     G = G - (G @ Q.T) @ Q
     if forms:
         # gᵀAg alone: the cross term below sums to zero over all entries (Qg = 0)
-        resid_values, _ = op.quadratic(G)
+        resid_values = _in_pieces(lambda M: op.quadratic(M)[0], G, _short_of(progress, 3 * k), 2 * k, 3 * k)
         resid_values = resid_values.cpu()
         r_mean, r_se = _mean_stderr(resid_values)
         offset = head_values.sum().item()
@@ -341,7 +376,7 @@ def hutchpp(
             progress(3 * k, 3 * k, value=offset + r_mean, stderr=r_se)
         return TraceEstimate(offset + r_mean, r_se, 3 * k, 2 * k, stop_reason, {}, tuple(resid_values.tolist()),
                              offset)
-    AG = op.matmat(G)
+    AG = _in_pieces(op.matmat, G, _short_of(progress, 3 * k), 2 * k, 3 * k)
 
     head = Q * AQ
     # g ⊙ (QQᵀA g) sums to zero over all entries in exact arithmetic; it is kept in the
