@@ -6,6 +6,7 @@ tracked step."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -17,6 +18,7 @@ from flatcheck.errors import ModelError
 from flatcheck.workflows.results_io import load_results
 
 from tests.support.dense import dense, make_case
+from tests.support.proc import HANG_GUARD
 
 ROUNDOFF = 1e-10  # float64 summation order (see test_measure)
 OPTIONS = {"lmax": {"tol": 1e-8}, "trace": {"estimator": "exact", "matrix": "ggn"}}
@@ -351,7 +353,7 @@ def test_a_held_file_names_its_holder(tmp_path):
             tracker("third").step(2)
     finally:
         other.stdin.close()
-        other.wait(timeout=30)
+        other.wait(timeout=HANG_GUARD)
     assert os.path.getsize(out) > 0
 
 
@@ -457,3 +459,17 @@ def test_the_training_example_draws_lmax_alone(tmp_path):
     assert (tmp_path / "eos.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert all(set(r["results"]) == {"lmax"} for r in runs[0]["records"])
     assert track_training.summary(runs[0])["lmax_first"] is not None
+
+
+def test_each_tracked_step_says_what_it_measured_on_stderr_unless_quiet(capsys):
+    case = make_case("mlp", n=23, batch_size=23)
+    tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=2, out=None)
+    values = [tracker.step(step) for step in range(3)]
+    err = capsys.readouterr().err.splitlines()
+    assert values[1] is None and set(values[0]) == {"lmax"} and isinstance(values[2]["lmax"], float)
+    assert len(err) == 2 and err[0].startswith("flatcheck track step 0: lmax ") and "(cold start)" in err[0]
+    assert err[1].startswith(f"flatcheck track step 2: lmax {values[2]['lmax']:.5g} · ")
+    assert re.search(r" · \d+\.\d s, \d+ products$", err[1])
+    quiet = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=1, out=None, quiet=True)
+    quiet.step(0)
+    assert capsys.readouterr().err == ""

@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 import warnings
 import weakref
@@ -71,12 +72,13 @@ class Tracker:
     fixed set of tracking samples. probes, options and the other keywords are measure's (probes
     may map each name to its options); options are merged over DEFAULT_OPTIONS (λmax with k=1). strict=True raises a failed step's error instead of
     recording it. warm_start=False starts every λmax cold; otherwise every `cold_every`-th
-    tracked step does (None: only the first)."""
+    tracked step does (None: only the first). Each tracked step writes one line to stderr
+    (step, values, seconds, products); quiet=True keeps it silent."""
 
     def __init__(self, model: nn.Module, data: Any, probes: Any = DEFAULT_PROBES, *, every: int = 10,
                  out: str | os.PathLike | None = "track.jsonl", options: dict[str, dict[str, Any]] | None = None,
                  strict: bool = False, name: str | None = None, warm_start: bool = True,
-                 cold_every: int | None = COLD_EVERY, **measure_kwargs: Any):
+                 cold_every: int | None = COLD_EVERY, quiet: bool = False, **measure_kwargs: Any):
         from ..live import open_live_session, probe_options
 
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -86,6 +88,7 @@ class Tracker:
             raise ConfigError(f"cold_every must be a positive integer (a cold λmax every N-th tracked step) "
                               f"or None, got {cold_every!r}")
         self.cold_every, self._tracked = cold_every, 0
+        self.quiet = quiet
         # per warm-start key: the converged eigenvector before the latest, and the start handed
         # out for the latest call (to tell a call that converged from one that failed)
         self._previous: dict[Any, torch.Tensor] = {}
@@ -118,21 +121,24 @@ class Tracker:
     # ------------------------------------------------------------------ the two lines
 
     def step(self, step: int, **extra: Any) -> dict[str, float | None] | None:
-        """On every `every`-th step: measure, append one record (flushed to disk) and return
-        {probe: value} (None for each probe of a failed step). Other steps: None, no work.
+        """On every `every`-th step: measure, append one record (flushed to disk), write one
+        line to stderr (unless quiet=True) and return {probe: value}: each probe's headline
+        value as a float (λmax for lmax, the trace's estimate for trace, …), None for each probe
+        of a failed step. The full results (standard errors, bounds, products) are in the
+        record, also kept as `tracker.last_record`. Other steps: None, no work.
 
         `extra` (lr=, loss=, …) goes into the record's "extra"; epoch= is the record's epoch."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ConfigError(f"step must be a non-negative integer, got {step!r}")
+        if getattr(self, "_closed", False):  # it would measure and record nowhere
+            raise ConfigError(f"Tracker.step({step}) after close(): the tracker writes no more records; make a new "
+                              "Tracker (on the same out it continues the file)")
         if not self._started:
             self._start(step)
         if step % self.every:
             return None
         t0 = time.perf_counter()
         epoch = extra.pop("epoch", None)
-        if getattr(self, "_closed", False):  # it would measure and record nowhere
-            raise ConfigError(f"Tracker.step({step}) after close(): the tracker writes no more records; make a new "
-                              "Tracker (on the same out it continues the file)")
         record = new_record(self.name, kind=RECORD_KIND, fingerprint=self.fingerprint, origin="tracker",
                             settings=self.settings, step=step, epoch=epoch if isinstance(epoch, int) else None,
                             extra={k: _plain(v) for k, v in extra.items()})
@@ -162,11 +168,14 @@ class Tracker:
         if self._held is not None:
             self._held.append(record)
         self.last_record = record
+        if not self.quiet:
+            _say(step, values, record)
         return values
 
     def close(self) -> None:
         """Let go of `out` (another tracker or scan may then write it). Leaving a `with` block
         does this, and so does the collector once the tracker is no longer referenced."""
+        self._closed = True
         if self._held is not None:
             self._release()  # closes the held file; the finalizer will not run again
             self._held = None
@@ -175,7 +184,6 @@ class Tracker:
 
     def __enter__(self) -> "Tracker":
         return self
-        self._closed = True
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -235,6 +243,7 @@ class Tracker:
             _rewrite(self.out, kept)
             self.close()  # the rewrite made a new file: hold that one
             self._take(_hold(self.out))
+            self._closed = False  # held again: close() here was a step of the restart, not the user's
 
     def _take(self, held: HeldOutput) -> None:
         self._held = held
@@ -243,7 +252,6 @@ class Tracker:
         self._release = weakref.finalize(self, held.close)
         st = os.fstat(held.fd)
         self._held_key = (st.st_dev, st.st_ino)
-            self._closed = False  # held again: close() here was a step of the restart, not the user's
         _HOLDERS[self._held_key] = self
 
 
@@ -302,6 +310,18 @@ def _command(pid: int) -> str:
         return "command unknown"
     command = " ".join(" ".join(w.decode(errors="replace").split()) for w in words if w)  # one line
     return command if len(command) <= 80 else command[:77] + "..."
+
+
+def _say(step: int, values: dict[str, float | None], record: dict[str, Any]) -> None:
+    """One stderr line per tracked step: what was measured, how long it took, and with how
+    many products (a training loop's own prints stay on stdout)."""
+    shown = ", ".join(f"{name} {'failed' if v is None else format(v, '.5g')}" for name, v in values.items())
+    cold = [r.get("details", {}).get("warm_start") for r in record.get("results", {}).values()]
+    start = " (cold start)" if False in cold else ""
+    error = f": {record['error']}" if record.get("status") == "error" else ""
+    sys.stderr.write(f"flatcheck track step {step}: {shown}{error} · {record['seconds']:.1f} s, "
+                     f"{record['tracker']['products']} products{start}\n")
+    sys.stderr.flush()
 
 
 def extrapolated_start(previous: torch.Tensor, latest: torch.Tensor) -> torch.Tensor:
