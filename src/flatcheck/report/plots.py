@@ -77,15 +77,17 @@ def plot_nodes(path: str, nodes: np.ndarray, weights: np.ndarray, *, title: str,
     """A quadrature rule too short to smooth (a budget cut it): each node as a stem of its
     weight, nothing between or beyond the nodes, and `note` on the figure saying why."""
     fig, ax = _axes()
-    ax.vlines(nodes, 0, weights, color="tab:red", lw=1.5)
-    ax.plot(nodes, weights, "o", color="tab:red", ms=4, label="Ritz values (nodes), weight / starts")
-    ax.legend(loc="upper right", fontsize=8)
-    ax.set_ylim(bottom=0)
+    # a log axis, as the density's: a node of weight 1e-6 is as much a node as one of 0.5
+    floor = float(np.max(weights)) * DYNAMIC_RANGE
+    shown = np.maximum(weights, floor)
+    ax.vlines(nodes, floor, shown, color="tab:red", lw=1.5)
+    ax.plot(nodes, shown, "o", color="tab:red", ms=4, label="Ritz values (nodes), weight / starts")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=floor)
     ax.set_xlabel("eigenvalue")
     ax.set_ylabel("quadrature weight")
-    ax.set_title(title, fontsize=10)
-    if note:
-        ax.text(0.02, 0.95, f"unresolved: {note}", transform=ax.transAxes, fontsize=8, va="top", color="tab:red")
+    ax.set_title(title + (f"\nunresolved: {note}" if note else ""), fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
     _save_atomically(fig, Path(path))
