@@ -66,9 +66,11 @@ def run(row: Row, setup: Setup, task: Task, tool: str, hints: dict) -> None:
         res = timed(row, setup, op_count, lambda: lanczos_top(make_op(), o["k"], generator=gen, tol=o["tol"],
                                                                max_iter=o["max_iter"]))
         rel = [r / abs(v) for v, r in zip(res.values, res.residuals)]
+        bound = [b.value / abs(v) for v, b in zip(res.values, res.bounds)]
         row.value = ", ".join(f"{v:.7g}" for v in res.values)
-        row.notes = (f"Lanczos {res.iterations} steps, {res.stop_reason}; true rel. residual ≤ {max(rel):.1e} "
-                     f"(stops on ‖Hq−λq‖ ≤ tol·|λ|)")
+        row.notes = (f"Lanczos {res.iterations} steps, {res.stop_reason}; true rel. residual ≤ {max(rel):.1e}, "
+                     f"rel. error bound ≤ {max(bound):.1e} (stops on the bound r²/δ, or r without a gap, "
+                     f"≤ tol·|λ|)")
         row.extra.update(values=res.values, steps=res.iterations, converged=all(res.converged))
     elif task.kind == "slq":
         def go():
