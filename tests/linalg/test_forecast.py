@@ -31,6 +31,14 @@ def test_a_geometric_decay_is_forecast_exactly_from_two_points():
     assert f.total(11, 0.5) == 12  # met: only the check is left
 
 
+def test_a_check_that_fell_short_holds_the_forecast_to_the_next_check():
+    f = DecayForecast(limit=100, extra=1)
+    f.not_before = 12  # the estimate said converged at step 8, the true residuals did not
+    assert f.total(8, 0.5) == 12 + 1
+    f.total(9, 4.0)
+    assert f.total(10, 2.0) == 12 + 1  # one step to go at this rate, but the check is at 12
+
+
 def test_a_ratio_that_does_not_fall_keeps_the_last_forecast_and_the_cap_holds():
     f = DecayForecast(limit=20)
     f.total(1, 100.0)

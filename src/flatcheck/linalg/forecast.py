@@ -25,20 +25,22 @@ class DecayForecast:
         self.limit, self.extra = limit, extra
         self.seen: list[tuple[int, float]] = []
         self.last = 0
+        # the stop's own schedule: after a check that fell short, nothing ends before this unit
+        self.not_before = 0
 
     def total(self, done: int, ratio: float) -> int:
         """The forecast total after `done` units with the ratio now at `ratio`; while the rate
         cannot be told (fewer than two finite ratios, or one that is not falling) the last
         forecast still ahead, else 0 (not known)."""
         if ratio <= 1:
-            self.last = min(self.limit, done + self.extra)
+            self.last = min(self.limit, max(done, self.not_before) + self.extra)
             return self.last
         if ratio > 0 and math.isfinite(ratio):
             self.seen = (self.seen + [(done, math.log(ratio))])[-(WINDOW + 1):]
         (d0, l0), (d1, l1) = (self.seen[0], self.seen[-1]) if self.seen else ((0, 0.0), (0, 0.0))
         slope = (l1 - l0) / (d1 - d0) if d1 > d0 else 0.0
         if slope < 0:
-            self.last = min(self.limit, done + math.ceil(l1 / -slope) + self.extra)
+            self.last = min(self.limit, max(done + math.ceil(l1 / -slope), self.not_before) + self.extra)
         elif self.last <= done:
             self.last = 0
         return self.last

@@ -354,6 +354,7 @@ def lanczos_top(
                 stop = verdict
                 break
             next_check = lz.size + max(1, lz.size // 4)
+            forecast.not_before = next_check  # the estimate said converged, the check did not
     if measured is None or measured[0] != lz.size:
         theta, S = lz.ritz()
         top, below = top_and_below(theta, np.abs(lz.beta_next * S[-1]), k)

@@ -239,6 +239,7 @@ def lanczos_top_restarted(
                     stop = verdict
                     break
                 next_check = lz.steps + max(1, lz.steps // 4)
+                forecast.not_before = next_check  # the estimate said converged, the check did not
                 continue
         if lz.full:
             lz.restart(keep)
