@@ -1,0 +1,108 @@
+"""How believable the progress lines are, off a terminal (a CI log), on a real-size model.
+
+Runs `flatcheck PROBE` with its defaults on torchvision's resnet18 (10 classes, random init) at
+64 CIFAR-shaped samples with stderr on a pipe, stamps every line as it arrives, and reports:
+when the first line with a count (`n/…`) came after the probe's start line, when the first ETA
+other than `?` came, and at 25, 50 and 75 % of the probe's run the ETA last printed against the
+time that was actually left (ratio; the goal is within ±50 %).
+
+    .venv/bin/python benchmarks/bench_eta.py [--probes lmax] [--save]
+
+--save writes benchmarks/results/eta_resnet18.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_lmax_cli import SAMPLES, make_inputs  # noqa: E402  (the same model and data)
+
+ROOT = Path(__file__).resolve().parents[1]
+COUNT = re.compile(r": (?:done · )?(\d+)/(\d+|\?) · elapsed")
+ETA = re.compile(r"ETA (\d+):(\d\d):(\d\d)")
+
+
+def stamped(cmd: list[str], env: dict) -> list[tuple[float, str]]:
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = [(time.monotonic() - start, line.rstrip("\n")) for line in proc.stderr]
+    proc.wait()
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[:4]} failed ({proc.returncode}): {lines[-5:]}")
+    return lines
+
+
+def judge(probe: str, lines: list[tuple[float, str]]) -> dict:
+    mine = [(t, s) for t, s in lines if s.startswith(f"flatcheck {probe}")]
+    begun = mine[0][0]  # the probe's first line ("starting"): the start report
+    end = mine[-1][0]
+    counts = [t for t, s in mine if COUNT.search(s)]
+    etas = []
+    for t, s in mine:
+        m = ETA.search(s)
+        if m:
+            etas.append((t, 3600 * int(m[1]) + 60 * int(m[2]) + int(m[3])))
+    out = {"probe": probe, "run": end - begun, "first_count": counts[0] - begun if counts else None,
+           "first_eta": etas[0][0] - begun if etas else None, "lines": len(mine)}
+    for q in (0.25, 0.5, 0.75):
+        at = begun + q * (end - begun)
+        shown = [(t, e) for t, e in etas if t <= at]
+        if shown:
+            t, e = shown[-1]
+            out[q] = (e - (at - t), end - at)  # the ETA as it stood at `at`, and the time left
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--probes", default="lmax")
+    ap.add_argument("--period", type=float, default=15.0, help="FLATCHECK_PROGRESS_SECONDS")
+    ap.add_argument("--save", action="store_true")
+    args = ap.parse_args()
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               FLATCHECK_PROGRESS_SECONDS=str(args.period))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt, data, spec = make_inputs(Path(tmp))
+        for probe in args.probes.split(","):
+            cmd = [sys.executable, "-m", "flatcheck", probe, str(ckpt), "--spec", str(spec), "--data", f"npz:{data}",
+                   "--samples", str(SAMPLES), "--json", os.devnull]
+            rows.append(judge(probe, stamped(cmd, env)))
+            print(rows[-1], flush=True)
+    load = os.getloadavg()
+    text = ["# Progress lines on a pipe: first count, first ETA, and the ETA against the time left",
+            "",
+            f"torchvision resnet18, {SAMPLES} CIFAR-shaped samples, every option at its default, stderr on a pipe "
+            f"(a line every {args.period:g} s and at each report). Seconds from the probe's first line. Shared "
+            f"2-core CPU, loaded by other jobs (load average at the end {load[0]:.1f}, {load[1]:.1f}).",
+            "",
+            "| probe | run (s) | first count (s) | first ETA (s) | ETA ÷ left at 25 % | at 50 % | at 75 % |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cells = []
+        for q in (0.25, 0.5, 0.75):
+            eta_left = r.get(q)
+            cells.append("–" if eta_left is None else f"{eta_left[0]:.0f}/{eta_left[1]:.0f} s = "
+                         f"{eta_left[0] / eta_left[1]:.2f}" if eta_left[1] > 0 else "–")
+        first_count = "–" if r["first_count"] is None else f"{r['first_count']:.0f}"
+        first_eta = "–" if r["first_eta"] is None else f"{r['first_eta']:.0f}"
+        text.append(f"| {r['probe']} | {r['run']:.0f} | {first_count} | {first_eta} | " + " | ".join(cells) + " |")
+    text.append("")
+    print("\n".join(text))
+    if args.save:
+        out = ROOT / "benchmarks" / "results" / "eta_resnet18.md"
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text("\n".join(text), encoding="utf-8")
+        tmp.replace(out)
+
+
+if __name__ == "__main__":
+    main()
