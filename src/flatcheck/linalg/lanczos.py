@@ -339,7 +339,9 @@ def lanczos_top(
         estimates = np.abs(lz.beta_next * S[-1])
         if progress is not None:  # the running λmax: the largest Ritz value
             ratio = bound_ratio(theta, estimates, k, tol)
-            progress(lz.size, forecast.total(lz.size, ratio), value=float(theta[-1]))
+            # counted in products (a check's true residuals too), as the end line's total is
+            done = op.matvecs - start_matvecs
+            progress(done, forecast.total(done, ratio), value=float(theta[-1]))
         if should_stop is not None and lz.size >= k and lz.can_step and should_stop():
             stop = "budget"
             break
@@ -362,6 +364,9 @@ def lanczos_top(
         # k fresh products of a large model would overrun it by k steps' time
         final = Lanczos.residuals if stop == "budget" else measure
         measured = (lz.size, final(lz, S[:, top]), below, round_off_floor(op.dtype, lz.scale))
+    if progress is not None and stop != "budget":  # the end: what it took, the check included (a
+        # budget's end is told by the probe, as stopped short)
+        progress(op.matvecs - start_matvecs, op.matvecs - start_matvecs, value=float(np.max(lz.ritz()[0])))
     return eigen_result(measured, stop, tol, op.matvecs - start_matvecs, lz.size)
 
 

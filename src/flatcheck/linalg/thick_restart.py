@@ -216,7 +216,9 @@ def lanczos_top_restarted(
         theta, S = lz.ritz()
         if progress is not None:
             ratio = bound_ratio(theta, lz.estimates(S), k, tol) if lz.n >= k else math.inf
-            progress(lz.steps, forecast.total(lz.steps, ratio), value=float(theta[-1]))
+            # counted in products (a check's true residuals too), as the end line's total is
+            done = op.matvecs - start_matvecs
+            progress(done, forecast.total(done, ratio), value=float(theta[-1]))
         if lz.invariant:
             if lz.n >= k:
                 stop = "invariant"
@@ -250,5 +252,8 @@ def lanczos_top_restarted(
         # no product past a budget: the recurrence's own residuals
         found = lz.estimated_residuals(k) if stop == "budget" else lz.true_residuals(k)
         measured = (lz.steps, found, below, round_off_floor(op.dtype, lz.scale))
+    if progress is not None and stop != "budget":  # the end: what it took, the check included (a
+        # budget's end is told by the probe, as stopped short)
+        progress(op.matvecs - start_matvecs, op.matvecs - start_matvecs, value=float(np.max(lz.ritz()[0])))
     result = eigen_result(measured, stop, tol, op.matvecs - start_matvecs, lz.steps)
     return result, lz.restarts
