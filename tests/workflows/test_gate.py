@@ -815,3 +815,19 @@ def test_an_mls_estimate_is_compared_within_its_error_bound():
            "details": {"spectral": {"max": 0.999, "max_error_bound": 0.01}}}
     for field in ("jacobian.spectral.max", "jacobian.details.spectral.max"):
         assert verdicts(gate({"field": field, "max": 1.0}), {"jacobian": jac}) == ["inconclusive"]
+
+
+def test_a_decomposition_baseline_of_an_older_meaning_is_refused(tmp_path):
+    """Before schema 2.5 decomposition's details.ggn_trace was the GGN trace over layer weights
+    only (14.15 against Tr(G) 17.77 on a tanh MLP): a gate comparing it with today's Tr(G) would
+    call the difference a change of the model. Exit 2, naming what changed."""
+    from flatcheck.workflows.gate.baseline import load_baseline
+
+    record = {"probe": "decomposition", "value": 14.15, "stderr": None,
+              "details": {"route": "exact", "ggn_trace": 14.15}}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"schema_version": "2.4", "results": {"decomposition": record}}), encoding="utf-8")
+    with pytest.raises(InputError, match=r"results.decomposition: measured with schema 2.4, whose details.ggn_trace "
+                                         r"is the GGN trace over layer weights only.*measure the baseline again"):
+        load_baseline(path)
+    load_baseline(_report(tmp_path, {"decomposition": record}))  # the current schema: its own meaning

@@ -58,6 +58,19 @@ def patch_sqnorm(module: nn.Module, h: Tensor) -> Tensor:
     return patches.flatten(2).mean(2).mean(1)
 
 
+@dataclass(frozen=True)
+class DecompositionGating(Gating):
+    """Until schema 2.5 `details.ggn_trace` was the GGN trace over the layer weights alone, and
+    a weight used twice lacked its cross terms; a baseline of then is another quantity."""
+
+    def superseded(self, probe, result, schema):
+        if schema is not None and schema < (2, 5) and "ggn_trace" in (result.get("details") or {}):
+            return (f"measured with schema {schema[0]}.{schema[1]}, whose details.ggn_trace is the GGN trace over "
+                    "layer weights only (from 2.5 it is Tr(G) over every parameter, and shared weights count their "
+                    "cross terms)")
+        return None
+
+
 class _Layer:
     def __init__(self, module: nn.Module, exact: bool):
         self.module, self.exact = module, exact
@@ -111,7 +124,7 @@ class DecompositionProbe:
     """
 
     name: ClassVar[str] = "decomposition"
-    gating: ClassVar[Gating] = Gating(tolerance_option="lanczos_tol", routes=frozenset({"exact", "estimate"}))
+    gating: ClassVar[Gating] = DecompositionGating(tolerance_option="lanczos_tol", routes=frozenset({"exact", "estimate"}))
     summary: ClassVar[str] = "centered GGN decomposition per layer (Anonymous 2025), scale-aware bound, vs exact Tr(G)"
     Options: ClassVar[type] = DecompositionOptions
     requires: ClassVar[frozenset[type]] = frozenset({ExactGGN})

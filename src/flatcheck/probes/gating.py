@@ -114,6 +114,11 @@ class Gating:
                 return f"details.route {route!r} is not one of {probe}'s routes ({known})"
         return None
 
+    def superseded(self, probe: str, result: Result, schema: tuple[int, int] | None) -> str | None:
+        """What this probe's record of an older schema means by a field that the current
+        version means otherwise, or None. Comparing the two would gate two quantities as one."""
+        return None
+
     def planned_identity(self, options: Any) -> tuple[Any, Any]:
         """(estimator, matrix) of a run with these options: which draws and which matrix."""
         return (getattr(options, "estimator", None),

@@ -93,6 +93,9 @@ def check_records(baseline: Baseline) -> None:
         why = _foreign_quantity(key, record) or gating_of(key).check_record(key, record, schema)
         if why:
             raise InputError(f"{baseline.where}: results.{key}: {why}: another probe's result, or an edited report")
+        why = gating_of(key).superseded(key, record, schema)
+        if why:
+            raise InputError(f"{baseline.where}: results.{key}: {why}; measure the baseline again with this version")
 
 
 def _foreign_quantity(probe: str, record: Mapping[str, Any]) -> str | None:
