@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test bench docs clean
+.PHONY: install demo test test-all bench docs clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,17 @@ demo: install
 	$(VENV)/bin/flatcheck trace demo/digits_cnn.safetensors --spec model_specs/demo_digits.yaml \
 		--data digits --estimator exact
 
+# Tests run on every core (pytest-xdist), one thread each. `make test` is the fast tier: every
+# probe and estimator against dense float64 truth and the commands end to end in this process,
+# with line coverage of src/ held at 85 %; `make test-all` adds the checks over many seeds, the
+# real-size runs (torchrun, ResNet-18, a GPU where there is one) and those that start processes.
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist worksteal
+
 test: install
-	$(PY) -m pytest -q
+	$(PYTEST) -m "not (statistical or realsize or process)" --cov --cov-report=term --cov-fail-under=85
+
+test-all: install
+	$(PYTEST)
 
 # the bench extra (PyHessian, curvlinops, hessian-eigenthings); the torch pin is passed again so
 # pip keeps the torch it has

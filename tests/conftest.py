@@ -13,6 +13,19 @@ from flatcheck.models.spec import load_spec
 from tests.support.cli import ROOT
 from tests.support.dense import make_case
 
+TIERS = ("unit", "e2e", "statistical", "realsize")  # the markers of pyproject.toml
+# a test that names none of them takes its folder's: the commands are driven end to end,
+# everything else is a module's own behaviour unless its file or the test says otherwise;
+# a test that starts a flatcheck process (marker `process`) is end to end wherever it is
+FOLDER_TIER = {"commands": "e2e"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            default = "e2e" if item.get_closest_marker("process") else "unit"
+            item.add_marker(FOLDER_TIER.get(item.path.parent.name, default))
+
 
 @pytest.fixture
 def case_factory():

@@ -12,6 +12,8 @@ from flatcheck.backends.compile_choice import compile_pays
 from flatcheck.errors import ConfigError
 from tests.support.dense import dense, make_case
 
+pytestmark = pytest.mark.process
+
 EPS = torch.finfo(torch.float64).eps
 
 

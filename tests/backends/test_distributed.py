@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 from flatcheck.cli import app
 from tests.support.proc import HANG_GUARD
 
+pytestmark = pytest.mark.realsize
+
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = [str(ROOT / "demo" / "digits_cnn.safetensors"), "--spec", str(ROOT / "model_specs" / "demo_digits.yaml"),
         "--samples", "40", "--batch-size", "8", "--dtype", "float64", "--probes", "trace,lmax,gini",

@@ -823,6 +823,7 @@ def wait_for_records(out: Path, count: int, proc: subprocess.Popen) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.process
 def test_second_scan_on_the_same_out_is_refused_and_sigkill_leaves_no_lock(tmp_path):
     from tests.support.scan import CHEAP, lines, models_file, scan
 
@@ -947,6 +948,7 @@ MODULE = [sys.executable, "-m", "flatcheck"]
 PERIOD = "0.2"  # FLATCHECK_PROGRESS_SECONDS: the run's ticker line comes soon after the run starts
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see the imports")
 @pytest.mark.parametrize("exe, when", [
     (SCRIPT, starting),  # importing typer and rich
@@ -1278,6 +1280,7 @@ def one_error_line(proc: subprocess.CompletedProcess, *names: str) -> str:
     return error
 
 
+@pytest.mark.process
 def test_error_during_the_run_is_the_only_line_on_stderr(tmp_path):
     # the progress display is live when a later batch fails (no -q)
     x, y = digit_images()
@@ -1288,6 +1291,7 @@ def test_error_during_the_run_is_the_only_line_on_stderr(tmp_path):
                    f"sample {LATER} ", "non-finite inputs")
 
 
+@pytest.mark.process
 def test_a_run_without_q_writes_only_progress_lines_to_stderr_when_not_a_terminal():
     proc = run_cli("trace", CKPT, "--spec", SPEC, *SMALL, *EXACT_HEAD)
     lines = proc.stderr.splitlines()
@@ -1295,6 +1299,7 @@ def test_a_run_without_q_writes_only_progress_lines_to_stderr_when_not_a_termina
     assert "Tr(" in proc.stdout
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args, names", [
     (["trace", CKPT, "--spec", SPEC, "--samples", "x"], ["--samples", "integer", "trace --help"]),
     (["gate", CKPT, "--spec", SPEC, "--config", SPEC, "--confidence", "high"], ["--confidence", "number"]),
@@ -1308,6 +1313,7 @@ def test_usage_errors_are_one_line(args, names):
     one_error_line(run_cli(*args), *names)
 
 
+@pytest.mark.process
 def test_help_and_bare_command_still_show_help():
     helped = run_cli("trace", "--help")
     assert helped.returncode == 0 and helped.stdout.startswith("Usage:") and "--samples" in helped.stdout
@@ -1327,6 +1333,7 @@ def test_largest_seed_runs():
     assert json.loads(result.stdout)["seed"] == MAX_SEED
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args", [["explain", "trace"],
                                   ["trace", CKPT, "--spec", SPEC, "--samples", "16", "--probes-max", "2"]])
 def test_a_reader_that_closes_stdout_ends_the_command_quietly_with_141(args):

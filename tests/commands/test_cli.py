@@ -321,6 +321,7 @@ def test_no_arguments_shows_help():
 # ---------------------------------------------------------------- entry points
 
 
+@pytest.mark.process
 def test_python_dash_m_help():
     proc = subprocess.run([sys.executable, "-m", "flatcheck", "--help"], capture_output=True, text=True,
                           timeout=HANG_GUARD, cwd=ROOT)
@@ -329,6 +330,7 @@ def test_python_dash_m_help():
         assert command in proc.stdout
 
 
+@pytest.mark.process
 def test_console_script_installed():
     script = Path(sys.executable).parent / "flatcheck"
     assert script.is_file(), f"no console script at {script}"

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from flatcheck.cli import app
 from tests.support.cifar import write_cifar10
+
+pytestmark = pytest.mark.realsize
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -133,6 +133,7 @@ def test_a_ckpt_that_needs_code_is_still_refused(tmp_path):
 
 # ---------------------------------------------------------------- a resize to the spec's input size
 
+@pytest.mark.process
 def test_a_resize_is_said_once_on_stderr_and_recorded(tmp_path):
     import subprocess
 

@@ -44,6 +44,7 @@ def assert_bitwise_equal(model, saved):
         assert torch.equal(now[k].detach(), v), k  # torch.equal: every element identical
 
 
+@pytest.mark.statistical
 def test_second_order_matches_dense_within_its_stderr():
     case = make_case("cnn")
     r = run(case, method="second-order", probes_max=60)

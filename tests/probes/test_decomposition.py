@@ -155,6 +155,7 @@ def test_a_weight_used_twice_carries_its_cross_terms(monkeypatch):
     assert abs(est.details["shared_cross_terms"]["mid.weight"] - cross) <= 4 * est.stderr
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("kind", ["mlp", "shared"])
 def test_estimate_route_is_unbiased_over_seeds(kind, monkeypatch):
     """50 seeds against the dense weights' GGN trace: the mean within 4 standard errors of the

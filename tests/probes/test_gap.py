@@ -50,6 +50,7 @@ def test_gap_equals_hand_evaluation():
     assert r.stderr is None and r.matvecs == 0
 
 
+@pytest.mark.realsize
 def test_missing_split_skips_in_probe_and_fails_in_gap(tmp_path, resnet_checkpoint):  # noqa: F811
     write_cifar10(tmp_path)
     (tmp_path / "cifar-10-batches-py" / "test_batch").unlink()

@@ -59,6 +59,7 @@ def _check(outcome, name: str):
     return next(c for c in outcome.checks if c.bound.name == name)
 
 
+@pytest.mark.statistical
 def test_paired_gate_passes_an_unchanged_model_at_every_seed(outcomes):
     _, out = outcomes
     for seed, (baseline, outcome) in out.items():
@@ -69,6 +70,7 @@ def test_paired_gate_passes_an_unchanged_model_at_every_seed(outcomes):
         assert abs(outcome.report.results["trace"].value - b) <= 1e-9 * abs(b)
 
 
+@pytest.mark.statistical
 def test_unpaired_gate_passes_at_other_seeds(outcomes):
     gate, out = outcomes
     baseline = out[0][0]
@@ -136,6 +138,7 @@ def rescaled(tmp_path_factory):
     return out
 
 
+@pytest.mark.statistical  # its baseline is the 20 seeds' runs of `outcomes`
 @pytest.mark.parametrize("factor, trace_moved, jacobian_moved", [(2.0, "max_decrease", "max_increase"),
                                                                   (0.5, "max_increase", "max_decrease")],
                          ids=["fc×2", "fc×0.5"])

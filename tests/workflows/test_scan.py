@@ -123,6 +123,7 @@ def test_retry_errors_without_resume_is_refused(tmp_path):
     assert not (tmp_path / "s.jsonl").exists()
 
 
+@pytest.mark.process
 def test_interrupted_scan_resumes_without_redoing_or_duplicating(tmp_path):
     out = tmp_path / "scan.jsonl"
     mf = models_file(tmp_path, CHEAP)
@@ -183,6 +184,7 @@ def test_pretrained_weights_only_from_local_disk(tmp_path, monkeypatch):
     assert rec["status"] == "ok" and rec["meta"]["checkpoint"]["path"].endswith(f"{name}.safetensors")
 
 
+@pytest.mark.realsize
 def test_two_ranks_cover_the_single_process_scan(tiny, tmp_path):
     _, single_out, names, _ = tiny
     out = tmp_path / "scan.jsonl"
@@ -233,6 +235,7 @@ def python_spec(arch: str) -> str:
     return f"source: python\narch: {arch}\nnum_classes: 10\ninput_size: [1, 8, 8]\nloss: cross_entropy\n"
 
 
+@pytest.mark.process
 def test_a_model_whose_process_is_killed_is_recorded_and_the_scan_goes_on(tmp_path, monkeypatch):
     import shutil
 
@@ -525,6 +528,7 @@ print(n, out.result[1], out.threads, out.exit_code, torch.get_num_threads())
 """
 
 
+@pytest.mark.process
 def test_a_forked_child_uses_threads_only_where_its_parent_cannot_have_used_the_pool():
     """A forked child cannot use an OpenMP pool its parent used (it waits forever for pool
     threads it does not have), and whether a process has used it cannot be asked: a child runs
@@ -566,6 +570,7 @@ print(child_process.fork_works())
 """
 
 
+@pytest.mark.process
 def test_a_fresh_process_can_fork_for_autograd():
     out = subprocess.run([sys.executable, "-c", FORK_WORKS], capture_output=True, text=True, timeout=HANG_GUARD)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
