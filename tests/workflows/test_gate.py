@@ -831,3 +831,21 @@ def test_a_decomposition_baseline_of_an_older_meaning_is_refused(tmp_path):
                                          r"is the GGN trace over layer weights only.*measure the baseline again"):
         load_baseline(path)
     load_baseline(_report(tmp_path, {"decomposition": record}))  # the current schema: its own meaning
+
+
+def test_a_bare_relative_bound_of_one_or_more_is_said_on_stderr(tmp_path):
+    # a bare number is a fraction: 20 is 2000 %, which may be meant (150 %) but usually is not
+    with pytest.warns(UserWarning, match=r"rules\[0\]\.max_increase 20 is read as 2000 %; write 20% for 20 percent"):
+        cfg = parse_gate_config({"rules": [{"field": "trace.value", "max_increase": 20}]}, where="g.yaml")
+    assert cfg.bounds[0].limit == 20
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fraction below 1, or a percentage, is said as meant
+        parse_gate_config({"rules": [{"field": "trace.value", "max_increase": 0.2, "max_decrease": "150%"}]})
+    # the gate's run says it (kit's warning line on stderr; in process pytest records it)
+    path = write_gates(tmp_path, "rules:\n  - {field: gini.value, max_decrease: 1.5}\n")
+    with pytest.warns(UserWarning) as said:
+        res = invoke("gate", CKPT, "--spec", SPEC, "--data", "digits", "--config", path)
+    assert res.exit_code == 2 and "--baseline" in res.stderr
+    assert [str(w.message) for w in said if "is read as" in str(w.message)] == [
+        f"{path}: rules[0].max_decrease 1.5 is read as 150 %; write 1.5% for 1.5 percent"]

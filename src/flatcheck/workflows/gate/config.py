@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -115,7 +116,7 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
         raise fail("rules", "must be a non-empty list of rules")
     bounds: list[Bound] = []
     for i, rule in enumerate(rules):
-        bounds.extend(_parse_rule(rule, f"rules[{i}]", policy, probes, fail))
+        bounds.extend(_parse_rule(rule, f"rules[{i}]", policy, probes, fail, where))
     # options the gate chooses itself where the file leaves them out (a total alone, when
     # no rule reads its parts), which a paired baseline's may replace (run.follow_baseline)
     defaulted: set[str] = set()
@@ -126,7 +127,8 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
     return GateConfig(tuple(bounds), probes, confidence, max_reruns, factor, where, frozenset(defaulted))
 
 
-def _parse_rule(rule: Any, at: str, policy: str, probes: dict[str, dict[str, Any]], fail: Callable) -> list[Bound]:
+def _parse_rule(rule: Any, at: str, policy: str, probes: dict[str, dict[str, Any]], fail: Callable,
+                where: str = "gates") -> list[Bound]:
     """The bounds of one rule (one per bound kind it names); adds its probe to `probes`."""
     if not isinstance(rule, Mapping):
         raise fail(at, "must be a mapping with 'field' and a bound")
@@ -158,6 +160,11 @@ def _parse_rule(rule: Any, at: str, policy: str, probes: dict[str, dict[str, Any
             limit = _number(rule[kind], f"{at}.{kind}", fail)
         else:
             limit = _fraction(rule[kind], f"{at}.{kind}", fail)
+            if limit >= 1 and not isinstance(rule[kind], str):
+                # a bare number is a fraction, so 20 meant as 20% would allow 2000%: a bound this
+                # wide may be intended (150%), so it is said, not refused
+                warnings.warn(f"{where}: {at}.{kind} {rule[kind]} is read as {100 * limit:g} %; "
+                              f"write {rule[kind]}% for {rule[kind]} percent", stacklevel=2)
         shown = f"{limit:.4g}" if kind in ("max", "min") else f"{100 * limit:g}%"
         label = rule.get("name") or fld
         bounds.append(Bound(f"{label} {kind} {shown}", fld.strip(), kind, limit, pol))
