@@ -849,3 +849,29 @@ def test_a_bare_relative_bound_of_one_or_more_is_said_on_stderr(tmp_path):
     assert res.exit_code == 2 and "--baseline" in res.stderr
     assert [str(w.message) for w in said if "is read as" in str(w.message)] == [
         f"{path}: rules[0].max_decrease 1.5 is read as 150 %; write 1.5% for 1.5 percent"]
+
+
+@pytest.mark.parametrize("margin", ["20%", "2000%"])
+def test_the_value_shown_carries_its_own_stderr_whatever_the_rules_margin(margin):
+    from rich.console import Console
+
+    from flatcheck.report.render import fmt, fmt_pm
+
+    values = [6.5 + 3 * math.sin(3 * i) for i in range(16)]
+    res, base = {"trace": traced(values)}, {"trace": traced(values)}
+    cfg = gate({"field": "trace.value", "max_increase": margin})
+    (c,) = evaluate(cfg, res, base)
+    own = res["trace"]["stderr"]
+    # paired, the comparison's error is margin·s of the baseline: not the value's
+    assert c.paired == 16 and c.value_stderr == pytest.approx(own) and c.stderr != pytest.approx(own)
+    console = Console(width=240, record=True, file=io.StringIO())
+    outcome = GateOutcome([c], Report(meta={}, results=res), 0.95)
+    outcome.render(console)
+    text, md, xml = console.export_text(), markdown(outcome), junit_xml(outcome)
+    shown = fmt_pm(c.value, own)
+    lo, hi = c.ci[0] - c.threshold, c.ci[1] - c.threshold
+    interval = f"value − threshold ∈ [{fmt(lo)}, {fmt(hi)}]"
+    for out in (text, md, xml):
+        assert shown in out and interval in out, out
+    assert hi <= 0 and c.verdict == "pass"  # an unchanged model: the difference's interval lies below 0
+    assert c.to_dict()["value_stderr"] == pytest.approx(own)

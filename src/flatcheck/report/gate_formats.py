@@ -17,7 +17,14 @@ _STYLE = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "skippe
 
 
 def _ci(c) -> str:
-    return "—" if c.ci is None else f"[{fmt(c.ci[0])}, {fmt(c.ci[1])}]"
+    """The interval the verdict used. A relative rule's is of value − threshold, whose error
+    is the comparison's (a paired difference, the baseline's error scaled by the margin), so
+    it is shown as such and not as an interval of the value."""
+    if c.ci is None:
+        return "—"
+    if c.bound.relative and c.threshold is not None:
+        return f"value − threshold ∈ [{fmt(c.ci[0] - c.threshold)}, {fmt(c.ci[1] - c.threshold)}]"
+    return f"[{fmt(c.ci[0])}, {fmt(c.ci[1])}]"
 
 
 def _verdict(c) -> str:
@@ -35,7 +42,7 @@ def rules_table(outcome) -> Table:
         # cannot be told from its neighbours
         table.add_column(col, justify=just, overflow="fold")
     for c in outcome.checks:
-        table.add_row(c.bound.name, fmt_pm(c.value, c.stderr), _ci(c), fmt(c.threshold),
+        table.add_row(c.bound.name, fmt_pm(c.value, c.value_stderr), _ci(c), fmt(c.threshold),
                       f"[{_STYLE[c.verdict]}]{_verdict(c)}[/]", c.message)
     return table
 
@@ -60,7 +67,7 @@ def junit_xml(outcome, suite: str = "flatcheck gate") -> str:
                        errors="0", skipped=str(skipped), time=seconds)
     for c in outcome.checks:
         tc = ET.SubElement(ts, "testcase", classname=f"flatcheck.gate.{c.bound.probe}", name=c.bound.name, time="0")
-        detail = (f"value {fmt_pm(c.value, c.stderr)}, CI {_ci(c)}, threshold {fmt(c.threshold)}"
+        detail = (f"value {fmt_pm(c.value, c.value_stderr)}, CI {_ci(c)}, threshold {fmt(c.threshold)}"
                   + (f", baseline {fmt(c.baseline)}" if c.baseline is not None else "")
                   + (f", reruns {c.reruns}" if c.reruns else ""))
         if c.failed:
@@ -97,7 +104,7 @@ def markdown(outcome, title: str = "flatcheck gate") -> str:
     for c in outcome.checks:
         icon = "❌" if c.failed else {"pass": "✅", "inconclusive": "⚠️", "skipped": "⏭️"}.get(c.verdict, "")
         note = f" ({c.message})" if c.message else ""
-        cells = [c.bound.name, fmt_pm(c.value, c.stderr), _ci(c), fmt(c.threshold),
+        cells = [c.bound.name, fmt_pm(c.value, c.value_stderr), _ci(c), fmt(c.threshold),
                  fmt(c.baseline), f"{icon} {_verdict(c)}{note}"]
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in cells) + " |")
     return "\n".join(lines) + "\n"

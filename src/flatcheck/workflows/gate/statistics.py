@@ -96,6 +96,11 @@ class Pairing:
     def current_value(self) -> float:
         return self.current_offset + sum(self.current) / self.n
 
+    def current_stderr(self) -> float:
+        """The standard error of current_value, from its own per-probe spread."""
+        mean = sum(self.current) / self.n
+        return math.sqrt(sum((x - mean) ** 2 for x in self.current) / (self.n - 1) / self.n)
+
     def excess(self, slope_: float) -> tuple[float, float]:
         """v − slope·b and its standard error from the per-probe differences c_i − slope·b_i."""
         d = [c - slope_ * b for c, b in zip(self.current, self.baseline)]

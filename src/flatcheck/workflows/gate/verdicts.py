@@ -26,8 +26,9 @@ class Check:
     bound: Bound
     verdict: str = "inconclusive"  # pass | fail | inconclusive | skipped
     value: float | None = None
-    stderr: float | None = None  # of the comparison (baseline's included)
-    ci: tuple[float, float] | None = None
+    stderr: float | None = None  # of the comparison (baseline's included, scaled by a relative rule's margin)
+    value_stderr: float | None = None  # of the value itself, as its probe reported it
+    ci: tuple[float, float] | None = None  # the verdict's interval: value ± q·stderr (a relative rule: T + (v − T) ± q·stderr)
     threshold: float | None = None
     baseline: float | None = None
     message: str = ""
@@ -43,8 +44,10 @@ class Check:
     def to_dict(self) -> dict[str, Any]:
         b = self.bound
         return {"rule": b.name, "field": b.field, "kind": b.kind, "limit": b.limit, "threshold": _num(self.threshold),
-                "value": _num(self.value), "stderr": _num(self.stderr),
+                "value": _num(self.value), "value_stderr": _num(self.value_stderr), "stderr": _num(self.stderr),
                 "ci": None if self.ci is None else [_num(self.ci[0]), _num(self.ci[1])],
+                # what `ci` bounds: under a relative rule its error is the comparison's, not the value's
+                "ci_of": "threshold + (value - threshold)" if b.relative else "value",
                 "baseline": _num(self.baseline), "verdict": self.verdict, "failed": self.failed,
                 "inconclusive_policy": b.inconclusive, "reruns": self.reruns, "paired": self.paired,
                 "message": self.message}
@@ -125,6 +128,7 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
     if refused:
         raise InputError(f"{at}: {refused}")
     check.value = value
+    check.value_stderr = se if se > 0 else None
     dof = dof_of(results, bound)
     if bound.relative:
         if baseline is None and no_baseline:
@@ -146,6 +150,8 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
         if paired is not None:
             b = paired.baseline_value()
             value = check.value = paired.current_value()
+            own = paired.current_stderr()
+            check.value_stderr = own if own > 0 else None
         slope = slope_of(bound, b)
         threshold = slope * b
         check.baseline = b
