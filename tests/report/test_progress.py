@@ -72,6 +72,23 @@ def test_eta_leaves_out_the_first_unit_and_holds_within_2x_after_10_percent():
     assert naive > 2.0
 
 
+def test_units_without_warm_up_forecast_from_the_first_one_done():
+    # a scan's models: each loads afresh, so the first model's seconds are a model's seconds
+    clock = FakeClock()
+    models = Task("models", started=clock.now, warmup=False)
+    clock.now += 144.3
+    models.update(clock.now, 1, 2, None, None)
+    assert models.eta() == pytest.approx(144.3)  # 1 left × 144.3 s per model
+    clock.now += 60.0
+    models.update(clock.now, 2, 4, None, None)
+    assert models.eta() == pytest.approx(2 * (144.3 + 60.0) / 2)
+    # resumed: 3 models were already done, in no time here; the rate is of the one run now
+    resumed = Task("models", started=clock.now, warmup=False)
+    clock.now += 50.0
+    resumed.update(clock.now, 4, 6, None, None)
+    assert resumed.eta() == pytest.approx(2 * 50.0)
+
+
 def test_eta_is_unknown_until_a_second_report():
     task = Task("lmax", started=0.0)
     assert task.eta() is None
@@ -267,7 +284,9 @@ def test_scan_off_a_terminal_says_which_model_loads_and_each_model_done(tmp_path
     assert any(line.startswith("flatcheck: model 1/2: loading test_resnet") for line in lines)
     done = [line for line in lines if line.startswith("flatcheck scan: ok")]
     assert [d.split()[3] for d in done] == ["test_resnet", "test_convnext"], done
-    assert done[0].endswith("1/2 models · ETA ?") and "2/2 models · ETA 0:00:00" in done[1]
+    # each model loads afresh, so one model done is enough for a forecast of the next
+    assert re.search(r"1/2 models · ETA \d+:\d\d:\d\d$", done[0]), done
+    assert "2/2 models · ETA 0:00:00" in done[1]
     assert any(line.startswith("flatcheck test_convnext: trace (hutchinson): done · 2/2") for line in lines)
 
 

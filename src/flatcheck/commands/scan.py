@@ -216,7 +216,7 @@ def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_er
     # model loads); a line per model done, with the scan's ETA from the models done so far
     with ProgressRenderer(err.file, interactive=err.is_interactive, period=period_from_env(),
                           phase=f"{tag}starting the scan") as progress:
-        models = Task(f"{tag}models", started=progress.clock())
+        models = Task(f"{tag}models", started=progress.clock(), warmup=False)
         where = {"name": "", "index": 0, "total": 0}
 
         def start(i, total, entry):

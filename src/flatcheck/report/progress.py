@@ -80,11 +80,17 @@ class Task:
     last: float = 0.0
     finished: bool = False
     stop: str | None = None  # what ended it short of its total ("budget"), when it said so
+    # whether the first unit carries one-off costs and is left out of the rate; a unit that
+    # repeats its own set-up (a scan's model, loaded afresh) counts from `started`, so that
+    # the ETA shows once one unit is done
+    warmup: bool = True
     bar_id: Any = field(default=None, repr=False)
 
     def update(self, now: float, done: int, total: int, value: float | None, stderr: float | None) -> None:
         if self.anchor is None and done > 0:  # a "0 done" report marks the start, not a unit
-            self.anchor = (now, done)
+            # without warm-up the rate counts from the start, over the units done since
+            # (not those done before it, as a resumed scan's are)
+            self.anchor = (now, done) if self.warmup else (self.started, done - 1)
         self.done, self.total, self.last = done, total, now
         if value is not None:
             self.value, self.stderr = value, stderr
