@@ -192,7 +192,7 @@ def test_streamed_hvp_sums_match_dense(backend, kind, bn_mode):
 
 def test_func_halves_its_chunk_on_cuda_out_of_memory(monkeypatch):
     """A block too large for the device: the chunk halves until it fits, says so, and the
-    products are unchanged (tests/test_cuda.py meets a real CUDA OOM where a GPU exists)."""
+    products are unchanged (tests/backends/test_cuda.py meets a real CUDA OOM where a GPU exists)."""
     case = make_case("mlp")
     H, _ = dense(case)
     b = case.backend("func")

@@ -55,7 +55,7 @@ def test_vhv_matches_dense_through_attention_norms_and_pooling():
     """Dense H by reverse-over-reverse autograd here: torch.func.hessian of a loss through
     layer norm with an affine weight is wrong on torch 2.14.1 (an asymmetric Hessian; see the
     docs/internals.md, "Things about torch worth knowing"). The func backend's products agree with
-    autograd (tests/test_conformance.py)."""
+    autograd (tests/backends/test_conformance.py)."""
     _check_against_dense(mixer_case(), reverse=True)
 
 
