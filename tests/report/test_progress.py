@@ -491,3 +491,12 @@ def test_the_eta_follows_a_forecast_total_and_counts_from_the_last_report():
     assert task.eta() == pytest.approx(10.0 * 4)  # 10 s a unit, 4 units forecast left
     clock.now += 15.0  # the ticker's line, 15 s after the last report
     assert task.line(clock.now).endswith("4/8 · elapsed 0:00:55 · ETA 0:00:25")
+
+
+def test_run_commands_are_the_registered_probes_and_the_multi_probe_commands():
+    """The probes package also holds the registry, the gating protocol, the catalogue and the
+    shared kit: none of them is a command that loads a model."""
+    from flatcheck.probes.registry import list_probes
+    from flatcheck.report.progress import run_commands
+
+    assert run_commands() == set(list_probes()) | {"probe", "gate", "scan", "invariance", "track"}

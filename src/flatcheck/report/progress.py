@@ -339,9 +339,15 @@ def starting_line(argv: list[str]) -> str | None:
 
 
 def run_commands() -> set[str]:
-    """Commands that load a model: every probe's own command (a module of flatcheck/probes,
-    listed by file name so that nothing is imported) and the multi-probe commands."""
+    """Commands that load a model: every probe's own command and the multi-probe commands. A
+    probe's command is named for the module that registers it, found by its `@register_probe`
+    line so that nothing is imported (the package also holds the registry, the gating protocol,
+    the catalogue and the probes' shared kit, which are no commands)."""
     folder = os.path.join(os.path.dirname(os.path.dirname(__file__)), "probes")
-    names = {f[:-3].replace("_", "-") for f in os.listdir(folder)
-             if f.endswith(".py") and not f.startswith("_") and f != "registry.py"}
+    names = set()
+    for f in os.listdir(folder):
+        if f.endswith(".py") and not f.startswith("_"):
+            with open(os.path.join(folder, f), encoding="utf-8") as fh:
+                if any(line.startswith("@register_probe") for line in fh):
+                    names.add(f[:-3].replace("_", "-"))
     return names | {"probe", "gate", "scan", "invariance", "track"}
