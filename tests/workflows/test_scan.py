@@ -90,7 +90,6 @@ def test_a_resume_under_other_run_settings_is_refused_before_anything_runs(tmp_p
     assert res.exit_code == 0 and out.read_bytes() == before
 
 
-def test_a_typo_in_a_model_flag_is_refused_before_the_scan_starts(tmp_path):
 def test_a_resume_under_other_shard_settings_is_refused(tmp_path):
     """`--shard 0/3 --resume` on the file a `--shard 0/2` run wrote (both are OUT.rank0) dealt
     the models out otherwise and measured this shard's again beside the other's."""
@@ -106,6 +105,7 @@ def test_a_resume_under_other_shard_settings_is_refused(tmp_path):
     assert scan(*models, "--shard", "0/2", "--resume").exit_code == 0 and shard.read_bytes() == before
 
 
+def test_a_typo_in_a_model_flag_is_refused_before_the_scan_starts(tmp_path):
     # recorded as an error after the other models had run (exit 1); a typed name is bad input
     res = scan("--model", "timm:test_vitt", "--model", "timm:test_resnet", "--probes", "gini",
                "--out", tmp_path / "s.jsonl")
