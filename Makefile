@@ -55,6 +55,7 @@ bench: install $(BENCH_STAMP)
 	$(PY) benchmarks/bench_trace.py
 	$(PY) benchmarks/bench_head_trace.py
 	$(PY) benchmarks/bench_peers.py --save
+	$(PY) benchmarks/bench_lmax_cli.py --save
 
 clean:
 	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache
