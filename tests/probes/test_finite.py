@@ -96,7 +96,7 @@ def test_outputs_that_overflow_on_a_later_sample(memory_data):
         api.open_session(config())
     msg = str(err.value)
     assert f"outputs are not finite on data 'memory' split 'train' sample {LATER}," in msg
-    assert str(CKPT) in msg and "--dtype float64" in msg
+    assert str(CKPT) in msg and "dtype float64" in msg
 
 
 def test_huge_input_whose_loss_overflows(memory_data):
@@ -127,8 +127,8 @@ def test_label_out_of_range_in_a_later_batch(memory_data):
 
 
 @pytest.mark.parametrize("field, bad, dtype, hint", [
-    ("value", math.nan, "float32", "overflows in float32 (try --dtype float64)"),
-    ("stderr", math.inf, "float32", "overflows in float32 (try --dtype float64)"),
+    ("value", math.nan, "float32", "overflows in float32 (try dtype float64)"),
+    ("stderr", math.inf, "float32", "overflows in float32 (try dtype float64)"),
     ("value", -math.inf, "float64", "overflows even in float64"),
 ])
 def test_non_finite_result_is_an_error(memory_data, monkeypatch, field, bad, dtype, hint):

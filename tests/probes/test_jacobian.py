@@ -105,7 +105,7 @@ def test_bad_region_and_train_bn_refused():
             parse_options("jacobian", {"exclude_region": bad})
     with pytest.raises(ConfigError, match="does not fit"):
         run(make_case("cnn").backend(), exclude_region="4,4,3,3")
-    with pytest.raises(ConfigError, match="bn-mode"):
+    with pytest.raises(ConfigError, match="bn_mode train"):
         run(make_case("cnn", bn_mode="train").backend())
 
 
