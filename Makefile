@@ -26,11 +26,12 @@ demo: install
 # Tests run on every core (pytest-xdist), one thread each. `make test` is the fast tier: every
 # probe and estimator against dense float64 truth and the commands end to end in this process,
 # with line coverage of src/ held at 85 %; `make test-all` adds the checks over many seeds, the
-# real-size runs (torchrun, ResNet-18, a GPU where there is one) and those that start processes.
+# real-size runs (torchrun, ResNet-18, a GPU where there is one), those that start processes and
+# the modules of whole workflows (gate runs, scans, reports; tests/conftest.py names them).
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist worksteal
 
 test: install
-	$(PYTEST) -m "not (statistical or realsize or process)" --cov --cov-report=term --cov-fail-under=85
+	$(PYTEST) -m "not (statistical or realsize or process or workflow)" --cov --cov-report=term --cov-fail-under=85
 
 test-all: install
 	$(PYTEST)
