@@ -21,6 +21,7 @@ total of 0 after units are done means "not yet forecast": the line shows the cou
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -338,7 +339,8 @@ def starting_line(argv: list[str]) -> str | None:
     return f"{PREFIX} {command}: starting · importing torch, then loading {what} and the data"
 
 
-def run_commands() -> set[str]:
+@functools.cache  # read on every start (entry's early checks, then the progress line): once is enough
+def run_commands() -> frozenset[str]:
     """Commands that load a model: every probe's own command and the multi-probe commands. A
     probe's command is named for the module that registers it, found by its `@register_probe`
     line so that nothing is imported (the package also holds the registry, the gating protocol,
@@ -350,4 +352,4 @@ def run_commands() -> set[str]:
             with open(os.path.join(folder, f), encoding="utf-8") as fh:
                 if any(line.startswith("@register_probe") for line in fh):
                     names.add(f[:-3].replace("_", "-"))
-    return names | {"probe", "gate", "scan", "invariance", "track"}
+    return frozenset(names | {"probe", "gate", "scan", "invariance", "track"})
