@@ -5,13 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
-from flatcheck.models.sources import build_model
-from flatcheck.models.spec import load_spec
-from tests.support.cli import ROOT
-from tests.support.dense import make_case
+# torch and what imports it are imported inside the fixtures: under xdist the controlling
+# process loads this file too, and it runs no test, so it need not pay for torch
 
 TIERS = ("unit", "e2e", "statistical", "realsize")  # the markers of pyproject.toml
 # a test that names none of them takes its folder's: the commands are driven end to end,
@@ -55,12 +51,21 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def case_factory():
+    from tests.support.dense import make_case
+
     return make_case
 
 
 @pytest.fixture(scope="module")
 def resnet_checkpoint(tmp_path_factory) -> Path:
     """The shipped CIFAR ResNet-18 spec at a random init, saved as a checkpoint."""
+    import torch
+    from safetensors.torch import save_file
+
+    from flatcheck.models.sources import build_model
+    from flatcheck.models.spec import load_spec
+    from tests.support.cli import ROOT
+
     torch.manual_seed(0)
     model = build_model(load_spec(ROOT / "model_specs" / "resnet18_cifar.yaml"))
     path = tmp_path_factory.mktemp("ckpt") / "resnet18.safetensors"
@@ -71,6 +76,8 @@ def resnet_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def _default_dtype_is_restored():
     """A test that leaves torch's global default dtype changed breaks unrelated tests later."""
+    import torch
+
     before = torch.get_default_dtype()
     yield
     assert torch.get_default_dtype() == before, "test changed torch's default dtype"

@@ -7,6 +7,7 @@ a function body still means two modules that cannot be understood (or moved) one
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 import warnings
@@ -25,13 +26,19 @@ def _modules() -> dict[str, tuple[Path, bool]]:
     return mods
 
 
-def import_graph() -> dict[str, set[str]]:
+@functools.cache  # parsed once per process: several tests walk the same trees
+def _tree(f: Path) -> ast.Module:
+    return ast.parse(f.read_text())
+
+
+@functools.cache  # parsed once per process: several tests read the same graph, none changes it
+def import_graph() -> dict[str, frozenset[str]]:
     """module -> the flatcheck modules its import statements name (anywhere in the file)."""
     mods = _modules()
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for m, (f, is_pkg) in mods.items():
         here = m.split(".") if is_pkg else m.split(".")[:-1]
-        for node in ast.walk(ast.parse(f.read_text())):
+        for node in ast.walk(_tree(f)):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = here[: len(here) - (node.level - 1)]
@@ -44,7 +51,7 @@ def import_graph() -> dict[str, set[str]]:
             else:
                 continue
             edges[m].update(n for n in named if n in mods and n != m)
-    return edges
+    return {m: frozenset(targets) for m, targets in edges.items()}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -170,7 +177,7 @@ def test_what_other_packages_import_is_public():
         is_pkg = parts[-1] == "__init__"
         here = parts[:-1] if is_pkg else parts
         me = ".".join(here)
-        for node in ast.walk(ast.parse(f.read_text())):
+        for node in ast.walk(_tree(f)):
             if not isinstance(node, ast.ImportFrom):
                 continue
             base = here[: len(here) - node.level] if node.level else []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -63,10 +64,41 @@ def make_case(kind: str, *, loss: str = "cross_entropy", n: int = 23, batch_size
     return Case(model, problem, X, Y)
 
 
+def _fingerprint(case: Case, reverse: bool) -> str:
+    """Everything the dense matrices depend on: the module classes and their printed form, every
+    parameter's and buffer's bytes, the differentiated parameters, the loss, the batch-norm mode
+    and every batch's inputs, targets and weight."""
+    model, problem = case.model, case.problem
+    h = hashlib.sha256()
+    for text in (repr(model), [f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()],
+                 problem.layout.names, problem.layout.sizes, repr(problem.loss), problem.bn_mode, reverse):
+        h.update(repr(text).encode())
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        h.update(name.encode() + repr((t.dtype, tuple(t.shape))).encode() + t.detach().cpu().contiguous().numpy().tobytes())
+    for b in problem.samples:
+        for t in (b.x, b.y):
+            h.update(repr((t.dtype, tuple(t.shape))).encode() + t.detach().cpu().contiguous().numpy().tobytes())
+        h.update(repr(b.weight).encode())
+    return h.hexdigest()
+
+
+_DENSE: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
 def dense(case: Case, reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense float64 Hessian and GGN of L(θ) = (1/N) Σ ℓ_n, computed on the whole set at once.
 
-    reverse: the Hessian by reverse-over-reverse autograd even in eval mode (see below)."""
+    reverse: the Hessian by reverse-over-reverse autograd even in eval mode (see below).
+    Many tests ask for the truth of the same case: it is kept per process under a fingerprint of
+    all it depends on (so a test that changes a weight gets its own), and handed out as copies."""
+    key = _fingerprint(case, reverse)
+    if key not in _DENSE:
+        _DENSE[key] = _dense(case, reverse)
+    H, G = _DENSE[key]
+    return H.clone(), G.clone()
+
+
+def _dense(case: Case, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     model, layout, problem = case.model, case.problem.layout, case.problem
     buffers = dict(model.named_buffers())
     theta0 = torch.cat([p.detach().reshape(-1) for p in layout.params(model)])
