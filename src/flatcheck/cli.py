@@ -19,6 +19,7 @@ from typer.core import TyperGroup
 
 from . import commands
 from .commands import kit
+from .commands.coerce import plain_coercion
 from .errors import interrupted
 
 
@@ -40,7 +41,11 @@ class _Commands(TyperGroup):
                 if name in lazy.names():
                     command = _BUILT.get(name) or _BUILT.setdefault(name, lazy.build(name))
                     break
-        return command
+        return command if command is None else plain_coercion(command, ctx)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        plain_coercion(self, ctx)  # the group's own options (--help)
+        return super().parse_args(ctx, args)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         # click cuts each command's help to ~45 characters or at its first period, mid-sentence
