@@ -17,6 +17,7 @@ from scipy import stats
 from tests.support.dense import DenseOperator, dense, make_case, mixer_case
 from flatcheck.config import probe_requests
 from flatcheck.linalg import hutchinson, hutchpp
+from flatcheck.linalg.trace import INTERVAL_FLOOR, INTERVAL_SKEW, skew_widening
 from flatcheck.probes.registry import ProbeContext, create_probe
 
 Z = 4.0
@@ -364,11 +365,34 @@ def test_streamed_hutchinson_equals_the_block_product_route():
     a, b = runs
     assert a.matvecs == b.matvecs == 12 and op.matvecs == ref.matvecs == 12
     tol = 1e3 * torch.finfo(torch.float64).eps
-    # the streamed route has vᵀHv alone: its stderr is the values' spread; the product route's
-    # is at least that, floored by the products' variance
+    # the streamed route has vᵀHv alone: its stderr is the values' spread widened by their
+    # skewness (t on 11 dof); the product route's is the spread floored by the products' variance
     assert math.isclose(a.value, b.value, rel_tol=tol) and a.known_stderr is None and a.dof == 11
-    spread = torch.tensor(b.samples, dtype=torch.float64).std().item() / math.sqrt(12)
-    assert math.isclose(a.stderr, spread, rel_tol=1e-9) and b.stderr == max(spread, b.known_stderr)
+    values = torch.tensor(b.samples, dtype=torch.float64)
+    spread = values.std().item() / math.sqrt(12)
+    assert math.isclose(a.spread_stderr, spread, rel_tol=1e-9) and a.interval == INTERVAL_SKEW
+    assert math.isclose(a.stderr, spread * skew_widening(values), rel_tol=1e-9)
+    assert b.stderr == max(spread, b.known_stderr) and b.interval == INTERVAL_FLOOR
     assert a.groups.keys() == b.groups.keys()
     for key in a.groups:
         assert math.isclose(a.groups[key][0], b.groups[key][0], rel_tol=tol, abs_tol=tol * abs(a.value))
+
+
+@pytest.mark.parametrize("layers", [True, False])
+def test_trace_result_says_which_interval_it_is(layers):
+    """The autograd backend's Hessian gives vᵀHv alone (per-parameter sums, or forward tangents
+    without parts): the result's stderr on dof m − 1 is the spread widened by the values'
+    skewness, and details say so with the spread and the skewness; the GGN's products floor it."""
+    from flatcheck.linalg.trace import skewness
+
+    case = make_case("cnn")
+    r = _run(case, probes_max=10, rtol="none", parts=layers, route="hvp" if layers else "tangent")
+    d = r.details
+    values = torch.tensor(d["probe_values"], dtype=torch.float64)
+    assert d["route"] == ("hvp_sums" if layers else "vhv_tangent") and d["interval"] == INTERVAL_SKEW
+    assert r.dof == 9 and d["known_stderr"] is None
+    assert math.isclose(d["spread_stderr"], values.std().item() / math.sqrt(10), rel_tol=1e-9)
+    assert math.isclose(d["skewness"], skewness(values), rel_tol=1e-9)
+    assert math.isclose(r.stderr, d["spread_stderr"] * skew_widening(values), rel_tol=1e-9)
+    g = _run(case, probes_max=10, rtol="none", matrix="ggn", parts=layers)
+    assert g.details["interval"] == INTERVAL_FLOOR and g.dof is None

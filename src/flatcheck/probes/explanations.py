@@ -36,8 +36,11 @@ EXPLANATIONS: dict[str, Explanation] = {
         definition="Tr(H) = Σ_i λ_i(H), H = ∇²_θ L, L(θ) = (1/N) Σ_n ℓ(f(x_n; θ), y_n). Hutchinson: (1/m) Σ_k v_kᵀ H v_k "
                    "with Rademacher v_k, mean ± standard error: where the products H v_k are formed (the GGN, the func "
                    "backend) the larger of the values' spread and √(2(‖H‖_F² − Σ H_ii²)/m) estimated from the products "
-                   "(a normal interval: the spread of few skewed values under-covers), else the spread with Student's "
-                   "t on m − 1 degrees of freedom; Hutch++ deflates a low-rank part first; exact (GGN, "
+                   "(a normal interval: the spread of few skewed values under-covers), else (vᵀHv alone: the autograd "
+                   "backend's Hessian) the spread s with Student's t on m − 1 degrees of freedom, widened to "
+                   "± s·(t + |G1|·(2z² + 1)/(6√m)) with G1 the values' sample skewness, the symmetric enclosure of "
+                   "the skewness-corrected interval (details.interval names which; Johnson 1978, Hall 1992); "
+                   "Hutch++ deflates a low-rank part first; exact (GGN, "
                    "cross entropy): Tr(G) = (1/N) Σ_n Σ_c p_nc ‖∇_θ(f_nc − p_n·f_n)‖².",
         units=_CURVATURE_UNITS,
         large="a sharp region: a random small step in the weights raises the loss quickly.",

@@ -305,6 +305,12 @@ class TraceProbe:
                 # variance 2(‖A‖_F² − Σ A_ii²)/m, a floor under the probe values' spread (a normal
                 # interval then; dof null); null on a streamed route (vᵀAv alone) and Hutch++
                 "known_stderr": None if est is None else est.known_stderr,
+                # which interval value ± q·stderr (q on dof) is: Hutchinson's floored normal one
+                # where products were formed, else the t interval widened to enclose the
+                # skewness-corrected one (linalg.trace.skew_widening); Hutch++'s residual t
+                "interval": None if est is None else est.interval,
+                "spread_stderr": None if est is None else est.spread_stderr,  # std of the values / √m
+                "skewness": None if est is None else est.skewness,  # adjusted sample skewness G1
                 "stop_reason": stop,
                 "block_size": options.block_size,
                 "rtol": options.rtol,
