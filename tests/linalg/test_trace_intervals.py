@@ -111,3 +111,18 @@ def test_streamed_interval_covers_the_dense_trace_at_few_probes(kind, m):
     plain = _coverage(A, m, widened=False)
     assert LOW <= covered <= HIGH, (f"{kind} m={m}: {covered} of {SEEDS} widened intervals cover Tr(H) "
                                     f"(band [{LOW}, {HIGH}]); the plain t interval covers {plain}")
+
+
+def test_hutchpp_takes_the_products_explain_says():
+    """explain trace: Hutch++ takes 3·⌊--probes-max/3⌋ products (9 at --probes-max 10), not
+    exactly --probes-max."""
+    from flatcheck.linalg import hutchpp
+    from flatcheck.probes.explanations import EXPLANATIONS
+
+    A = _hessian("mlp")
+    for asked in (10, 11, 12):
+        op = DenseOperator(A)
+        est = hutchpp(op, generator=torch.Generator().manual_seed(0), matvecs=asked)
+        assert est.matvecs == op.matvecs == 3 * (asked // 3)
+    cost = EXPLANATIONS["trace"].cost
+    assert "3·⌊--probes-max/3⌋ products (9 at --probes-max 10)" in cost and "exactly --probes-max" not in cost
