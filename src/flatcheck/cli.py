@@ -87,11 +87,35 @@ app = typer.Typer(
 
 def _register_commands() -> None:
     """Each module of flatcheck.commands declares its commands (kit.command, kit.probe_command,
-    kit.lazy_commands); they are registered on `app` here, in the modules' order."""
+    kit.lazy_commands); they are listed in the modules' order, the registered ones first.
+
+    The registered commands are built on first use too, as the probes' are: typer would build
+    every command of the app (their options from their signatures, over a hundred) on each run,
+    for the one that runs."""
     for info in pkgutil.iter_modules(commands.__path__):
         importlib.import_module(f"{commands.__name__}.{info.name}")
-    for registered in kit.REGISTERED:
-        app.command(registered.name, help=registered.help)(registered.function)
+    kit.LAZY.insert(0, kit.Lazy(names=lambda: [r.name for r in kit.REGISTERED], build=_build_registered,
+                                describe=_registered_help))
+
+
+def _registered(name: str) -> kit.Registered:
+    return next(r for r in kit.REGISTERED if r.name == name)
+
+
+def _build_registered(name: str) -> Any:
+    registered = _registered(name)
+    return kit.click_command(registered.function, name, registered.help)
+
+
+def _registered_help(name: str) -> str:
+    return _registered(name).help.split("\n\n")[0].strip()
+
+
+@app.callback()
+def _group() -> None:
+    # a typer app with no command registered on it is no group: the commands are its
+    # group's (_Commands), built when asked for
+    pass
 
 
 _register_commands()

@@ -101,10 +101,11 @@ if RuntimeParam is not None:
 def plain_coercion(command: Any, ctx: Any) -> Any:
     """`command` (a click command typer built) with its plain options coerced without
     pydantic; options already coerced once, or of other types, keep typer's coercion. `ctx`:
-    the context the command is resolved in, which names its help option."""
+    the context the command is resolved in, which names its help option (None: the options
+    alone)."""
     if RuntimeParam is None:
         return command
-    for param in command.get_params(ctx):
+    for param in command.params if ctx is None else command.get_params(ctx):
         if getattr(param, "_runtime_param", False) is None and (kind := _plain_kind(param)) is not None:
             param._runtime_param = PlainRuntimeParam(param, kind)
     return command

@@ -130,8 +130,13 @@ def probe_command(name: str, help: str, *, budget: bool = False) -> Callable:
 def command_from(fn: Callable, name: str, help: str, *, budget: bool = False) -> Any:
     """A click command for `fn` with the shared options appended, not registered (the command
     group asks a lazy provider for it by name: lazy_commands)."""
+    return click_command(with_shared(fn, budget), name, help)
+
+
+def click_command(fn: Callable, name: str, help: str) -> Any:
+    """The click command typer makes of `fn`, as the app's group would make it."""
     one = typer.Typer(add_completion=False, rich_markup_mode=None)
-    one.command(name, help=help)(with_shared(fn, budget))
+    one.command(name, help=help)(fn)
     return typer.main.get_command(one)
 
 
