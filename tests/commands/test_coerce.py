@@ -1,5 +1,6 @@
-"""Plain option values coerced without pydantic (flatcheck.commands.coerce): the same values,
-types and messages as typer's own coercion, and a whole run that never imports pydantic."""
+"""What a command run costs before it runs: plain option values coerced without pydantic
+(flatcheck.commands.coerce) — the same values, types and messages as typer's own coercion, and
+a whole run that never imports pydantic — and only the command that runs built (flatcheck.cli)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,22 @@ def test_a_probe_run_imports_no_pydantic():
                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert "Tr(H)" in proc.stdout and proc.stdout.strip().endswith("pydantic imported: False"), proc.stdout[-300:]
+
+
+@pytest.mark.unit
+def test_the_app_builds_a_command_only_when_it_is_asked_for():
+    """Running one command builds that command's options alone (typer would build every
+    registered command's): the group holds none built, lists each in order, builds on request."""
+    from flatcheck.cli import app
+    from flatcheck.commands.kit import REGISTERED
+
+    group = typer.main.get_command(app)
+    ctx = typer.Context(group)
+    assert group.commands == {}
+    names = group.list_commands(ctx)
+    assert names[:len(REGISTERED)] == [r.name for r in REGISTERED] and "trace" in names
+    gate = group.get_command(ctx, "gate")
+    assert gate.name == "gate" and "--config" in {o for p in gate.params for o in p.opts}
+    assert group.get_command(ctx, "gate") is gate  # built once
+    assert {type(p._runtime_param).__name__ for p in gate.get_params(ctx) if p.name == "help"} == {
+        "PlainRuntimeParam"}
