@@ -21,7 +21,9 @@ from typing import Any
 #      a shared dense weight's cross terms (details.shared_cross_terms) are part of the value;
 #      a spectrum whose rules --budget cut is unresolved (details.unresolved_reason), its density
 #      null (details.density.null_reason); mls's details.mls_bound_reason and nmls_bound_reason;
-#      a Hutchinson trace's details.known_stderr (dof null where it floors the stderr); under
+#      a Hutchinson trace's details.known_stderr (dof null where it floors the stderr), and
+#      details.interval (which interval value ± q·stderr is: the floored normal one, or the t one
+#      widened by the values' skewness), spread_stderr and skewness; under
 #      --max-memory details.memory.peak_bytes, device and max_memory_covers
 SCHEMA_VERSION = "2.5"
 
