@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -160,3 +161,40 @@ def test_samples_of_different_shapes_are_refused():
 
     with pytest.raises(DataError, match=r"different shapes: \(3, 4, 4\) and \(3, 5, 4\) at index 2"):
         SampleSet(Ragged(), samples=None, batch_size=2)
+
+
+class OneByOne(torch.utils.data.Dataset):
+    """The same data set read sample by sample: its batch reader (items) hidden."""
+
+    def __init__(self, base):
+        self.base, self.name, self.split = base, base.name, base.split
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        return self.base[i]
+
+
+@pytest.mark.parametrize("pre, batched", [
+    (Preprocess(), True),
+    (Preprocess(input_size=(1, 8, 8), mean=(0.3,), std=(0.7,)), True),
+    (Preprocess(input_size=(64,), mean=(0.1,), std=(0.3,)), True),
+    (Preprocess(input_size=(1, 12, 12)), False),  # a resize: one by one
+    (Preprocess(input_size=(3, 8, 8)), False),  # a channel conversion: one by one
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_batch_read_at_once_is_the_samples_read_one_by_one(pre, batched, dtype):
+    """A data set held in one tensor is read a batch at a time where its preprocessing is
+    elementwise: the same bits, labels and fingerprint as reading each sample."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the resize's notice
+        data = create_dataset("digits", preprocess=pre)
+    assert (data.items(0, 3) is not None) == batched
+    whole = SampleSet(data, samples=333, batch_size=100, dtype=dtype)
+    single = SampleSet(OneByOne(data), samples=333, batch_size=100, dtype=dtype)
+    assert whole.fingerprint == single.fingerprint
+    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    for a, b in zip(whole, single, strict=True):
+        assert a.x.dtype == b.x.dtype == dtype and a.x.shape == b.x.shape and a.x.is_contiguous()
+        assert torch.equal(a.x.view(bits), b.x.view(bits)) and a.y.dtype == b.y.dtype and torch.equal(a.y, b.y)

@@ -144,8 +144,21 @@ class SampleSet:
     def _read(self, k: int) -> tuple[Tensor, Tensor]:
         """Batch k on the CPU as float32 (float64 kept in a float64 run) / int64: the form digests are taken of."""
         ref = getattr(self, "sample_shape", None)
+        span = self._range(k)
+        # a data set that gives a batch at once (data.registry's PreparedDataset over samples in one tensor)
+        # gives each sample as its [i] would: no Python step per sample
+        whole = getattr(self.dataset, "items", None)
+        got = whole(span.start, span.stop) if whole is not None else None
+        if got is not None:
+            x, y = got
+            if ref is not None and tuple(x.shape[1:]) != ref:
+                raise DataError(
+                    f"data '{self.name}' gives samples of different shapes: {ref} and {tuple(x.shape[1:])} "
+                    f"at index {span.start}; set input_size in the model spec to resize them"
+                )
+            return self._as_read(x), y.to(torch.int64)
         xs, ys = [], []
-        for i in self._range(k):
+        for i in span:
             x, y = self.dataset[i]
             x = torch.as_tensor(x)
             if ref is None:
@@ -157,11 +170,13 @@ class SampleSet:
                 )
             xs.append(x)
             ys.append(int(y))
-        x = torch.stack(xs)
+        return self._as_read(torch.stack(xs)), torch.tensor(ys, dtype=torch.int64)
+
+    def _as_read(self, x: Tensor) -> Tensor:
         # float64 inputs of a float64 run stay float64: read through float32 they would be
         # rounded, and the run would measure another loss than the caller's (flatcheck.measure)
         read = torch.float64 if x.dtype == torch.float64 and self.dtype == torch.float64 else torch.float32
-        return x.to(read).contiguous(), torch.tensor(ys, dtype=torch.int64)
+        return x.to(read).contiguous()
 
     def _to_device(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         return x.to(device=self.device, dtype=self.dtype), y.to(device=self.device)

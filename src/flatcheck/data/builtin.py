@@ -45,6 +45,14 @@ class ArrayDataset(Dataset):
             x = x.div(self.divisor)
         return x, int(self.y[index])
 
+    def items(self, start: int, stop: int) -> tuple[Tensor, Tensor]:
+        """Samples start … stop − 1 at once, each as __getitem__ gives it: (B, …) float32 and
+        (B,) int64 labels, new tensors (not views of the data set's)."""
+        x = self.x[start:stop].to(torch.float32, copy=True)
+        if self.divisor is not None:
+            x = x.div(self.divisor)
+        return x, self.y[start:stop].clone()
+
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()

@@ -25,7 +25,7 @@ from flatcheck.data.catalogue import (
 )
 from flatcheck.data.preprocess import Preprocess
 from flatcheck.data.roots import ROOT_ENV
-from flatcheck.data.transform import apply_preprocess, channel_conversion, image_resize
+from flatcheck.data.transform import apply_preprocess, apply_preprocess_batch, channel_conversion, image_resize
 from flatcheck.errors import DataError, InternalError
 
 _AS_IS = Preprocess()  # frozen, so one shared default is safe
@@ -139,6 +139,17 @@ class PreparedDataset(Dataset):
         x, y = self.source.dataset[index]
         x = _as_tensor(x, self.name)
         return apply_preprocess(x, self.preprocess, source=self.name), int(y)
+
+    def items(self, start: int, stop: int) -> tuple[Tensor, Tensor] | None:
+        """Samples start … stop − 1 prepared at once — what __getitem__ gives each, stacked, with
+        int64 labels — where the source holds them in one tensor (ArrayDataset.items) and the
+        preprocessing is elementwise; None otherwise, and the caller reads them one by one."""
+        read = getattr(self.source.dataset, "items", None)
+        if read is None:
+            return None
+        x, y = read(start, stop)
+        x = apply_preprocess_batch(_as_tensor(x, self.name), self.preprocess, source=self.name)
+        return None if x is None else (x, y)
 
     def __repr__(self) -> str:
         return f"PreparedDataset({self.name!r}, split={self.split!r}, n={self._len}, shape={self.sample_shape})"

@@ -10,6 +10,8 @@ Grayscale and PIL's convert("L") make them — which the report names (data.chan
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -104,9 +106,26 @@ def _fit_image(x: Tensor, size: tuple[int, ...], mode: str, source: str) -> Tens
     return F.interpolate(x.unsqueeze(0), size=(h, w), mode=mode, **kwargs).squeeze(0)
 
 
-def _normalise(x: Tensor, pre: Preprocess, source: str) -> Tensor:
+def apply_preprocess_batch(x: Tensor, pre: Preprocess, *, source: str) -> Tensor | None:
+    """apply_preprocess on every sample of the batch `x` (B, ...) of same-shaped samples at once,
+    where it is elementwise (no resize, no channel conversion): the values it gives each sample,
+    bit for bit (the same IEEE operations on the same elements), stacked. None where it is not
+    elementwise: the caller prepares the samples one by one."""
+    size = tuple(pre.input_size) if pre.input_size is not None else None
+    sample = tuple(x.shape[1:])
+    if size is not None and not (size == sample if len(size) == 3 else len(size) == 1 and math.prod(sample) == size[0]):
+        return None
+    x = _normalise(x.to(torch.float32), pre, source, batched=True)
+    if size is not None and len(size) == 1:
+        x = x.reshape(x.shape[0], -1)
+    return x.contiguous()
+
+
+def _normalise(x: Tensor, pre: Preprocess, source: str, batched: bool = False) -> Tensor:
+    """(x − mean) / std per channel; `batched`: x is a batch of samples, each checked as one."""
     if pre.mean is None and pre.std is None:
         return x
+    one = x[0] if batched else x  # what the checks read: a sample's shape
     mean = torch.tensor(pre.mean if pre.mean is not None else (0.0,), dtype=torch.float32)
     std = torch.tensor(pre.std if pre.std is not None else (1.0,), dtype=torch.float32)
     if (std == 0).any():
@@ -114,14 +133,14 @@ def _normalise(x: Tensor, pre: Preprocess, source: str) -> Tensor:
     for name, v in (("mean", mean), ("std", std)):
         if v.numel() == 1:
             continue
-        if x.dim() == 3 and v.numel() == x.shape[0]:
+        if one.dim() == 3 and v.numel() == one.shape[0]:
             continue
-        if x.dim() == 1 and v.numel() == x.shape[0]:
+        if one.dim() == 1 and v.numel() == one.shape[0]:
             continue
         raise DataError(
-            f"data '{source}' gives samples of shape {_shape(x)}; {name} has {v.numel()} values "
+            f"data '{source}' gives samples of shape {_shape(one)}; {name} has {v.numel()} values "
             f"(from {pre.normalisation_from}), expected 1 or one per channel"
         )
-    if x.dim() == 3:
+    if one.dim() == 3:
         mean, std = mean.view(-1, 1, 1), std.view(-1, 1, 1)
     return (x - mean) / std
