@@ -162,7 +162,8 @@ def test_second_order_by_forward_tangents_equals_the_product_route():
     tol = 1e3 * torch.finfo(torch.float64).eps * (w[:, None] * H * w[None, :]).abs().sum().item()
     assert math.isclose(a.value, b.value, abs_tol=tol)
     assert all(math.isclose(x, y, abs_tol=tol) for x, y in zip(a.samples, b.samples, strict=True))
-    assert a.known_stderr is None and math.isclose(b.stderr, max(a.stderr, b.known_stderr), abs_tol=tol)
+    # the streamed route's stderr is its spread widened by the values' skewness (linalg.trace)
+    assert a.known_stderr is None and math.isclose(b.stderr, max(a.spread_stderr, b.known_stderr), abs_tol=tol)
     from flatcheck.backends import Vhv
 
     assert not isinstance(case.backend("func"), Vhv)
