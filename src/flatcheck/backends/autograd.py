@@ -20,7 +20,8 @@ from torch import Tensor
 
 from ..engines.ggn_trace import ggn_trace
 from ..engines.kept import GRAPH_CACHE_BYTES, KeptPrefix, Pool
-from ..engines.microbatch import BatchPlan, micro_batches, plan_products
+from ..engines.microbatch import BatchPlan, batch_sizes, micro_batches, plan_products
+from ..engines.pulse import Passes, listened
 from ..engines.pullback import or_zeros, pullback
 from ..engines.quadform import QuadraticForms
 from ..engines.state import ModelState
@@ -156,15 +157,24 @@ class AutogradBackend:
         out = torch.zeros_like(V)
         rows_out = [layout.split(out[i : i + 1]) for i in range(V.shape[0])]
         rows_in = [layout.unflatten(V[i]) for i in range(V.shape[0])]
+        sizes, passes = self._passes(V.shape[0])
         with self._mode():
-            for index, outputs in self._graphs():
+            for b, (index, outputs) in enumerate(self._graphs()):
                 # one backward per vector, added straight into its row of `out`: a block of
                 # products costs no (k, P) temporaries beyond V and the result
                 for i in range(V.shape[0]):
                     for acc, piece in zip(rows_out[i], self._hv_row(index, outputs, rows_in[i])):
                         if piece is not None:
                             acc.add_(piece.unsqueeze(0))
+                    passes.add(sizes[b] if b < len(sizes) else 0)
         return out
+
+    def _passes(self, vectors: int) -> tuple[list[int], Passes]:
+        """The batches' sizes and the count of a call's passes (engines.pulse), for a progress
+        display to show within a call; only a count: a batch skipped for having no graph (a
+        loss linear in every parameter) shifts it, and the call's own report follows it."""
+        sizes = batch_sizes(self._samples) if listened() else []
+        return sizes, Passes(sum(sizes), vectors)
 
     def hvp_sums(self, S: Tensor) -> Tensor:
         """Σ over each parameter tensor of v ⊙ Hv, for every row v of S: (k, n_params) float64.
@@ -175,13 +185,15 @@ class AutogradBackend:
         """
         layout, dtype = self.problem.layout, self.problem.dtype
         sums = torch.zeros(S.shape[0], len(self._params), dtype=torch.float64, device=S.device)
+        sizes, passes = self._passes(S.shape[0])
         with self._mode():
-            for index, outputs in self._graphs():
+            for b, (index, outputs) in enumerate(self._graphs()):
                 for i in range(S.shape[0]):
                     v = layout.unflatten(S[i].to(dtype))
                     for j, piece in enumerate(self._hv_row(index, outputs, v)):
                         if piece is not None:
                             sums[i, j] += rowsum64((piece * v[j]).reshape(1, -1))[0]
+                    passes.add(sizes[b] if b < len(sizes) else 0)
         return sums
 
     def vhv(self, S: Tensor, scale: Tensor | None = None) -> Tensor:
@@ -219,24 +231,28 @@ class AutogradBackend:
             return (primal, batch.weight), primal.nbytes
 
         out = torch.zeros(S.shape[0], dtype=torch.float64, device=S.device)
+        sizes, passes = self._passes(S.shape[0])
         with self._mode():
-            for primal, weight in self._primal_cache.each(self._samples, build):
+            for b, (primal, weight) in enumerate(self._primal_cache.each(self._samples, build)):
                 for i in range(S.shape[0]):
                     row = S[i].to(dtype)
                     v = layout.unflatten(row if scale is None else row * scale)
                     out[i] += weight * primal.second_derivative(v)
+                    passes.add(sizes[b] if b < len(sizes) else 0)
         return out
 
     def ggn_vp(self, V: Tensor) -> Tensor:
         layout = self.problem.layout
         k = V.shape[0]
         out = torch.zeros_like(V)
+        passes = Passes(sum(batch_sizes(self._samples)) if listened() else 0, k)
         with self._mode():
             for logits, u, jt_u_flat, batch in self._ggn_cache.each(self._samples, self._ggn_graph):
                 (jv,) = pullback(jt_u_flat, [u], V)  # (k, B, C)
                 scale = batch.weight / logits.shape[0]
                 ajv = apply_output_hessian(logits, batch.y, self.problem.loss, jv) * scale
                 out += layout.flatten(pullback(logits, self._params, ajv), k)
+                passes.add(logits.shape[0], k)
         return out
 
     def _ggn_graph(self, batch) -> tuple[tuple, int]:

@@ -29,6 +29,7 @@ from torch.func import functional_call, grad, jvp, vjp, vmap
 
 from ..engines.ggn_trace import ggn_trace
 from ..engines.microbatch import BatchPlan, micro_batches, plan_products
+from ..engines.pulse import Passes
 from ..errors import ConfigError, first_line
 from ..losses import apply_output_hessian, per_sample_loss
 from .autograd import AutogradBackend
@@ -119,12 +120,14 @@ class FuncBackend:
             return self._reference.hvp(V)
         layout = self.problem.layout
         params, frozen = self.problem.split_params()
+        passes = Passes(self.problem.samples.n, V.shape[0])  # what a progress display counts within the call
 
         def block(W: Tensor) -> Tensor:
             out = torch.zeros_like(W)
             for batch in micro_batches(self.problem.samples, self.batch_plan):
                 hv = self._hv_block(params, frozen, batch.x, batch.y, self._as_dicts(W))
                 out.add_(layout.flatten([hv[n] for n in layout.names], W.shape[0]), alpha=batch.weight)
+                passes.add(batch.x.shape[0], W.shape[0])
             return out
 
         with self._mode():
@@ -133,6 +136,7 @@ class FuncBackend:
     def ggn_vp(self, V: Tensor) -> Tensor:
         model, loss_spec, layout = self.problem.model, self.problem.loss, self.problem.layout
         params, frozen = self.problem.split_params()
+        passes = Passes(self.problem.samples.n, V.shape[0])
 
         def block(W: Tensor) -> Tensor:
             out = torch.zeros_like(W)
@@ -145,6 +149,7 @@ class FuncBackend:
                 ajv = apply_output_hessian(logits, batch.y, loss_spec, jv) * (batch.weight / logits.shape[0])
                 (g,) = vmap(pull)(ajv)
                 out += layout.flatten([g[n] for n in layout.names], W.shape[0])
+                passes.add(batch.x.shape[0], W.shape[0])
             return out
 
         with self._mode():

@@ -66,6 +66,8 @@ def saved_bytes(run: Callable[[], Any], model: nn.Module | None = None) -> int:
 
 def batch_sizes(samples) -> list[int]:
     """The sizes of the batches `samples` yields (without reading them where it can)."""
+    if isinstance(samples, MicroBatches):
+        return list(samples.sizes)
     if hasattr(samples, "batch_size") and hasattr(samples, "num_batches"):
         n, b = samples.n, samples.batch_size
         return [min(b, n - k * b) for k in range(samples.num_batches)]
@@ -81,6 +83,7 @@ class MicroBatches:
         self.size = size
         self.n = samples.n
         self.num_batches = sum(math.ceil(b / size) for b in sizes)
+        self.sizes = [min(size, b - s) for b in sizes for s in range(0, b, size)]
 
     def __iter__(self) -> Iterator:
         for batch in self.samples:

@@ -1,0 +1,51 @@
+"""Progress within one call into a backend.
+
+A product over the whole sample set, or a block of products, is one call into a backend, and
+on a large model one call can take a minute: a progress line that counts finished calls says
+nothing meanwhile. A backend counts the passes it finishes (`Passes.add`: a vector's pass over
+a batch), and whoever listens (`listening`: the progress display) hears the count of sample
+passes done and in all. Nothing is computed for it: without a listener `add` is a lookup.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator
+
+# (sample passes done, sample passes in the call, vectors in the call): a call over N samples
+# with k vectors makes N·k sample passes
+Listener = Callable[[int, int, int], None]
+
+_listener: ContextVar[Listener | None] = ContextVar("flatcheck_pulse", default=None)
+
+
+@contextmanager
+def listening(listener: Listener) -> Iterator[None]:
+    """Calls into backends made within the block report their passes to `listener`."""
+    token = _listener.set(listener)
+    try:
+        yield
+    finally:
+        _listener.reset(token)
+
+
+def listened() -> bool:
+    """Whether anyone listens: a backend skips what only the count needs (its batches' sizes)."""
+    return _listener.get() is not None
+
+
+class Passes:
+    """The passes of one call: `vectors` vectors, each over `samples` samples in all."""
+
+    def __init__(self, samples: int, vectors: int):
+        self.total = samples * vectors
+        self.vectors = vectors
+        self.done = 0
+        self.listener = _listener.get()
+
+    def add(self, samples: int, vectors: int = 1) -> None:
+        """`vectors` vectors have passed over a batch of `samples` samples."""
+        self.done = min(self.total, self.done + samples * vectors)
+        if self.listener is not None and self.done < self.total:  # the call's end is the caller's report
+            self.listener(self.done, self.total, self.vectors)
