@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flatcheck.report.progress import PREFIX, ProgressRenderer, Task, starting_line
+from tests.support.clock import FakeClock, lines_of
 from tests.support.proc import HANG_GUARD
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,18 +26,6 @@ RUN = [sys.executable, "-m", "flatcheck", "trace", str(CKPT), "--spec", str(SPEC
        "--batch-size", "32", "--no-layers"]
 LINE = re.compile(r"^flatcheck (?P<desc>.+?): (?P<done>done · )?(?P<n>\d+)/(?P<total>\d+) · elapsed (\d+:\d\d:\d\d)"
                   r"(?: · ETA (?P<eta>[\d:?]+))?(?: · (?P<value>\S+)(?: ± (?P<stderr>\S+))?)?$")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def lines_of(stream: io.StringIO) -> list[str]:
-    return stream.getvalue().splitlines()
 
 
 def wait_until(condition, period: float) -> None:
@@ -304,7 +293,10 @@ def test_a_zero_done_report_starts_the_clock_and_is_not_a_unit():
         assert progress.current.eta() == pytest.approx(4.0)
         clock.now += 2
         progress("lmax", 4, 4)
-    assert lines_of(out) == ["flatcheck lmax: done · 4/4 · elapsed 0:00:24"]
+    # past FIRST_AFTER seconds the first count and the first ETA are written at once, not at a tick
+    assert lines_of(out) == ["flatcheck lmax: 1/4 · elapsed 0:00:20 · ETA ?",
+                             "flatcheck lmax: 2/4 · elapsed 0:00:22 · ETA 0:00:04",
+                             "flatcheck lmax: done · 4/4 · elapsed 0:00:24"]
 
 
 # ---------------------------------------------------------------- a probe's start, a budget's stop
@@ -354,7 +346,11 @@ def test_a_budget_stop_says_so_with_how_far_it_got():
             progress("spectrum (SLQ)", i, 300)
         progress.stopped("spectrum (SLQ)", "budget")
         progress.stopped("never reported", "budget")  # nothing to say
-    assert lines_of(out) == ["flatcheck spectrum (SLQ): stopped by the budget · 7/300 · elapsed 0:00:07"]
+    # 300 units at 1 s: past LONG_RUN, which it says as soon as it has a rate
+    assert lines_of(out) == [
+        "flatcheck spectrum (SLQ): this run will take about 0:05:00; for a shorter one use --samples (fewer "
+        "samples), or --budget SECONDS, which stops it on time",
+        "flatcheck spectrum (SLQ): stopped by the budget · 7/300 · elapsed 0:00:07"]
 
 
 def recorded_calls(probe: str, **options) -> list[tuple]:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..losses import per_sample_loss
-from ..report.progress import report_stop
+from ..report.progress import report_budget, report_stop
 
 if TYPE_CHECKING:  # the registry imports nothing from here at run time either way
     from .registry import ProbeContext
@@ -90,6 +90,8 @@ def progress_reporter(ctx: "ProbeContext", desc: str, scale: float = 1.0) -> Pro
     # the start, total not yet known: the renderer names this probe from now on, not only after
     # its first unit of work (a block of products can take minutes)
     report(0, 0)
+    if ctx.deadline is not None:  # an ETA past the budget says the budget will stop it
+        report_budget(listener, desc, ctx.deadline - time.monotonic())
     return report
 
 

@@ -11,7 +11,16 @@ line names the running probe from its start, not only after its first unit (a bl
 products can take a minute). A probe that ends short of its total because --budget ran out
 says so (`stopped`), so that its last line does not look unfinished.
 
-The ETA comes from the completed units after the first one: the first includes the one-off
+Within a unit the backends count their passes over the samples (engines/pulse.py): a product
+over 64 samples of a ResNet is one call of tens of seconds, and the line shows how far it got
+(`product 1: samples 32/64`, `block: vectors 3/5`). A probe's first count and first ETA are
+written as soon as they exist, once it has run FIRST_AFTER seconds (a fast probe writes no
+more than its end line), instead of waiting for the ticker; and once the run's length can be
+told (a rate and a total), a run forecast to take longer than LONG_RUN says so at once, with
+how to make it shorter. An ETA past the probe's share of --budget says the budget will stop it.
+
+The ETA comes from the work done after the first unit (or the first count within one): that
+includes the one-off
 costs (tracing, the first forward pass, allocator warm-up), which would inflate every later
 estimate if averaged in, and a windowed rate swings with the machine's load. The total is the
 estimator's own forecast of the units its stopping rule needs (an error bound's decay, a
@@ -22,6 +31,7 @@ total of 0 after units are done means "not yet forecast": the line shows the cou
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import threading
@@ -35,6 +45,11 @@ from typing import Any, Callable, TextIO
 DEFAULT_PERIOD = 15.0
 PERIOD_ENV = "FLATCHECK_PROGRESS_SECONDS"
 PREFIX = "flatcheck"  # every progress line starts with it; error lines start with "error:"
+# a probe that has run this long writes its first count and its first ETA at once (not at the
+# next tick): a CI log learns within seconds how far a long probe is and when it will end
+FIRST_AFTER = 10.0
+# a run forecast to take longer than this says so, with the flags that make it shorter
+LONG_RUN = 180.0
 
 
 def period_from_env(default: float = DEFAULT_PERIOD) -> float:
@@ -85,6 +100,14 @@ class Task:
     # repeats its own set-up (a scan's model, loaded afresh) counts from `started`, so that
     # the ETA shows once one unit is done
     warmup: bool = True
+    # the unit in progress, as its backend calls count it (engines/pulse.py): (sample passes
+    # done, sample passes in all, vectors); None between units
+    within: tuple[int, int, int] | None = None
+    samples: int | None = None  # the samples a product runs over, once a backend has counted them
+    deadline: float | None = None  # when --budget stops it (the renderer's clock), if it has one
+    # what has been written at once (FIRST_AFTER, LONG_RUN): each once
+    said: set = field(default_factory=set, repr=False)
+    moved: float = 0.0  # when the work last moved on: a unit's report or a count within one
     bar_id: Any = field(default=None, repr=False)
 
     def update(self, now: float, done: int, total: int, value: float | None, stderr: float | None) -> None:
@@ -92,20 +115,60 @@ class Task:
             # without warm-up the rate counts from the start, over the units done since
             # (not those done before it, as a resumed scan's are)
             self.anchor = (now, done) if self.warmup else (self.started, done - 1)
-        self.done, self.total, self.last = done, total, now
+        if done != self.done:
+            self.within = None
+        self.done, self.total, self.last, self.moved = done, total, now, now
         if value is not None:
             self.value, self.stderr = value, stderr
 
+    def passed(self, now: float, done: int, total: int, vectors: int) -> None:
+        """A backend's count within the unit in progress: `done` of `total` sample passes over
+        `vectors` vectors (engines/pulse.Passes)."""
+        self.within, self.samples, self.moved = (done, total, vectors), total // max(vectors, 1), now
+        if self.anchor is None and self.warmup and vectors > 1:
+            # a block's first count carries the one-off costs (the graph's building) as a first
+            # unit does, and its next vectors time the work: a block of minutes gives its rate
+            # within the first block. Not a single product's counts over its batches: each of
+            # them builds its batch's graph in the first product
+            self.anchor = (now, self.progress())
+
+    def progress(self) -> float:
+        """Units done, with the part of the unit in progress that its backend has counted: a
+        vector's product is a unit (a probe of Hutchinson's, a Lanczos step, a product of SLQ)."""
+        if self.within is None:
+            return float(self.done)
+        done, total, vectors = self.within
+        return self.done + done * vectors / max(total, 1)
+
     def eta(self) -> float | None:
-        """Seconds left at the mean rate of the units completed after the first report."""
+        """Seconds left at the mean rate of the work done after the first report (units, and
+        the counted part of the unit in progress: a block of minutes gives a rate before it ends)."""
         if not self.known:
             return None
         if self.anchor is None or self.done >= self.total:
             return 0.0 if self.done >= self.total else None
         t0, d0 = self.anchor
-        if self.done <= d0:
+        now = self.progress()
+        if now <= d0:
             return None
-        return (self.last - t0) / (self.done - d0) * (self.total - self.done)
+        return (self.moved - t0) / (now - d0) * max(0.0, self.total - now)
+
+    def remaining(self, now: float) -> float | None:
+        """The ETA as it stands at `now`: counted from when the work last moved, since a unit of
+        minutes would otherwise show a stale one."""
+        eta = self.eta()
+        return None if eta is None else max(0.0, eta - (now - self.moved))
+
+    def within_text(self) -> str | None:
+        """How far the unit in progress got: `product 4: samples 32/64` for a call with one
+        vector (a unit is a product), `block: vectors 3/5` for a block of them."""
+        if self.within is None:
+            return None
+        done, total, vectors = self.within
+        if vectors == 1:
+            return f"product {self.done + 1}: samples {done}/{total}"
+        per = total // vectors
+        return f"block: vectors {done / per:.3g}/{vectors}"
 
     @property
     def known(self) -> bool:
@@ -115,23 +178,62 @@ class Task:
 
     def line(self, now: float, *, end: bool = False) -> str:
         elapsed = f"elapsed {clock_text(now - self.started)}"
+        within = None if end else self.within_text()
         if self.known:
             parts = [f"{self.done}/{self.total}", elapsed]
         elif self.done:  # units done, the total not yet forecast
             parts = [f"{self.done}/?", elapsed]
         else:
             parts = [elapsed]
+        if within is not None:
+            parts.insert(len(parts) - 1, within)
         if end:
             parts.insert(0, f"stopped by the {self.stop}" if self.stop else "done")
         elif self.known or self.done:
-            eta = self.eta()
-            # counted from the last report: a unit of minutes would otherwise show a stale ETA
-            parts.append(f"ETA {clock_text(None if eta is None else max(0.0, eta - (now - self.last)))}")
-        else:
+            parts.append(f"ETA {clock_text(self.remaining(now))}")
+            budget = self.budget_text(now)
+            if budget:
+                parts.append(budget)
+        elif within is None:
             parts.insert(0, "starting")
         if self.value is not None:
             parts.append(value_text(self.value, self.stderr))
         return f"{PREFIX} {self.desc}: " + " · ".join(parts)
+
+    def shown(self, now: float) -> set[str]:
+        """What a line now shows of the firsts written at once: a count, an ETA."""
+        return {w for w, r in (("count", self.done > 0 or self.within is not None),
+                               ("eta", self.remaining(now) is not None)) if r}
+
+    def budget_text(self, now: float) -> str | None:
+        """`--budget stops it in H:MM:SS` where the ETA runs past the probe's share of the budget."""
+        left = self.remaining(now)
+        if self.deadline is None or left is None or now + left <= self.deadline:
+            return None
+        return f"--budget stops it in {clock_text(max(0.0, self.deadline - now))}"
+
+    def forecast(self, now: float) -> float | None:
+        """Seconds the whole run is forecast to take (from its start), once a rate and a total exist."""
+        left = self.remaining(now)
+        if left is None or not self.known or self.done >= self.total:
+            return None
+        return now - self.started + left
+
+    def long_run_line(self, now: float) -> str | None:
+        """What a run forecast past LONG_RUN says at once: how long, and how to make it shorter
+        (products cost about in proportion to the samples, and --budget ends it on time)."""
+        whole = self.forecast(now)
+        if whole is None or whole <= LONG_RUN:
+            return None
+        if self.deadline is not None and self.deadline - self.started <= LONG_RUN:
+            return None  # the budget already ends it within LONG_RUN
+        samples, fewer = self.samples, ""
+        if samples is not None and samples > 1:
+            fit = 1 << max(0, int(math.log2(max(1.0, samples * LONG_RUN * 0.8 / whole))))
+            if fit < samples:
+                fewer = f"--samples {fit} (about {clock_text(whole * fit / samples)}), or "
+        return (f"{PREFIX} {self.desc}: this run will take about {clock_text(whole)}; for a shorter one use "
+                f"{fewer or '--samples (fewer samples), or '}--budget SECONDS, which stops it on time")
 
 
 class ProgressRenderer:
@@ -155,9 +257,15 @@ class ProgressRenderer:
         self._last_line = self.started
         self._ticker: threading.Thread | None = None
         self._bar: Any = None
+        self._listening: Any = None
 
     # -- context ------------------------------------------------------------------------------
     def __enter__(self) -> "ProgressRenderer":
+        from ..engines.pulse import listening
+
+        # the backends' counts within a call (engines/pulse.py) come to `within`
+        self._listening = listening(self.within)
+        self._listening.__enter__()
         if self.interactive:
             self._bar = _rich_progress(self.stream, self.clock)
             self._bar.start()
@@ -168,6 +276,9 @@ class ProgressRenderer:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if self._listening is not None:
+            self._listening.__exit__(None, None, None)
+            self._listening = None
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join()
@@ -201,6 +312,44 @@ class ProgressRenderer:
                 self._draw(task)
             elif task.known and done >= total and not task.finished:
                 self._finish(task, now)
+            else:
+                self._say_firsts(task, now)
+
+    def within(self, done: int, total: int, vectors: int) -> None:
+        """A backend's count within the unit in progress (engines/pulse.Passes): `done` of
+        `total` sample passes, over `vectors` vectors."""
+        now = self.clock()
+        with self._lock:
+            task = self.current
+            if task is None or task.finished:
+                return
+            task.passed(now, done, total, vectors)
+            if self._bar is not None:
+                self._draw(task)
+            else:
+                self._say_firsts(task, now)
+
+    def budget(self, desc: str, seconds: float) -> None:
+        """The probe of `desc` has `seconds` of --budget left: an ETA past it says the budget
+        will stop it."""
+        with self._lock:
+            task = self.tasks.get(desc)
+            if task is not None:
+                task.deadline = self.clock() + seconds
+
+    def _say_firsts(self, task: Task, now: float) -> None:
+        """Off a terminal: the probe's first count and first ETA at once once it has run
+        FIRST_AFTER seconds, and a forecast past LONG_RUN whenever it is first known."""
+        hint = None if "long" in task.said else task.long_run_line(now)
+        if hint is not None:
+            task.said.add("long")
+            self._write(hint, now)
+        if now - task.started < FIRST_AFTER:
+            return
+        ready = task.shown(now)
+        if ready - task.said:
+            task.said |= ready
+            self._write(task.line(now), now)
 
     def stopped(self, desc: str, reason: str) -> None:
         """The probe of `desc` ended short of its total because of `reason` ("budget"): its end
@@ -252,6 +401,7 @@ class ProgressRenderer:
                 task = self.current
                 if task is not None and not task.finished:
                     self._write(task.line(now), now)
+                    task.said |= task.shown(now)  # what the line shows needs no line of its own
                 else:
                     what = self.phase if task is None else f"{task.desc} done, next probe starting"
                     self._write(f"{PREFIX}: {what} · elapsed {clock_text(now - self.started)}", now)
@@ -273,9 +423,16 @@ class ProgressRenderer:
             task.bar_id = self._bar.add_task(task.desc, total=task.total or None, eta="?", estimate="",
                                              t0=task.started)
         eta = task.eta()
+        now = self.clock()
+        hint = None if "long" in task.said else task.long_run_line(now)
+        if hint is not None:
+            task.said.add("long")
+            self._bar.console.print(hint, markup=False, highlight=False)
+        estimate = " · ".join(t for t in (task.within_text(), value_text(task.value, task.stderr),
+                                          task.budget_text(now)) if t)
         # an unknown total (the probe's start report) pulses until the first unit is done
         self._bar.update(task.bar_id, completed=task.done, total=task.total or None, eta=clock_text(eta),
-                         estimate=value_text(task.value, task.stderr))
+                         estimate=estimate)
 
 
 def _rich_progress(stream: TextIO, clock: Callable[[], float]) -> Any:
@@ -293,6 +450,14 @@ def _rich_progress(stream: TextIO, clock: Callable[[], float]) -> Any:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Elapsed(),
                     TextColumn("ETA {task.fields[eta]}"), TextColumn("{task.fields[estimate]}"),
                     console=Console(file=stream), transient=True)
+
+
+def report_budget(listener: Any, desc: str, seconds: float) -> None:
+    """Tell a progress listener that `desc` has `seconds` of --budget left, where it can hear
+    it (ProgressRenderer.budget); a plain callback is left alone."""
+    hook = getattr(listener, "budget", None)
+    if hook is not None:
+        hook(desc, seconds)
 
 
 def report_stop(listener: Any, desc: str, reason: str) -> None:

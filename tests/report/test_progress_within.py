@@ -1,0 +1,237 @@
+"""Progress within a unit (a backend's passes over the samples, engines/pulse.py), the firsts
+written at once, a long run's forecast with how to shorten it, and an ETA past --budget: the
+mechanism, on a fake clock and on small models; no timing is asserted."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from flatcheck.backends.autograd import AutogradBackend
+from flatcheck.backends.func import FuncBackend
+from flatcheck.engines.microbatch import BatchPlan
+from flatcheck.engines.pulse import Passes, listening
+from flatcheck.report import progress as progress_module
+from flatcheck.report.progress import FIRST_AFTER, LONG_RUN, ProgressRenderer
+from tests.support.clock import FakeClock, lines_of
+from tests.support.head import make_problem, mlp
+
+ROOT = Path(__file__).resolve().parents[2]
+CKPT = ROOT / "demo" / "digits_cnn.safetensors"
+SPEC = ROOT / "model_specs" / "demo_digits.yaml"
+
+
+# ---------------------------------------------------------------- the display
+
+def test_a_count_within_a_product_is_written_once_the_probe_has_run_a_while():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("lmax (lanczos)", 0, 0)
+        clock.now += FIRST_AFTER / 2
+        Passes(64, 1).add(32)  # too early to write: a fast probe writes its end line only
+        assert lines_of(out) == []
+        clock.now += FIRST_AFTER
+        Passes(64, 1).add(32)
+        assert lines_of(out) == ["flatcheck lmax (lanczos): product 1: samples 32/64 · elapsed 0:00:15"]
+        Passes(64, 1).add(48)  # a count is already out: the ticker says the rest
+        clock.now += 5
+        progress("lmax (lanczos)", 1, 0)
+        assert "product" not in progress.current.line(clock.now)  # a unit's report ends its count within
+        clock.now += 1
+        passes = Passes(64, 1)
+        passes.add(16)
+        assert progress.current.line(clock.now) == \
+            "flatcheck lmax (lanczos): 1/? · product 2: samples 16/64 · elapsed 0:00:21 · ETA ?"
+        passes.add(48)  # the call's last pass is its caller's report, not a count within
+        assert progress.current.within == (16, 64, 1)
+        clock.now += 1
+        progress("lmax (lanczos)", 2, 5)
+        assert lines_of(out)[-1] == "flatcheck lmax (lanczos): 2/5 · elapsed 0:00:22 · ETA 0:00:06"  # the first ETA
+    assert lines_of(out)[-1].startswith("flatcheck lmax (lanczos): done · 2/5")
+
+
+def test_a_block_counts_vectors():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("trace (hutchinson)", 0, 0)
+        clock.now += FIRST_AFTER + 1
+        block = Passes(40, 5)
+        block.add(40)
+        block.add(20)
+        assert lines_of(out) == ["flatcheck trace (hutchinson): block: vectors 1/5 · elapsed 0:00:11"]
+        assert progress.current.line(clock.now).startswith("flatcheck trace (hutchinson): block: vectors 1.5/5 ·")
+
+
+def test_nothing_listens_outside_a_renderer():
+    passes = Passes(64, 1)
+    assert passes.listener is None
+    passes.add(32)  # nothing to tell, nothing fails
+    heard = []
+    with listening(lambda *a: heard.append(a)):
+        Passes(10, 2).add(10)
+    Passes(10, 2).add(10)
+    assert heard == [(10, 20, 2)]
+
+
+def test_a_long_run_says_so_at_once_with_fewer_samples_and_the_budget():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("spectrum (SLQ)", 0, 0)
+        clock.now += 3
+        Passes(64, 1).add(32)
+        clock.now += 3
+        progress("spectrum (SLQ)", 1, 200)
+        assert lines_of(out) == []  # one unit, which carries the one-off costs: no rate yet
+        clock.now += 3
+        progress("spectrum (SLQ)", 2, 200)
+        # 198 units at 3 s: about 10 minutes in all; a product's cost goes with the samples
+        assert lines_of(out) == [
+            "flatcheck spectrum (SLQ): this run will take about 0:10:03; for a shorter one use --samples 8 "
+            "(about 0:01:15), or --budget SECONDS, which stops it on time"]
+        clock.now += 3
+        progress("spectrum (SLQ)", 3, 200)
+        assert len(lines_of(out)) == 2 and "ETA" in lines_of(out)[-1]  # said once; then the first ETA
+
+
+def test_a_run_within_the_long_run_limit_gives_no_hint():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        for i in range(1, 20):
+            clock.now += 0.9 * LONG_RUN / 20
+            progress("trace (hutchinson)", i, 20)
+    assert not any("will take" in line for line in lines_of(out))
+
+
+def test_an_eta_past_the_budget_says_the_budget_stops_it():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("spectrum (SLQ)", 0, 0)
+        progress.budget("spectrum (SLQ)", 60.0)
+        for i in range(1, 4):
+            clock.now += 5
+            progress("spectrum (SLQ)", i, 200)
+        line = progress.current.line(clock.now)
+        assert line.endswith("3/200 · elapsed 0:00:15 · ETA 0:16:25 · --budget stops it in 0:00:45"), line
+    # a budget that ends the run within LONG_RUN makes the forecast moot: no hint
+    assert not any("will take" in line for line in lines_of(out))
+
+
+def test_the_budget_reaches_the_display_from_a_probe(monkeypatch):
+    from flatcheck import api
+    from flatcheck.config import RunConfig, probe_requests
+
+    heard = {}
+
+    class Listener:
+        def __call__(self, desc, done, total, **_):
+            pass
+
+        def budget(self, desc, seconds):
+            heard[desc] = seconds
+
+    config = RunConfig(checkpoint=CKPT, spec=SPEC, probes=probe_requests("lmax", {"lmax": {"max_iter": 3}}),
+                       data="digits", samples=16, seed=0, budget=100.0)
+    api.run(config, Listener())
+    assert 0 < heard["lmax (lanczos)"] <= 100.0
+
+
+# ---------------------------------------------------------------- the backends' counts
+
+def record(call) -> tuple[list[tuple[int, int, int]], object]:
+    heard: list[tuple[int, int, int]] = []
+    with listening(lambda *a: heard.append(a)):
+        out = call()
+    return heard, out
+
+
+@pytest.fixture
+def problem():
+    torch.manual_seed(0)
+    return make_problem(mlp(True), n=19, batch_size=8)  # batches of 8, 8 and 3
+
+
+def test_autograd_counts_each_vector_over_each_batch_and_changes_no_value(problem):
+    backend = AutogradBackend(problem)
+    V = torch.randn(2, problem.layout.dim, dtype=torch.float64)
+    heard, hv = record(lambda: backend.hvp(V))
+    # batch by batch, the block's two vectors in each; the call's last pass is its caller's report
+    assert heard == [(8, 38, 2), (16, 38, 2), (24, 38, 2), (32, 38, 2), (35, 38, 2)]
+    assert torch.equal(hv, AutogradBackend(problem).hvp(V))
+    S = torch.ones(2, problem.layout.dim, dtype=torch.int8)
+    assert record(lambda: backend.hvp_sums(S))[0] == heard
+    assert record(lambda: backend.vhv(S))[0] == heard
+    assert record(lambda: backend.ggn_vp(V))[0] == [(16, 38, 2), (32, 38, 2)]  # a block per batch
+
+
+def test_micro_batches_are_counted_as_the_pieces_they_are(problem):
+    backend = AutogradBackend(problem)
+    # --max-memory's cut (limit_memory), four samples a piece
+    backend.batch_plan = BatchPlan(per_sample=1, allowance=4, size=4, largest_batch=8)
+    V = torch.randn(1, problem.layout.dim, dtype=torch.float64)
+    heard, _ = record(lambda: backend.hvp(V))
+    assert heard == [(4, 19, 1), (8, 19, 1), (12, 19, 1), (16, 19, 1)]  # 4+4, 4+4, then 3 (the last)
+
+
+def test_func_counts_each_batch_of_a_vmapped_block(problem):
+    backend = FuncBackend(problem)
+    V = torch.randn(3, problem.layout.dim, dtype=torch.float64)
+    assert record(lambda: backend.hvp(V))[0] == [(24, 57, 3), (48, 57, 3)]
+    assert record(lambda: backend.ggn_vp(V))[0] == [(24, 57, 3), (48, 57, 3)]
+
+
+def test_a_cli_trace_shows_its_count_within_a_block(monkeypatch):
+    """The streamed Hutchinson block (the default trace with per-layer parts) counts its vectors
+    as it goes; with FIRST_AFTER at 0 the first count is written at once, before the block ends."""
+    from flatcheck import api
+    from flatcheck.config import RunConfig, probe_requests
+
+    monkeypatch.setattr(progress_module, "FIRST_AFTER", 0.0)
+    out = io.StringIO()
+    config = RunConfig(checkpoint=CKPT, spec=SPEC, data="digits", samples=32, batch_size=16, seed=0,
+                       probes=probe_requests("trace", {"trace": {"probes_max": 4, "block_size": 4}}))
+    with ProgressRenderer(out, interactive=False, period=3600) as progress:
+        api.run(config, progress)
+    lines = lines_of(out)
+    assert re.match(r"flatcheck trace \(hutchinson\): (block: vectors [\d.]+/4|product 1: samples \d+/32) · "
+                    r"elapsed", lines[0]), lines
+    assert lines[-1].startswith("flatcheck trace (hutchinson): done · 4/4")
+
+
+def test_a_count_within_a_block_gives_the_rate_before_the_block_ends():
+    # the first block carries the one-off costs; a vector of the second block times a probe
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("trace (hutchinson)", 0, 0)
+        clock.now += 40
+        progress("trace (hutchinson)", 6, 100)
+        assert progress.current.eta() is None
+        clock.now += 3
+        Passes(64, 6).add(64)
+        task = progress.current
+        assert task.progress() == 7 and task.eta() == pytest.approx(3.0 * 93)
+        assert lines_of(out)[-1].endswith("6/100 · block: vectors 1/6 · elapsed 0:00:43 · ETA 0:04:39")
+        clock.now += 10  # aged from the count, not from the block's start
+        assert task.remaining(clock.now) == pytest.approx(3.0 * 93 - 10)
+
+
+def test_counts_within_the_first_block_time_the_work_after_the_first_count():
+    # the first count carries the graph's building: left out of the rate, as a first unit is
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("trace (hutchinson)", 0, 0)
+        block = Passes(64, 6)
+        clock.now += 20
+        block.add(64)
+        task = progress.current
+        assert task.eta() is None  # no total yet, and one count: no rate
+        clock.now += 4
+        block.add(64)
+        clock.now += 4
+        block.add(64)
+        assert task.progress() == 3 and task.eta() is None  # the rule has not forecast a total yet
+        task.total = 100  # as a stderr forecast would
+        assert task.eta() == pytest.approx(4.0 * 97)
