@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import math
 
-# the decay rate is taken over this many of the latest steps: Lanczos speeds up as it goes
-# (superlinear convergence), so an old rate would overstate the steps left
-WINDOW = 1
+# the first finite bound is left out of the rate: it comes from a one-vector Krylov space, and
+# its fall to the second is many times any later step's (6–7 of log e against 1–2 on a
+# ResNet-18), so a rate that includes it forecasts a run a fraction of its length
+SKIP = 1
+# before the steps tell their own rate, a fall of one e-fold a step (what lmax's bound falls by
+# a step on a ResNet-18 at random init, after the first), worth PRIOR_STEPS steps of evidence:
+# a forecast from the second step on, which the measured steps take over as they come
+PRIOR_RATE = 1.0
+PRIOR_STEPS = 2
 
 
 class DecayForecast:
-    """Units still needed for a ratio (bound ÷ target) to fall to 1, at its latest log-rate.
-    `limit`: the cap on units; `extra`: units the stop takes besides the steps (a cold Lanczos
-    check's true residuals: one product per Ritz vector)."""
+    """Units still needed for a ratio (bound ÷ target) to fall to 1, at its mean log-rate since
+    its second finite value (SKIP), shrunk towards PRIOR_RATE. One step's rate swings by
+    several times between steps (a plateau, then a fast fall), so a latest-step rate makes the
+    total jump up and down; the mean over the run holds steady, and Lanczos' speed-up as it
+    goes errs it on the long side. `limit`: the cap on units; `extra`: units the stop takes
+    besides the steps (a cold Lanczos check's true residuals: one product per Ritz vector)."""
 
     def __init__(self, limit: int, extra: int = 0):
         self.limit, self.extra = limit, extra
@@ -29,18 +38,22 @@ class DecayForecast:
         self.not_before = 0
 
     def total(self, done: int, ratio: float) -> int:
-        """The forecast total after `done` units with the ratio now at `ratio`; while the rate
-        cannot be told (fewer than two finite ratios, or one that is not falling) the last
-        forecast still ahead, else 0 (not known)."""
+        """The forecast total after `done` units with the ratio now at `ratio`; before SKIP + 1
+        finite ratios, or while they do not fall, the last forecast still ahead, else 0 (not
+        known)."""
         if ratio <= 1:
             self.last = min(self.limit, max(done, self.not_before) + self.extra)
             return self.last
         if ratio > 0 and math.isfinite(ratio):
-            self.seen = (self.seen + [(done, math.log(ratio))])[-(WINDOW + 1):]
-        (d0, l0), (d1, l1) = (self.seen[0], self.seen[-1]) if self.seen else ((0, 0.0), (0, 0.0))
-        slope = (l1 - l0) / (d1 - d0) if d1 > d0 else 0.0
-        if slope < 0:
-            self.last = min(self.limit, max(done + math.ceil(l1 / -slope), self.not_before) + self.extra)
+            self.seen.append((done, math.log(ratio)))
+        used = self.seen[SKIP:]
+        slope = 0.0
+        if used:
+            (d0, l0), (d1, l1) = used[0], used[-1]
+            slope = (l0 - l1 + PRIOR_RATE * PRIOR_STEPS) / (d1 - d0 + PRIOR_STEPS)
+        if slope > 0:
+            left = max(1, round(used[-1][1] / slope))
+            self.last = min(self.limit, max(done + left, self.not_before) + self.extra)
         elif self.last <= done:
             self.last = 0
         return self.last
