@@ -46,8 +46,8 @@ def test_a_count_within_a_product_is_written_once_the_probe_has_run_a_while():
         passes.add(16)
         assert progress.current.line(clock.now) == \
             "flatcheck lmax (lanczos): 1/? · product 2: samples 16/64 · elapsed 0:00:21 · ETA ?"
-        passes.add(48)  # the call's last pass is its caller's report, not a count within
-        assert progress.current.within == (16, 64, 1)
+        passes.add(48)  # the call's last pass: its caller's report says it, not a count within
+        assert progress.current.within == (16, 64, 1) and progress.current.samples == 64
         clock.now += 1
         progress("lmax (lanczos)", 2, 5)
         assert lines_of(out)[-1] == "flatcheck lmax (lanczos): 2/5 · elapsed 0:00:22 · ETA 0:00:06"  # the first ETA
@@ -73,8 +73,9 @@ def test_nothing_listens_outside_a_renderer():
     heard = []
     with listening(lambda *a: heard.append(a)):
         Passes(10, 2).add(10)
+        Passes(10, 2).add(5, 2)
     Passes(10, 2).add(10)
-    assert heard == [(10, 20, 2)]
+    assert heard == [(10, 20, 2), (10, 20, 2)]
 
 
 def test_a_long_run_says_so_at_once_with_fewer_samples_and_the_budget():
@@ -158,13 +159,13 @@ def test_autograd_counts_each_vector_over_each_batch_and_changes_no_value(proble
     backend = AutogradBackend(problem)
     V = torch.randn(2, problem.layout.dim, dtype=torch.float64)
     heard, hv = record(lambda: backend.hvp(V))
-    # batch by batch, the block's two vectors in each; the call's last pass is its caller's report
-    assert heard == [(8, 38, 2), (16, 38, 2), (24, 38, 2), (32, 38, 2), (35, 38, 2)]
+    # batch by batch, the block's two vectors in each, to the call's last pass
+    assert heard == [(8, 38, 2), (16, 38, 2), (24, 38, 2), (32, 38, 2), (35, 38, 2), (38, 38, 2)]
     assert torch.equal(hv, AutogradBackend(problem).hvp(V))
     S = torch.ones(2, problem.layout.dim, dtype=torch.int8)
     assert record(lambda: backend.hvp_sums(S))[0] == heard
     assert record(lambda: backend.vhv(S))[0] == heard
-    assert record(lambda: backend.ggn_vp(V))[0] == [(16, 38, 2), (32, 38, 2)]  # a block per batch
+    assert record(lambda: backend.ggn_vp(V))[0] == [(16, 38, 2), (32, 38, 2), (38, 38, 2)]  # a block per batch
 
 
 def test_micro_batches_are_counted_as_the_pieces_they_are(problem):
@@ -173,14 +174,14 @@ def test_micro_batches_are_counted_as_the_pieces_they_are(problem):
     backend.batch_plan = BatchPlan(per_sample=1, allowance=4, size=4, largest_batch=8)
     V = torch.randn(1, problem.layout.dim, dtype=torch.float64)
     heard, _ = record(lambda: backend.hvp(V))
-    assert heard == [(4, 19, 1), (8, 19, 1), (12, 19, 1), (16, 19, 1)]  # 4+4, 4+4, then 3 (the last)
+    assert heard == [(4, 19, 1), (8, 19, 1), (12, 19, 1), (16, 19, 1), (19, 19, 1)]  # 4+4, 4+4, 3
 
 
 def test_func_counts_each_batch_of_a_vmapped_block(problem):
     backend = FuncBackend(problem)
     V = torch.randn(3, problem.layout.dim, dtype=torch.float64)
-    assert record(lambda: backend.hvp(V))[0] == [(24, 57, 3), (48, 57, 3)]
-    assert record(lambda: backend.ggn_vp(V))[0] == [(24, 57, 3), (48, 57, 3)]
+    assert record(lambda: backend.hvp(V))[0] == [(24, 57, 3), (48, 57, 3), (57, 57, 3)]
+    assert record(lambda: backend.ggn_vp(V))[0] == [(24, 57, 3), (48, 57, 3), (57, 57, 3)]
 
 
 def test_a_cli_trace_shows_its_count_within_a_block(monkeypatch):

@@ -47,5 +47,5 @@ class Passes:
     def add(self, samples: int, vectors: int = 1) -> None:
         """`vectors` vectors have passed over a batch of `samples` samples."""
         self.done = min(self.total, self.done + samples * vectors)
-        if self.listener is not None and self.done < self.total:  # the call's end is the caller's report
+        if self.listener is not None:  # the call's end too: it says how many samples a product runs over
             self.listener(self.done, self.total, self.vectors)

@@ -124,7 +124,10 @@ class Task:
     def passed(self, now: float, done: int, total: int, vectors: int) -> None:
         """A backend's count within the unit in progress: `done` of `total` sample passes over
         `vectors` vectors (engines/pulse.Passes)."""
-        self.within, self.samples, self.moved = (done, total, vectors), total // max(vectors, 1), now
+        self.samples = total // max(vectors, 1)
+        if done >= total:  # the call's end: the unit's report follows, and says it
+            return
+        self.within, self.moved = (done, total, vectors), now
         if self.anchor is None and self.warmup and vectors > 1:
             # a block's first count carries the one-off costs (the graph's building) as a first
             # unit does, and its next vectors time the work: a block of minutes gives its rate
