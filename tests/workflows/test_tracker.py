@@ -243,8 +243,9 @@ def test_every_cold_every_th_tracked_step_starts_cold():
 
 
 def test_the_warm_start_is_the_last_two_eigenvectors_extrapolated(monkeypatch):
-    """λmax starts from v_t + (v_t − v_{t−1}) (signs aligned) once two eigenvectors converged,
-    from v_t when they differ (overlap below EXTRAPOLATE_OVERLAP), and cold after the guard."""
+    """λmax starts warm from a block: the top eigenvector carried one step on, v_t + (v_t − v_{t−1})
+    (signs aligned) once two converged, v_t when they differ (overlap below EXTRAPOLATE_OVERLAP),
+    and the next eigenvector as it converged (the gap's); cold after the guard."""
     from flatcheck.probes import lmax
     from flatcheck.workflows import track
 
@@ -255,25 +256,30 @@ def test_the_warm_start_is_the_last_two_eigenvectors_extrapolated(monkeypatch):
     assert torch.equal(track.extrapolated_start(-a, b), want)  # an eigenvector's sign is arbitrary
     c = torch.tensor([[0.0, 0.0, 1.0]])
     assert track.extrapolated_start(a, c) is c
-    starts, vectors = [], []
-    real = lmax.lanczos_top
+    starts, blocks = [], []
 
-    def spy(*args, **kwargs):
-        starts.append(kwargs.get("start"))
-        res = real(*args, **kwargs)
-        vectors.append(res.vectors.clone())
-        return res
+    def spy(real):
+        def call(op, k, *args, **kwargs):
+            start = args[0] if args else kwargs.get("start")
+            starts.append(None if start is None else start.clone())
+            res = real(op, k, *args, **kwargs)
+            blocks.append(torch.cat([res.vectors, res.next_vector[None]]))
+            return res
+        return call
 
-    monkeypatch.setattr(lmax, "lanczos_top", spy)
+    monkeypatch.setattr(lmax, "lanczos_top", spy(lmax.lanczos_top))
+    monkeypatch.setattr(lmax, "block_top", spy(lmax.block_top))
     case = make_case("mlp", n=23, batch_size=23)
     tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=1, out=None,
                                 options={"lmax": {"tol": 1e-8}}, cold_every=4)
     train(case, tracker, 6, lr=0.05)
-    assert starts[0] is None and torch.equal(starts[1], vectors[0])
+    assert starts[0] is None and torch.equal(starts[1], blocks[0])
     for i in (2, 3):
-        assert torch.equal(starts[i], track.extrapolated_start(vectors[i - 2], vectors[i - 1]))
-        assert not torch.equal(starts[i], vectors[i - 1])  # the weights moved: an extrapolation
-    assert starts[4] is None and torch.equal(starts[5], vectors[4])  # the guard's cold step: history gone
+        assert starts[i].shape == (2, blocks[i - 1].shape[1])
+        assert torch.equal(starts[i][:1], track.extrapolated_start(blocks[i - 2][:1], blocks[i - 1][:1]))
+        assert not torch.equal(starts[i][:1], blocks[i - 1][:1])  # the weights moved: an extrapolation
+        assert torch.equal(starts[i][1:], blocks[i - 1][1:])  # the gap's vector as it converged
+    assert starts[4] is None and torch.equal(starts[5], blocks[4])  # the guard's cold step: history gone
 
 
 def test_probes_as_a_mapping_carry_their_options_over_the_defaults():

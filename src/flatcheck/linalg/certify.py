@@ -17,7 +17,9 @@ not yet seen makes δ too large. That risk is measured against dense spectra in 
 for ≥ 99 % of values, but a near-degenerate pair the Krylov space has not yet resolved (two
 eigenvalues a fraction of a percent apart) hides the second and the bound fails; a block
 Krylov method would resolve it. Where no gap is resolved (δ ≤ r, or no neighbour below the
-top k) the bound falls back to r.
+top k) the bound falls back to r. A Tracker's warm block (linalg/warm_block.py) takes its gap
+from a carried vector that approximates the next eigenvector (GAP_FROM_BLOCK), measured along
+gradient-descent trajectories in tests/linalg/test_warm_block.py.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ RESIDUAL = "|r| (residual: no gap resolved)"
 GAP_FROM_RITZ = ("the neighbouring Ritz values of the Krylov space less their residual estimates, "
                  "min_j |θ_i − θ_j| − r_j (an estimate: a Ritz value lies at or below its eigenvalue, "
                  "so an eigenvalue not yet seen makes it too large)")
+GAP_FROM_BLOCK = ("the next Ritz value of a warm block that carries the previous call's next eigenvector, "
+                  "less its residual, min_j |θ_i − θ_j| − r_j (an estimate: an eigenvalue neither the block "
+                  "nor its growth has seen makes it too large)")
 
 
 @dataclass(frozen=True)
@@ -52,13 +57,15 @@ class Bound:
 
 
 def ritz_bounds(values: list[float], residuals: list[float],
-                below: tuple[float, float] | None | str, floor: float = 0.0) -> list[Bound]:
+                below: tuple[float, float] | None | str, floor: float = 0.0,
+                safety: float = GAP_SAFETY) -> list[Bound]:
     """Bounds of the top Ritz values `values` (largest first) with residual norms `residuals`.
     `below`: the next Ritz value under them and its residual estimate (None: none known, so the
     last of `values` has no gap below and falls back to its residual; TOO_FEW: no gap is
     trusted, every value falls back). `floor`: the least error the products' round-off
     allows (an operator known to eps·‖H‖ has eigenvalues known no better), below which no
-    bound goes."""
+    bound goes. `safety`: what the estimated gap is divided by (GAP_SAFETY for a Krylov
+    space's Ritz values)."""
     if below == TOO_FEW:
         return residual_bounds(residuals, floor)
     n = len(values)
@@ -75,7 +82,7 @@ def ritz_bounds(values: list[float], residuals: list[float],
         else:
             out.append(Bound(max(r, floor), RESIDUAL, None))
             continue
-        gap = min(abs(theta - t) - rt for t, rt in neighbours) / GAP_SAFETY
+        gap = min(abs(theta - t) - rt for t, rt in neighbours) / safety
         if math.isfinite(gap) and gap > r:
             out.append(Bound(max(r * r / gap, floor), KATO_TEMPLE, gap))
         else:

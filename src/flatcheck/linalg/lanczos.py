@@ -10,7 +10,7 @@ of SLQ stay meaningful. The tridiagonal eigenproblem is left to LAPACK through
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -265,6 +265,9 @@ class EigenResult:
     # |λ − value| ≤ bound, per value (certify.ritz_bounds: r²/δ where a gap is resolved, else r)
     bounds: list[Bound] | None = None
     gap_from: str | None = None  # how the gaps were estimated (None: no gap estimate)
+    # the unit Ritz vector just below the top k (lanczos_top(carry_next=True)): a Tracker's next
+    # warm block carries it as its gap vector (linalg/warm_block.py)
+    next_vector: Tensor | None = None
 
     @property
     def errors(self) -> list[float]:
@@ -281,6 +284,7 @@ def lanczos_top(
     progress: Progress | None = None,
     should_stop: StopTest | None = None,
     start: Tensor | None = None,
+    carry_next: bool = False,
 ) -> EigenResult:
     """The k largest (algebraic) eigenvalues of a symmetric operator.
 
@@ -311,6 +315,7 @@ def lanczos_top(
     Krylov polynomial that damps the spectrum below θ grows any eigenvalue above it, so a new
     top eigenvector is brought into view as from a cold start whose start is WARM_MIX times
     smaller along it (tests/test_lanczos: a crossing found; without the random part, missed).
+    `carry_next`: also return the Ritz vector below the top k (`next_vector`, no product).
     """
     dim = op.dim
     k = min(k, dim)
@@ -367,7 +372,12 @@ def lanczos_top(
     if progress is not None and stop != "budget":  # the end: what it took, the check included (a
         # budget's end is told by the probe, as stopped short)
         progress(op.matvecs - start_matvecs, op.matvecs - start_matvecs, value=float(np.max(lz.ritz()[0])))
-    return eigen_result(measured, stop, tol, op.matvecs - start_matvecs, lz.size)
+    result = eigen_result(measured, stop, tol, op.matvecs - start_matvecs, lz.size)
+    if carry_next and lz.size > k:  # no product: a combination of the basis
+        theta, S = lz.ritz()
+        nxt = lz.vectors(S[:, np.argsort(theta)[::-1][k:k + 1]])[0]
+        result = replace(result, next_vector=nxt / torch.linalg.vector_norm(nxt))
+    return result
 
 
 def bound_ratio(theta: np.ndarray, estimates: np.ndarray, k: int, tol: float) -> float:

@@ -15,6 +15,7 @@ from ..linalg.lanczos import default_max_iter, lanczos_bytes, lanczos_top, plan_
 from ..linalg.memory import gib, limit_words
 from ..linalg.thick_restart import lanczos_top_restarted, min_rows, restart_bytes
 from ..linalg.power import power_top
+from ..linalg.warm_block import block_top
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
 from .kit import budget_stop, option, progress_reporter, told_if_budget
@@ -153,15 +154,24 @@ class LmaxProbe:
         extra = {"start": warm} if warm is not None else {}
         restarts = None
         if rows is not None:
+            extra = {"start": warm[:options.k]} if warm is not None else {}
             res, restarts = lanczos_top_restarted(op, options.k, rows=rows, generator=ctx.generator(), tol=tol,
                                                   max_iter=max_iter, progress=progress, should_stop=budget_stop(ctx),
                                                   **extra)
+        elif warm is not None and warm.shape[0] > options.k:
+            # the previous call's top k and next eigenvectors: Rayleigh–Ritz over them, the gap
+            # from the next one (linalg/warm_block.py); W and HW held, so half the planned rows
+            res = block_top(op, options.k, warm, generator=ctx.generator(), tol=tol, max_iter=max_iter,
+                            progress=progress, should_stop=budget_stop(ctx), capacity=max(options.k + 2, max_iter // 2))
         else:
+            if ctx.warm is not None and options.method == "lanczos":
+                extra["carry_next"] = True  # the next call's block: the top k and the vector below
             res = solve(op, options.k, generator=ctx.generator(), tol=tol, max_iter=max_iter, progress=progress,
                         should_stop=budget_stop(ctx), **extra)
         told_if_budget(ctx, desc, res.stop_reason)
         if ctx.warm is not None and getattr(res, "vectors", None) is not None:
-            ctx.warm[warm_key] = res.vectors
+            nxt = getattr(res, "next_vector", None)
+            ctx.warm[warm_key] = res.vectors if nxt is None else torch.cat([res.vectors, nxt.unsqueeze(0)])
         bn_mode = ctx.backend.problem.bn_mode
         symbol = "H" if options.matrix == "hessian" else "G"
         relative = [r / abs(v) if v != 0 else math.inf for v, r in zip(res.values, res.residuals)]

@@ -13,15 +13,16 @@ made: the samples (read and held once), the parameter layout, the backend and wh
 traces. What does change — the weights — invalidates the backend's per-weights caches
 through the version counters the optimiser's in-place updates bump (backends/state.py), so
 no product ever reuses a graph of older weights, and no product of an earlier call is reused
-(it was taken on other weights). λmax (Lanczos) starts warm: from the previous tracked step's
-eigenvector carried one step on, v_t + (v_t − v_{t−1}) with the signs aligned, while the last
-two overlap by EXTRAPOLATE_OVERLAP or more, else from v_t (between steps a few apart, as the
-edge-of-stability curves of Cohen et al. 2021 are measured, the top eigenvector moves little,
-and on the demo CNN's training run steadily enough that the line through the last two is the
-better guess: benchmarks/results/tracker.md). The warm start keeps a random part that brings a
-top eigenvalue which crossed the old one into view (linalg/lanczos.py); one that crossed by a
-small gap (a few % of λ) can hide behind the old for a while, so every `cold_every`-th tracked
-step starts cold (recorded as such) and bounds how long.
+(it was taken on other weights). λmax starts warm from a block (linalg/warm_block.py): the
+previous tracked step's top eigenvector carried one step on, v_t + (v_t − v_{t−1}) with the
+signs aligned, while the last two overlap by EXTRAPOLATE_OVERLAP or more, else v_t (between
+steps a few apart, as the edge-of-stability curves of Cohen et al. 2021 are measured, the top
+eigenvector moves little, and steadily enough that the line through the last two is the better
+guess: benchmarks/results/tracker.md), and beside it the previous next eigenvector, whose Ritz
+value gives the gap the certified bound needs. The block keeps a random part that can bring a
+top eigenvalue which crossed the old ones into view; one that crossed by a small gap can hide
+behind them for a while, so every `cold_every`-th tracked step starts cold (recorded as such)
+and bounds how long.
 
 Records use the scan's schema (results_io.new_record, kind "flatcheck.track"), so
 `flatcheck report` plots a tracker's file and a scan of checkpoints alike. A step that fails
@@ -191,18 +192,21 @@ class Tracker:
     # ------------------------------------------------------------------ internals
 
     def _extrapolate(self) -> None:
-        """Replace each one-vector warm start (λmax, k = 1) by its extrapolation from the last
-        two converged eigenvectors. A key whose vector is still the start handed out last time
-        (that call failed) keeps its history: no extrapolation from an extrapolation."""
+        """Replace the top vector of each λmax warm start (k = 1: the top eigenvector, alone or
+        with the next one as the gap vector of a block) by its extrapolation from the last two
+        converged top eigenvectors; the rows below stay as they converged. A key whose vectors
+        are still the start handed out last time (that call failed) keeps its history: no
+        extrapolation from an extrapolation."""
         warm = self.session.warm
         for key, latest in list((warm or {}).items()):
             if latest is self._handed.get(key):
                 continue
             previous = self._previous.get(key)
             self._previous[key] = latest
-            if previous is None or latest.shape[0] != 1 or previous.shape != latest.shape:
+            if previous is None or key[-1] != 1 or previous.shape != latest.shape:
                 continue
-            warm[key] = self._handed[key] = extrapolated_start(previous, latest)
+            top = extrapolated_start(previous[:1], latest[:1])
+            warm[key] = self._handed[key] = top if latest.shape[0] == 1 else torch.cat([top, latest[1:]])
 
     def _measure(self, step: int):
         from ..api import run
