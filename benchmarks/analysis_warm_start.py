@@ -13,6 +13,7 @@ probe's random start (seed 0) with its check product, as the probe counts it.
 
     python benchmarks/analysis_warm_start.py [--steps 200] [--every 10] [--lr 0.1] [--samples 500]
         [--methods prev,lin,...] [--sources exact,chain,lanczos] [--diagnose]
+        [--block default,safety1,nonoise,safety1-nonoise]
 
 Results and what they mean: benchmarks/results/tracker.md.
 """
@@ -156,6 +157,44 @@ def starts_for(method: str, hist: list[torch.Tensor], ritz_prev: torch.Tensor | 
 METHODS = ("prev", "lin", "lin_half", "quad", "fit3", "rr2", "rr3", "ritz2", "ritz3")
 
 
+def block_variant(op, model, snaps, steps, variant: str, truth: dict, cold: dict, cold_every: int = 10) -> None:
+    """linalg/warm_block.block_top chained over the tracked steps as the Tracker does it (the top
+    vector extrapolated, a cold lanczos_top every cold_every-th step), with the gap undivided
+    (safety1) and/or no random part (nonoise); products per warm step and how many values lie
+    within their bound of the reference λ1."""
+    from flatcheck.linalg import warm_block
+    from flatcheck.workflows.track import extrapolated_start
+
+    saved = warm_block.BLOCK_GAP_SAFETY, warm_block.WARM_MIX
+    if "safety1" in variant:
+        warm_block.BLOCK_GAP_SAFETY = 1.0
+    if "nonoise" in variant:
+        warm_block.WARM_MIX = 0.0
+    try:
+        out, held, previous = [], None, None
+        for i, step in enumerate(steps):
+            load(model, snaps[step])
+            if i % cold_every == 0:
+                c = lanczos_top(op, 1, generator=torch.Generator().manual_seed(0), tol=TOL, carry_next=True)
+                held, previous = torch.cat([c.vectors, c.next_vector[None]]), None
+                continue
+            start = held.clone()
+            if previous is not None:
+                start[:1] = extrapolated_start(previous[:1], held[:1])
+            before = op.matvecs
+            res = warm_block.block_top(op, 1, start, generator=torch.Generator().manual_seed(0), tol=TOL)
+            previous, held = held, torch.cat([res.vectors, res.next_vector[None]])
+            within = abs(res.values[0] - truth[step]) <= res.bounds[0].value + 1e-4 * TOL * abs(truth[step])
+            out.append((op.matvecs - before, cold[step][0], within))
+    finally:
+        warm_block.BLOCK_GAP_SAFETY, warm_block.WARM_MIX = saved
+    ratios = [n / c for n, c, _ in out]
+    print(f"block {variant:16s} products {[n for n, *_ in out]} median {statistics.median(n for n, *_ in out):g} "
+          f"vs cold {statistics.median(c for _, c, _ in out):g}; median ratio {statistics.median(ratios):.2f}; "
+          f"≤1/3: {sum(r <= 1 / 3 for r in ratios)}/{len(ratios)}; within the bound of the reference λ1: "
+          f"{sum(w for *_, w in out)}/{len(out)}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
@@ -165,17 +204,20 @@ def main() -> None:
     ap.add_argument("--diagnose", action="store_true", help="where u_t lies against the earlier top-10")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--sources", default="exact,chain", help="exact, chain, lanczos (chain through lanczos_top)")
+    ap.add_argument("--block", default="", help="the Tracker's block solver along the run, as the Tracker chains it "
+                    "(cold every 10th tracked step): any of default, safety1, nonoise, safety1-nonoise")
     args = ap.parse_args()
     model, data, snaps = trajectory(args.lr, args.steps, args.every, args.samples)
     session = open_live_session(model, data, probes=["lmax"], options={"lmax": {"k": 1, "tol": TOL}},
                                 batch_size=len(data[0]), bn_mode="train")
     op = CurvatureOperator(session.backend, "hessian")
     steps = sorted(snaps)
-    exact, exact3, cold = {}, {}, {}
+    exact, exact3, cold, exact_values = {}, {}, {}, {}
     for step in steps:
         load(model, snaps[step])
         ref = lanczos_top(op, 10, generator=torch.Generator().manual_seed(1), tol=1e-4)
         exact[step], exact3[step] = ref.vectors[0], ref.vectors
+        exact_values[step] = ref.values[0]
         c = lanczos_top(op, 1, generator=torch.Generator().manual_seed(0), tol=TOL)
         cold[step] = (c.matvecs, c.values[0])
         print(f"step {step}: λ1..3 {', '.join(f'{v:.5g}' for v in ref.values)}; cold {c.matvecs} products",
@@ -186,9 +228,11 @@ def main() -> None:
         outside = [float(1 - (V[:m] @ u).norm() ** 2) ** 0.5 for m in (1, 2, 3, 5, 10)]
         print(f"step {step}: |u_t outside span(top-m of t-1)| for m=1,2,3,5,10: "
               f"{' '.join(f'{o:.3f}' for o in outside)}", flush=True)
+    for variant in filter(None, args.block.split(",")):
+        block_variant(op, model, snaps, steps, variant, {s: exact_values[s] for s in steps}, cold)
     # per method: 'exact' uses the reference eigenvectors of the earlier steps, 'chain' the
     # vectors the method itself converged to (what a tracker holds)
-    for method in args.methods.split(","):
+    for method in filter(None, args.methods.split(",")):
         for source in args.sources.split(","):
             chain: list[torch.Tensor] = []
             out = []
