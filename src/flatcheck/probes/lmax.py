@@ -148,7 +148,7 @@ class LmaxProbe:
         desc = f"lmax ({options.method})"
         progress = progress_reporter(ctx, desc)
         solve = lanczos_top if options.method == "lanczos" else power_top
-        # a Tracker keeps the last eigenvectors (ctx.warm) and Lanczos starts from them
+        # a Tracker keeps the last eigenvectors and the next one (ctx.warm) and starts from them
         warm_key = (self.name, options.matrix, options.k)
         warm = ctx.warm.get(warm_key) if ctx.warm is not None and options.method == "lanczos" else None
         extra = {"start": warm} if warm is not None else {}
