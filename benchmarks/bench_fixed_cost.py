@@ -8,11 +8,20 @@ wall time, the CPU time (user + system) of the process: on a shared, loaded mach
 the wall time would be on an idle one (OMP_NUM_THREADS=1: these runs use one core), and it
 swings far less with the load.
 
-    python benchmarks/bench_fixed_cost.py [--repeat 5] [--label after] [--save]
-                                          [--before-src DIR --before-label TEXT]
+Every row reads compiled bytecode, as an installed package does (pip compiles a wheel's modules,
+and Python caches a source tree's on first import): with PYTHONDONTWRITEBYTECODE set, as in
+some development shells, flatcheck's own modules would be compiled from source on every run
+while torch's are read compiled. The runs keep their bytecode in a private folder
+(PYTHONPYCACHEPREFIX), filled by one untimed run of each row, so that the source tree gets no
+__pycache__; one more row times the demo trace compiling flatcheck from source, to show what
+that costs.
 
---before-src DIR adds the two trace rows run on another copy of the package (e.g.
-`git archive COMMIT src | tar -x -C DIR`, then DIR/src), interleaved with the others.
+    python benchmarks/bench_fixed_cost.py [--repeat 5] [--label after] [--save] [--src DIR]
+                                          [--before-src DIR --before-label TEXT] [--rows TEXT ...]
+
+--src DIR runs the rows on another copy of the package's src/ than the working tree's (e.g.
+`git archive HEAD src | tar -x -C DIR`, then DIR/src: the committed state, without work in
+progress). --before-src DIR adds the trace rows run on a second copy, interleaved with the others.
 
 --save appends the table to benchmarks/results/fixed_cost.md under the label, the commit and
 the load average.
@@ -27,6 +36,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,14 +62,24 @@ ROWS: list[tuple[str, list[str], str]] = [
     ("flatcheck trace --help", FLATCHECK + ["trace", "--help"], "building the command (imports torch)"),
     ("trace --no-layers (2 probes)", FLATCHECK + ["trace", *DEMO, "--no-layers", "-q"],
      "the demo trace: torch, the CLI, the trace probe, the model, 1,000 digits, 2 products"),
+    ("trace --no-layers (2 probes), no bytecode", FLATCHECK + ["trace", *DEMO, "--no-layers", "-q"],
+     "the same, flatcheck's modules compiled from source on every run (PYTHONDONTWRITEBYTECODE)"),
 ]
+# the rows that run without compiled bytecode of their own (see the module's docstring)
+NO_BYTECODE = "no bytecode"
 
 
-def run_once(cmd: list[str], src: str | None = None) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one run of `cmd` (with package source `src` first on the path)."""
+def run_once(cmd: list[str], src: str | None = None, bytecode: str | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of `cmd` (with package source `src` first on the
+    path), reading and writing compiled bytecode under the folder `bytecode` (None: none written)."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if src is not None:
         env["PYTHONPATH"] = src
+    if bytecode is None:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = bytecode
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -80,7 +100,8 @@ def table(times: dict[str, list[tuple[float, float]]], label: str, repeat: int) 
     lines = [f"## {label} · commit {commit()} · {datetime.datetime.now().isoformat(timespec='minutes')}", "",
              f"- {repeat} interleaved runs per row; load average at the end {load} "
              f"({os.cpu_count()} logical CPUs, shared with other work); "
-             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}",
+             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '1')}; compiled bytecode read by every row "
+             f"but the '{NO_BYTECODE}' one",
              "", "| row | median wall (s) | wall range (s) | median CPU (s) | × import torch (wall) | "
              "× import torch (CPU) | what it shows |",
              "|---|---:|---|---:|---:|---:|---|"]
@@ -99,18 +120,30 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--label", default="current")
     parser.add_argument("--save", action="store_true")
+    parser.add_argument("--src", help="the copy of the package's src/ the rows run (default: the working tree's)")
     parser.add_argument("--before-src", help="a copy of the package's src/ to time the trace rows on as well")
     parser.add_argument("--before-label", default="before")
+    parser.add_argument("--rows", action="append", metavar="TEXT",
+                        help="time only the row named TEXT, or else the rows whose name holds TEXT (repeatable), "
+                             "beside the floor: more runs of a few rows in the same time")
     args = parser.parse_args()
+    if args.rows:
+        names = {name for name, _, _ in ROWS}
+        ROWS[:] = [row for row in ROWS if row[0] == FLOOR or any(
+            row[0] == text if text in names else text in row[0] for text in args.rows)]
     if args.before_src:
         traces = [(name, cmd, what) for name, cmd, what in ROWS if name.startswith("trace")]
         ROWS.extend((f"{name} — {args.before_label}", cmd, f"{what}; source {args.before_src}")
                     for name, cmd, what in traces)
-    sources = {name: args.before_src if name.endswith(f" — {args.before_label}") else None for name, _, _ in ROWS}
+    sources = {name: args.before_src if name.endswith(f" — {args.before_label}") else args.src for name, _, _ in ROWS}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in ROWS}
-    for _ in range(args.repeat):
-        for name, cmd, _ in ROWS:
-            times[name].append(run_once(cmd, sources[name]))
+    with tempfile.TemporaryDirectory(prefix="flatcheck-bench-bytecode-") as cache:
+        caches = {name: None if NO_BYTECODE in name else cache for name, _, _ in ROWS}
+        for name, cmd, _ in ROWS:  # untimed: fills the bytecode folder, and the page cache
+            run_once(cmd, sources[name], caches[name])
+        for _ in range(args.repeat):
+            for name, cmd, _ in ROWS:
+                times[name].append(run_once(cmd, sources[name], caches[name]))
     text = table(times, args.label, args.repeat)
     print(text)
     if args.save:
