@@ -13,6 +13,11 @@ child's peak resident memory is reported.
 Seconds are the probe's own (ProbeResult.seconds; loading the model and data excluded) and
 the child's wall time (process start to exit). Products are the curvature products
 (matvecs), plus the batched backward passes of the function-space probes.
+
+The child shows its progress lines as the CLI does off a terminal (a CI log), and each line
+is stamped as it arrives: a run forecast past 3 minutes says so in a line of its own ("this
+run will take about H:MM:SS"), and the table gives when that came (seconds from the probe's
+start) and what it said, against what the probe took.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -49,10 +56,13 @@ def child(probe: str, spec_path: str, budget: float | None) -> None:
     from flatcheck import api
     from flatcheck.config import RunConfig, probe_requests
 
+    from flatcheck.report.progress import ProgressRenderer, period_from_env
+
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     config = RunConfig(checkpoint=None, spec=Path(spec_path), probes=probe_requests([probe]), data="synthetic",
                        samples=SAMPLES, seed=0, budget=budget)
-    report = api.run(config)
+    with ProgressRenderer(sys.stderr, interactive=False, period=period_from_env()) as progress:
+        report = api.run(config, progress)
     r = report.results[probe]
     d = r.details or {}
     print(json.dumps({
@@ -71,19 +81,58 @@ def run_one(probe: str, spec_path: str, limit_bytes: int, timeout: float, budget
 
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     start = time.monotonic()
+    extra = [] if budget is None else ["--budget", str(budget)]
+    proc = subprocess.Popen([sys.executable, __file__, "--child", probe, "--spec", spec_path, *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+    stamped: list[tuple[float, str]] = []
+    printed: list[str] = []
+    readers = [threading.Thread(target=lambda: stamped.extend((time.monotonic() - start, line.rstrip("\n"))
+                                                              for line in proc.stderr), daemon=True),
+               threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True)]
+    for r in readers:
+        r.start()
     try:
-        extra = [] if budget is None else ["--budget", str(budget)]
-        proc = subprocess.run([sys.executable, __file__, "--child", probe, "--spec", spec_path, *extra], env=env,
-                              capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"probe": probe, "error": f"timed out after {timeout:.0f} s", "wall_seconds": timeout}
+        proc.kill()
+        proc.wait()
+        for r in readers:
+            r.join()
+        return {"probe": probe, "error": f"timed out after {timeout:.0f} s", "wall_seconds": timeout,
+                **said(stamped)}
     wall = time.monotonic() - start
-    row: dict = {"probe": probe, "wall_seconds": wall}
+    for r in readers:
+        r.join()
+    out = "".join(printed)
+    row: dict = {"probe": probe, "wall_seconds": wall, **said(stamped)}
     if proc.returncode != 0:
-        row["error"] = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        row["error"] = ([s for _, s in stamped if not s.startswith("flatcheck")] or [f"exit {proc.returncode}"])[-1]
         return row
-    row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    row.update(json.loads(out.strip().splitlines()[-1]))
     return row
+
+
+ELAPSED = re.compile(r"elapsed (\d+):(\d\d):(\d\d)")
+FORECAST = re.compile(r"will take about (\d+):(\d\d):(\d\d)")
+
+
+def said(lines: list[tuple[float, str]]) -> dict:
+    """When the probe's first own line dates its start (its `elapsed`), and when a forecast past
+    3 minutes came and what it said (seconds), from the stamped progress lines."""
+    begun = None
+    for t, s in lines:
+        m = ELAPSED.search(s)
+        if m and not s.startswith("flatcheck:"):
+            begun = t - (3600 * int(m[1]) + 60 * int(m[2]) + int(m[3]))
+            break
+    # the last progress line: how far a run stopped by --timeout got, and its ETA then
+    last = next((f"{t:.0f} s: {s}" for t, s in reversed(lines) if s.startswith("flatcheck") and "ETA" in s), None)
+    for t, s in lines:
+        m = FORECAST.search(s)
+        if m and begun is not None:
+            return {"forecast_at": t - begun, "forecast_seconds": 3600 * int(m[1]) + 60 * int(m[2]) + int(m[3]),
+                    "forecast_line": s, "probe_began": begun, "last_line": last}
+    return {"probe_began": begun, "last_line": last}
 
 
 def table(rows: list[dict], threads: str, limit_gib: float, budget: float | None) -> str:
@@ -96,18 +145,20 @@ def table(rows: list[dict], threads: str, limit_gib: float, budget: float | None
         "The machine's 2 cores were shared with other jobs while this ran: the seconds are upper bounds "
         "of what an idle machine takes, the products are exact.",
         "",
-        f"| probe | probe s | process s | products | backward passes | stop | peak RSS MiB | ≤ {GOAL_SECONDS} s |",
-        "|---|---:|---:|---:|---:|---|---:|:-:|",
+        f"| probe | probe s | process s | products | backward passes | stop | peak RSS MiB | ≤ {GOAL_SECONDS} s "
+        "| forecast said at (s) | forecast (s) |",
+        "|---|---:|---:|---:|---:|---|---:|:-:|---:|---:|",
     ]
     for r in rows:
+        told = (f"{r['forecast_at']:.0f} | {r['forecast_seconds']}" if "forecast_at" in r else "– | –")
         if "error" in r:
             lines.append(f"| {r['probe']} | – | {r.get('wall_seconds', 0):.0f} | – | – | error: {r['error']} | "
-                         f"{_num(r.get('peak_rss_mib'))} | no |")
+                         f"{_num(r.get('peak_rss_mib'))} | no | {told} |")
             continue
         ok = "yes" if r["wall_seconds"] <= GOAL_SECONDS else "no"
         lines.append(f"| {r['probe']} | {r['seconds']:.1f} | {r['wall_seconds']:.1f} | {r['matvecs']} | "
                      f"{_num(r.get('backward_passes'))} | {r.get('stop_reason') or '–'} | "
-                     f"{_num(r.get('peak_rss_mib'))} | {ok} |")
+                     f"{_num(r.get('peak_rss_mib'))} | {ok} | {told} |")
     return "\n".join(lines) + "\n"
 
 
@@ -129,6 +180,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=None, help="--budget SECONDS for each probe's run "
                     "[default: none, the defaults as they are]")
     ap.add_argument("--save", action="store_true", help="write benchmarks/results/defaults_resnet18[_budgetS].{md,json}")
+    ap.add_argument("--stem", default="defaults_resnet18", help="the results' file name without its suffix")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -151,7 +203,7 @@ def main() -> None:
     print(text)
     if args.save:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        stem = "defaults_resnet18" + ("" if args.budget is None else f"_budget{args.budget:g}")
+        stem = args.stem + ("" if args.budget is None else f"_budget{args.budget:g}")
         (RESULTS / f"{stem}.md").write_text(text)
         (RESULTS / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
 
