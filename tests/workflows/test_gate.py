@@ -607,6 +607,27 @@ def test_a_baseline_whose_probe_values_do_not_give_its_value_is_refused(edit, ma
                        META, seed=0)
 
 
+@pytest.mark.parametrize("route", ["hvp", "tangent"])
+def test_a_widened_trace_interval_is_read_from_its_values_and_an_edit_of_it_refused(route):
+    """Where only vᵀHv exists the trace's stderr is its values' spread widened for their
+    skewness: a baseline holding it is checked against that widening, not the bare spread."""
+    from flatcheck.linalg.trace import INTERVAL_SKEW
+    from flatcheck.probes.registry import ProbeContext, get_probe_class
+    from flatcheck.workflows.gate.checks import check_baseline
+    from tests.support.dense import make_case
+
+    case = make_case("mlp")
+    res = get_probe_class("trace")().run(ProbeContext(backend=case.backend("autograd"), seed=0),
+                                         TraceOptions(probes_max=12, rtol=None, parts=False, route=route)).to_dict()
+    details = res["details"]
+    assert details["interval"] == INTERVAL_SKEW and res["stderr"] > details["spread_stderr"]
+    cfg = gate({"field": "trace.value", "max_increase": "20%"})
+    check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=0)
+    res["stderr"] = details["spread_stderr"]
+    with pytest.raises(InputError, match="edited or corrupted"):
+        check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=0)
+
+
 def test_a_baseline_of_another_matrix_is_refused():
     from flatcheck.workflows.gate.checks import check_baseline
 

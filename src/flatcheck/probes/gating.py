@@ -114,6 +114,14 @@ class Gating:
                 return f"details.route {route!r} is not one of {probe}'s routes ({known})"
         return None
 
+    def values_stderr(self, details: Mapping[str, Any], values: Sequence[float]) -> float:
+        """The headline's stderr that its per-probe values (details.probe_values) give: their
+        spread over √n unless the probe widens or floors it. A gate checks a baseline's stderr
+        against it, so an edited stderr is refused."""
+        n = len(values)
+        mean = sum(values) / n
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) / math.sqrt(n)
+
     def superseded(self, probe: str, result: Result, schema: tuple[int, int] | None) -> str | None:
         """What this probe's record of an older schema means by a field that the current
         version means otherwise, or None. Comparing the two would gate two quantities as one."""

@@ -11,14 +11,14 @@ from typing import ClassVar, Literal
 from ..errors import ConfigError, ModelError, setting
 from ..linalg import hutchinson, hutchpp
 from ..linalg.memory import gib, limit_words
-from ..linalg.trace import plan_block
+from ..linalg.trace import INTERVAL_FLOOR, INTERVAL_SKEW, plan_block, skew_widening
 from ..operators import CurvatureOperator, LayoutParts
 from ..linalg.random import SIGN_STREAM
 from ..report.result import ProbeResult
 from .kit import budget_stop, option, progress_reporter, refuse_unused, time_left, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import ExactGGN, GGNVp, Hvp, HvpFailure, Vhv
-from .gating import Gating
+from .gating import Gating, number
 from .registry import ProbeContext, register_probe
 
 
@@ -143,6 +143,19 @@ class TraceGating(Gating):
             return (f"the trace result has estimator {estimator!r} and {'no' if values is None else 'its'} "
                     f"per-probe values, which a trace of schema {schema[0]}.{schema[1]} always has")
         return None
+
+    def values_stderr(self, details, values):
+        """Hutchinson's stderr is the values' spread widened for their skewness where only vᵀHv
+        exists, and floored by the products' own variance where the products were formed."""
+        spread = super().values_stderr(details, values)
+        if details.get("interval") == INTERVAL_SKEW:
+            import torch
+
+            return spread * skew_widening(torch.tensor(values, dtype=torch.float64))
+        known = number(details.get("known_stderr"))
+        if details.get("interval") == INTERVAL_FLOOR and known is not None:
+            return max(spread, known)
+        return spread
 
     def nested_draws(self, details):
         return details.get("estimator") == "hutchinson"

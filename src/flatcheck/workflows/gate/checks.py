@@ -88,14 +88,13 @@ def _check_probe_values(bound: Bound, result: Mapping[str, Any], b: float, s_b: 
             or not math.isfinite(offset):
         raise InputError(f"{where}: {bound.probe}.details.probe_values/offset are not two or more finite numbers "
                          "and a number: the report was edited or cut")
-    n = len(nums)
-    mean = sum(nums) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in nums) / (n - 1))
+    mean = sum(nums) / len(nums)
+    se = gating_of(bound.probe).values_stderr(details, nums)
     scale = max(abs(offset), max(abs(v) for v in nums), 1e-300)
     # both sides are sums of the same float64 numbers in another order: agree to round-off
-    if abs(offset + mean - b) > 1e-9 * scale or abs(sd / math.sqrt(n) - s_b) > 1e-9 * max(sd, 1e-300):
+    if abs(offset + mean - b) > 1e-9 * scale or not math.isfinite(se) or abs(se - s_b) > 1e-9 * max(se, 1e-300):
         raise InputError(f"{where}: {bound.field} is {b:.6g} ± {s_b:.3g}, but its probe_values and offset give "
-                         f"{offset + mean:.6g} ± {sd / math.sqrt(n):.3g}: the report was edited or corrupted")
+                         f"{offset + mean:.6g} ± {se:.3g}: the report was edited or corrupted")
 
 
 def _planned_unpaired(bound: Bound, gate: GateConfig, baseline: Baseline, seed: int) -> str:
