@@ -298,3 +298,26 @@ def test_a_budget_cut_rank_says_the_budget_cut_its_steps():
     assert r.details["steps_taken"] == [2, 2] and r.details["warnings"]
     assert "--budget cut the Lanczos rules to 2 of 40 steps" in r.notes
     assert "raise --lanczos-steps" not in r.notes and "raise --budget" in r.notes
+
+
+def test_a_budget_cut_rank_is_unresolved_and_no_gate_decides_on_it():
+    """Two of 100 steps left the origin unresolved (the window as wide as the largest node), yet
+    the JSON said "resolved": true and the table "0.9995 ± 0.08": a D from two nodes is another
+    quantity than a full run's, as a budget-cut spectrum's density is."""
+    import time
+
+    from flatcheck.report.render import fmt_result
+
+    (req,) = probe_requests(["rank"], {"rank": {"lanczos_steps": 40, "starts": 2}})
+    probe = create_probe("rank")
+    r = probe.run(ProbeContext(make_case("mlp").backend(), seed=0, deadline=time.monotonic()), req.options)
+    d = r.to_dict()
+    assert r.details["stop_reason"] == "budget" and r.details["steps_taken"] == [2, 2]
+    assert d["resolved"] is False and d["exact"] is False
+    assert "--budget cut the Lanczos rules to 2 of 40 steps" in d["details"]["unresolved_reason"]
+    assert "UNRESOLVED" in r.notes and "(unresolved)" in fmt_result(r.value, r.stderr, r.resolved)
+    assert probe.gating.unresolved("rank", d).startswith("rank --budget cut the Lanczos rules")
+    # a run its steps were not cut in stands behind its value
+    full = probe.run(ProbeContext(make_case("mlp").backend(), seed=0), req.options).to_dict()
+    assert full["resolved"] is True and "unresolved_reason" not in full["details"]
+    assert probe.gating.unresolved("rank", full) is None

@@ -105,7 +105,10 @@ EXPLANATIONS: dict[str, Explanation] = {
         moves="over-parametrisation (P against N and C), the number of samples N (the GGN's rank is at most "
               "N·(C − 1)), the Lanczos resolution (--lanczos-steps).",
         source="Granziol 2020, §3.2 and App. D.",
-        cost="--starts × --lanczos-steps curvature products (default 2 × 100 = 200) and memory, as spectrum.",
+        cost="--starts × --lanczos-steps curvature products (default 2 × 100 = 200) and memory, as spectrum. "
+             "Under --budget a start may stop short of its steps: the result is then unresolved (fewer nodes "
+             "leave a wider window around 0, so D is another quantity than a full run's) and no gate decides "
+             "on it.",
     ),
     "adaptive-sharpness": Explanation(
         measures="How much the loss rises, on average, when every weight is jiggled by noise proportional to its "

@@ -41,8 +41,8 @@ from .gating import Gating
 from .registry import ProbeContext, register_probe
 from .kit import option
 from ._memory import memory_note
-from .spectrum import (budget_cut, check_slq_options, lanczos_steps_option, mean_stderr, plan_slq, reorth_note,
-                       reorth_option, run_slq, starts_option, stop_reason)
+from .spectrum import (budget_cut, budget_unresolved, check_slq_options, lanczos_steps_option, mean_stderr,
+                       plan_slq, reorth_note, reorth_option, run_slq, starts_option, stop_reason)
 
 NEURON_RULE = (
     "Σ N_l = Σ out_features of every Linear + Σ out_channels of every Conv (one neuron per channel, "
@@ -154,6 +154,9 @@ class RankProbe:
     so that value ± 2·stderr, the interval gates and tables use, does not claim a precision
     the resolution cannot give.
 
+    A rule --budget cut short is unresolved (details.unresolved_reason): with fewer nodes the
+    window is wider, so D is another quantity than a full run's, which no gate may compare.
+
     Warnings: when N samples alone force at least the degeneracy the architecture does (D
     then describes the sample set, not the model), and when the resolution exceeds 1 % of
     the largest |node| (or is unbounded) so that the origin is not singled out.
@@ -207,6 +210,9 @@ class RankProbe:
         stderr = max(statistical, bracket.half_width)
 
         cut = budget_cut(result, options.lanczos_steps)
+        unresolved = budget_unresolved(
+            result, options.lanczos_steps, "single out the origin (the window around 0 is as wide as the nodes "
+            "left it), so D is not the degeneracy a full run measures")
         warnings = _warnings(ggn, N, P, r_A, batch_bound, paper_bound, resolution, spectral,
                              _more_steps(options.lanczos_steps, cut), all(m.lower_bound_holds for m in masses))
 
@@ -217,8 +223,8 @@ class RankProbe:
                  f"at λ ≈ {location:.3g} (resolution {resolution:.3g}); paper bound "
                  f"{_fmt_bound(paper_bound)}, batch bound {batch_bound:.4g}{'' if ggn else ' (for G)'}; "
                  f"{options.starts} starts × {max(r.steps for r in result.rules)} steps; bn {bn_mode}")
-        if cut is not None:
-            notes += f"; {cut}"
+        if unresolved is not None:
+            notes += f"; UNRESOLVED: {unresolved}"
         notes += memory_note(memory) + reorth_note(memory)
         if warnings:
             notes += "; WARNING: " + " | ".join(warnings)
@@ -233,6 +239,7 @@ class RankProbe:
             seed=ctx.seed,
             label=f"degeneracy D({symbol})",
             notes=notes,
+            resolved=unresolved is None,
             details={
                 "matrix": options.matrix,
                 "bn_mode": bn_mode,
@@ -285,6 +292,7 @@ class RankProbe:
                 },
                 "spectral_norm": spectral,
                 "warnings": warnings,
+                **({"unresolved_reason": unresolved} if unresolved is not None else {}),
                 "memory": memory,
             },
         )

@@ -87,6 +87,17 @@ def budget_cut(result: SLQ, asked: int) -> str | None:
     return f"--budget cut the Lanczos rules to {span} of {min(asked, result.dim)} steps"
 
 
+def budget_unresolved(result: SLQ, asked: int, lost: str) -> str | None:
+    """details.unresolved_reason of an SLQ probe whose rules --budget cut (budget_cut), or None
+    when it cut none. A rule cut short has fewer nodes than asked for, and what its nodes place
+    (`lost`: the density's shape, the origin's mass) is then another quantity than a full run's,
+    which no gate may compare with one; the moments Tr and Tr² stay unbiased."""
+    cut = budget_cut(result, asked)
+    if cut is None:
+        return None
+    return f"{cut}: too few nodes to {lost}; raise --budget, or lower --starts or --lanczos-steps"
+
+
 def stop_reason(result: SLQ) -> str:
     """Why the rules have the nodes they have (details.stop_reason): the budget, every start's
     Krylov space closing before its steps ("closed", fewer steps taken than asked), or the
@@ -176,10 +187,9 @@ class SpectrumProbe:
         memory = plan_slq(ctx, op, options.lanczos_steps, "spectrum (SLQ)", options.reorth)
         result = run_slq(ctx, op, options.lanczos_steps, options.starts, "spectrum (SLQ)", memory)
         cut = budget_cut(result, options.lanczos_steps)
-        unresolved = None if cut is None else (
-            f"{cut}: too few nodes to place the eigenvalues, so the density's shape is not resolved and no "
-            "smoothed density is given (Tr, Tr² and the norm stay unbiased); raise --budget, or lower "
-            "--starts or --lanczos-steps")
+        unresolved = budget_unresolved(
+            result, options.lanczos_steps, "place the eigenvalues, so the density's shape is not resolved and no "
+            "smoothed density is given (Tr, Tr² and the norm stay unbiased)")
         dens = None
         if cut is None:
             try:
