@@ -609,6 +609,37 @@ def test_a_folder_link_back_into_the_data_is_refused(tmp_path, links):
         create_dataset(f"imagefolder:{tmp_path}", preprocess=GREY)
 
 
+@pytest.mark.parametrize("link, to", [("train/c2", "c0"), ("train/c1/sub", "../c0"), ("test", "train"),
+                                      ("train/c0/deep/er", "../../c1")])
+def test_a_folder_link_into_the_data_is_refused_at_every_level(tmp_path, link, to):
+    """`ln -s c0 train/c2` (a class folder that is its sibling) made 9 samples from 6 images,
+    exit 0, while the same link one level deeper was refused; a split folder linked to another
+    split would measure the one under the other's name."""
+    _image_folder(tmp_path)
+    (tmp_path / "train" / "c0" / "deep").mkdir()
+    (tmp_path / link).symlink_to(to)
+    target = (tmp_path / link).resolve()
+    split = "test" if link == "test" else "train"
+    with pytest.raises(DataError) as info:
+        create_dataset(f"imagefolder:{tmp_path}", split=split, preprocess=GREY)
+    message = str(info.value)
+    assert "\n" not in message and f"{tmp_path / link} is a link to folder {target}" in message
+    assert "inside the data folder" in message
+
+
+def test_two_class_folders_linked_to_one_folder_out_of_the_data_are_refused(tmp_path):
+    """Each class folder's walk had its own record of the folders it saw: two classes that are
+    links to one folder elsewhere read its images twice, under two labels."""
+    data, store = tmp_path / "data", tmp_path / "store"
+    _image_folder(data)
+    _image_folder(store, classes=("extra",), per_class=2)
+    (data / "train" / "c2").symlink_to(store / "train" / "extra")
+    assert len(create_dataset(f"imagefolder:{data}", preprocess=GREY)) == 8
+    (data / "train" / "c3").symlink_to(store / "train" / "extra")
+    with pytest.raises(DataError, match=r"train/c3 leads to folder .*store/train/extra a second time"):
+        create_dataset(f"imagefolder:{data}", preprocess=GREY)
+
+
 def test_a_folder_link_out_of_the_data_is_followed(tmp_path):
     data, store = tmp_path / "data", tmp_path / "store"
     _image_folder(data)
@@ -617,7 +648,7 @@ def test_a_folder_link_out_of_the_data_is_followed(tmp_path):
     assert len(create_dataset(f"imagefolder:{data}", preprocess=GREY)) == 8
     # a loop out there (a folder holding a link to its parent) is told, not walked forever
     (store / "train" / "extra" / "up").symlink_to("..")
-    with pytest.raises(DataError, match=r"more/up/extra leads to folder .*store/train/extra a second time \(a symlink loop\)"):
+    with pytest.raises(DataError, match=r"more/up/extra leads to folder .*store/train/extra a second time \(a symlink loop"):
         create_dataset(f"imagefolder:{data}", preprocess=GREY)
 
 

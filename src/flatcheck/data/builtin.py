@@ -316,28 +316,45 @@ def _class_folders(folder: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not _hidden(e.name))
 
 
-def _image_files(class_dir: Path, tree: Path, where: str) -> list[Path]:
-    """Image files under class_dir at any depth, skipping hidden files and folders,
-    in torchvision ImageFolder's order (walk sorted by folder, then file name).
+class _FolderLinks:
+    """The folders one imagefolder read goes through, each once: a folder symlink is followed
+    only when it leads out of `tree` (the data folder), at any level (split, class, or below).
+    One leading back into it would read another class's images (or its own, forever) again,
+    and two links to one folder elsewhere would read its images twice."""
 
-    A folder symlink is followed only when it leads out of `tree` (the data folder): one
-    leading back into it would count another class's images (or its own, forever) again."""
+    def __init__(self, tree: Path, where: str) -> None:
+        self.top = Path(os.path.realpath(tree))
+        self.where = where
+        self.seen: set[str] = set()
+
+    def check(self, path: str | Path, record: bool = True) -> None:
+        """Refuse `path` (a folder about to be read) when it is a link back into the data folder
+        or the second way to one folder; `record`: count it as read."""
+        path = str(path)
+        real = os.path.realpath(path)
+        if os.path.islink(path) and (Path(real).is_relative_to(self.top) or self.top.is_relative_to(real)):
+            raise DataError(f"{self.where}: {path} is a link to folder {real}, inside the data folder: its images "
+                            "would be read again (forever, for a folder above it); remove the link or copy the "
+                            "images")
+        if not record:
+            return
+        if real in self.seen:  # two links outside the tree that lead to each other, or to one folder
+            raise DataError(f"{self.where}: {path} leads to folder {real} a second time (a symlink loop, or two "
+                            "links to one folder); remove the link")
+        self.seen.add(real)
+
+
+def _image_files(class_dir: Path, links: _FolderLinks) -> list[Path]:
+    """Image files under class_dir at any depth, skipping hidden files and folders,
+    in torchvision ImageFolder's order (walk sorted by folder, then file name); every folder
+    passes `links` (_FolderLinks) before it is read."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
-    top = Path(os.path.realpath(tree))
-    seen = {os.path.realpath(class_dir)}
+    links.check(class_dir)
     walked = []
     for root, dirs, names in os.walk(class_dir, followlinks=True):
-        for name in list(dirs):
-            path = os.path.join(root, name)
-            real = os.path.realpath(path)
-            if os.path.islink(path) and (Path(real).is_relative_to(top) or top.is_relative_to(real)):
-                raise DataError(f"{where}: {path} is a link to folder {real}, inside the data folder: its images "
-                                "would be read again (a loop, forever); remove the link or copy the images")
-            if real in seen:  # two links outside the tree that lead to each other, or to one folder
-                raise DataError(f"{where}: {path} leads to folder {real} a second time (a symlink loop); "
-                                "remove the link")
-            seen.add(real)
+        for name in dirs:
+            links.check(os.path.join(root, name))
         walked.append((root, names))
     files = []
     for root, names in sorted(walked):
@@ -384,9 +401,12 @@ def imagefolder(*, path: str, split: str, input_size: tuple[int, ...] | None = N
     if not base.is_dir():
         raise DataError(f"{where}: folder {base} not found")
     folder, label_dir, note = _split_folders(base, split, where)
+    links = _FolderLinks(base, where)
     try:
+        for split_dir in {folder, label_dir} - {base}:
+            links.check(split_dir, record=False)  # test/ linked to train/ would measure train as test
         class_to_idx = {c: i for i, c in enumerate(_class_folders(label_dir))}
-        files = {c: _image_files(folder / c, base, where) for c in _class_folders(folder)}
+        files = {c: _image_files(folder / c, links) for c in _class_folders(folder)}
     except OSError as exc:
         raise DataError(f"{where}: {_first_line(exc)}") from None
     unknown = [c for c in files if c not in class_to_idx]
