@@ -297,6 +297,8 @@ def _meta(s: Session, started: _dt.datetime, seconds: float) -> dict:
             "path": str(s.checkpoint.path),
             "sha256": s.checkpoint.sha256,
             "format": s.checkpoint.format,
+            # the stored dtype and what casting to --dtype rounded: stderr says it, --quiet drops that
+            "cast": s.checkpoint.cast,
         },
         "data": {**s.samples.describe(), **s.data_info},
         **c.extra_meta,

@@ -402,3 +402,27 @@ def test_cli_float64_values_match_measure_on_a_float64_checkpoint(tmp_path, weig
     live = flatcheck.measure(model, (x, y), probes={"trace": {"estimator": "exact"}}, params=["head.*"],
                              dtype="float64").results["trace"].value
     assert cli == pytest.approx(live, rel=1e-12)
+
+
+def test_a_rounding_cast_is_in_the_json_under_quiet(tmp_path, weights):
+    """With -q the float64 → float32 rounding ("rounds 12 tensors (relative 6.0e-08)") was said
+    nowhere, not even in the JSON: meta.checkpoint.cast now holds it whatever stderr shows."""
+    import json
+
+    from tests.support.cli import SPEC, invoke
+
+    path = _float64_demo(tmp_path, weights)
+    floats = sum(v.is_floating_point() for v in weights.values())
+    args = ["trace", path, "--spec", SPEC, "--data", "digits", "--samples", 16, "--estimator", "exact",
+            "--params", "head.*", "--no-layers", "--json", "-"]
+    result = invoke(*args, "-q")
+    assert result.exit_code == 0, result.output
+    assert "rounds" not in result.stderr
+    cast = json.loads(result.stdout)["checkpoint"]["cast"]
+    assert cast["stored_dtype"] == "float64" and cast["dtype"] == "float32"
+    assert cast["rounded_tensors"] == floats and cast["relative_rounding"] == torch.finfo(torch.float32).eps / 2
+    assert f"measuring in float32 rounds {floats} of its tensors (relative 6.0e-08)" in cast["warning"]
+    # measured as stored: the dtype is recorded, nothing rounded, nothing said
+    kept = json.loads(invoke(*args, "-q", "--dtype", "float64").stdout)["checkpoint"]["cast"]
+    assert kept == {"stored_dtype": "float64", "dtype": "float64", "rounded_tensors": 0,
+                    "relative_rounding": 0.0, "warning": None}

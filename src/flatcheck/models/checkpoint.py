@@ -42,6 +42,9 @@ class LoadedCheckpoint:
     sha256: str
     path: Path
     format: str  # "safetensors" | "torch"
+    # how the weights as stored became the run's dtype (models/load.py `_cast`), for the report:
+    # a rounding said only on stderr would be lost under --quiet
+    cast: dict[str, Any] | None = None
 
 
 def load_checkpoint(path: str | Path, spec: CheckpointSpec = CheckpointSpec()) -> LoadedCheckpoint:

@@ -30,7 +30,8 @@ def build_with_weights(spec: ModelSpec, checkpoint: Path | None, trust_packages:
 
     The weights are loaded in the checkpoint's own precision and only then cast to `dtype`, so
     float64 weights measured in float64 are the file's to the bit; a cast that rounds them
-    (float64 weights, float32 run) is said once as a warning.
+    (float64 weights, float32 run) is said once as a warning and recorded in the returned
+    checkpoint's `cast` (the report's meta.checkpoint.cast), so that --quiet does not lose it.
 
     The model is built from `seed` (the run's --seed), on a forked RNG: a random
     initialisation is the same in every run with that seed, and the caller's RNG state is
@@ -48,7 +49,7 @@ def build_with_weights(spec: ModelSpec, checkpoint: Path | None, trust_packages:
         if stored is not None and torch.finfo(stored).bits > 32:
             model.to(dtype=stored)  # built in float32: widen before loading, or the load rounds
         apply_state_dict(model, loaded.state_dict, source=str(checkpoint), model_from=model_origin(spec))
-        _cast(model, dtype or model_dtype(model), stored, str(checkpoint))
+        loaded = replace(loaded, cast=_cast(model, dtype or model_dtype(model), stored, str(checkpoint)))
     else:
         model.to(dtype=dtype or torch.float32)
     return model, complete_spec(spec, model), loaded
@@ -63,9 +64,11 @@ def _widest_float(state: dict[str, torch.Tensor]) -> torch.dtype | None:
     return max(kinds, key=lambda d: (torch.finfo(d).bits, torch.finfo(d).eps < 1e-3), default=None)
 
 
-def _cast(model: nn.Module, dtype: torch.dtype, stored: torch.dtype | None, source: str) -> None:
+def _cast(model: nn.Module, dtype: torch.dtype, stored: torch.dtype | None, source: str) -> dict[str, Any]:
     """`model` (holding a checkpoint's weights as stored) in `dtype`; a cast that rounds the
-    weights is said, and one that overflows them is refused (it would measure infinities)."""
+    weights is said, and one that overflows them is refused (it would measure infinities).
+    What the cast did, for the report: the dtypes, the tensors it rounded, the relative
+    rounding of one (half dtype's eps; 0 when none was rounded) and the warning, or None."""
     rounded, overflown = 0, []
     if stored is not None and stored != dtype:
         for name, t in (*model.named_parameters(), *model.named_buffers()):
@@ -78,10 +81,14 @@ def _cast(model: nn.Module, dtype: torch.dtype, stored: torch.dtype | None, sour
                               f"{_name(dtype)}'s range (±{torch.finfo(dtype).max:.3g}); measure in {_name(stored)} "
                               "(--dtype)")
     model.to(dtype=dtype)
+    relative = torch.finfo(dtype).eps / 2 if rounded else 0.0
+    said = None
     if rounded:
-        warnings.warn(f"{source} stores {_name(stored)} weights; measuring in {_name(dtype)} rounds {rounded} of its "
-                      f"tensors (relative {torch.finfo(dtype).eps / 2:.1e}); --dtype {_name(stored)} keeps them as "
-                      "stored", stacklevel=3)
+        said = (f"{source} stores {_name(stored)} weights; measuring in {_name(dtype)} rounds {rounded} of its "
+                f"tensors (relative {relative:.1e}); --dtype {_name(stored)} keeps them as stored")
+        warnings.warn(said, stacklevel=3)
+    return {"stored_dtype": _name(stored) if stored is not None else None, "dtype": _name(dtype),
+            "rounded_tensors": rounded, "relative_rounding": relative, "warning": said}
 
 
 def _name(dtype: torch.dtype | None) -> str:

@@ -24,7 +24,9 @@ from typing import Any
 #      a Hutchinson trace's details.known_stderr (dof null where it floors the stderr), and
 #      details.interval (which interval value ± q·stderr is: the floored normal one, or the t one
 #      widened by the values' skewness), spread_stderr and skewness; under
-#      --max-memory details.memory.peak_bytes, device and max_memory_covers
+#      --max-memory details.memory.peak_bytes, device and max_memory_covers; a rank whose rules
+#      --budget cut is unresolved too; meta.checkpoint.cast (the stored dtype, and the tensors a
+#      cast to --dtype rounded)
 SCHEMA_VERSION = "2.5"
 
 
