@@ -310,13 +310,28 @@ def test_json_onto_a_folder(tmp_path):
 def test_json_write_failure_is_bad_input_not_a_crash(tmp_path, monkeypatch):
     import flatcheck.report.io as io
 
-    def denied(path, text):
+    def denied(path, data):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(io, "write_text_atomic", denied)
+    monkeypatch.setattr(io, "write_bytes_atomic", denied)
     out = tmp_path / "out.json"
-    bad(trace("--estimator", "exact", "--params", "head.*", "--json", out), "--json", "out.json", "Permission denied")
+    line = shown_then_refused(trace("--estimator", "exact", "--params", "head.*", "--json", out), "--json",
+                              "out.json", "Permission denied", "the output is in")
     assert not out.exists()
+    spare = Path(line.rsplit("the output is in ", 1)[1].split(" instead")[0])
+    assert json.loads(spare.read_text())["results"]["trace"]["value"] > 0
+
+
+def shown_then_refused(result, *names: str) -> str:
+    """An output not written at its path after the run (report.io.rescued_outputs): the
+    results are on stdout all the same, then one error line names the output and where it
+    went; exit 2."""
+    assert result.exit_code == 2, f"exit {result.exit_code}\nstderr: {result.stderr}"
+    assert "Traceback" not in result.stderr + result.stdout and "Tr(G)" in result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert all(line.startswith("flatcheck") for line in lines[:-1]), result.stderr
+    assert lines[-1].startswith("error: ") and all(n in lines[-1] for n in names), lines[-1]
+    return lines[-1]
 
 
 # ---------------------------------------------------------------- internal errors
@@ -1429,29 +1444,15 @@ def test_sniffed_kinds():
 def test_a_json_path_gone_after_the_run_keeps_the_report_elsewhere(tmp_path, monkeypatch):
     """`(sleep 4; rm -rf jd3) & flatcheck trace … --json jd3/out.json` ended in exit 2 after
     every probe, the report nowhere. Now it is written beside the target (or in the temporary
-    folder, when the target's folder is gone) and the error line says where."""
-    import shutil
-
+    folder, when the target's folder is gone), the table is printed and the error line says where."""
     import flatcheck.api as api
+    from tests.support.outputs import lose_folder_after
 
-    folder = tmp_path / "jd3"
-    folder.mkdir()
-    real_run = api.run
-
-    def run_then_lose_the_folder(*args, **kwargs):
-        report = real_run(*args, **kwargs)
-        shutil.rmtree(folder)
-        return report
-
-    monkeypatch.setattr(api, "run", run_then_lose_the_folder)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
-    line = bad(trace(*EXACT_HEAD, "--json", folder / "out.json"), "--json", "out.json", "does not exist",
-               "the output is in")
-    spare = Path(line.rsplit("the output is in ", 1)[1].removesuffix(" instead"))
-    assert spare.parent == tmp_path and json.loads(spare.read_text())["results"]["trace"]["value"] > 0
+    folder, spare_folder = lose_folder_after(monkeypatch, api, "run", tmp_path)
+    line = shown_then_refused(trace(*EXACT_HEAD, "--json", folder / "out.json"), "--json", "out.json",
+                              "does not exist", "the output is in")
+    spare = Path(line.rsplit("the output is in ", 1)[1].split(" instead")[0])
+    assert spare.parent == spare_folder and json.loads(spare.read_text())["results"]["trace"]["value"] > 0
 
 
 # ---------------------------------------------------------------- internal errors that were bad input

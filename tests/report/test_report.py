@@ -271,6 +271,27 @@ def test_report_writes_csv_atomically(tmp_path):
     assert res.exit_code == 2 and res.stderr.startswith("error: --csv")
 
 
+def test_report_outputs_whose_folder_goes_are_rescued_and_the_table_printed(tmp_path, monkeypatch):
+    """--csv's and --json's folder removed after the checks: both are written to temporary
+    files the one error line names, the table is printed, exit 2."""
+    import flatcheck.commands.report as report_cmd
+    from tests.support.outputs import lose_folder_after
+
+    # the folder goes after the checks of the paths, before the outputs are written
+    folder, spare = lose_folder_after(monkeypatch, report_cmd, "_correlations", tmp_path)
+    recs = [scan_record(f"vit_{i}", 1.0 + i, 2.0 + i) for i in range(3)]
+    res = invoke("report", write_jsonl(tmp_path / "s.jsonl", recs), "--fields", "sharp,mls.normalized",
+                 "--csv", folder / "t.csv", "--json", folder / "r.json")
+    assert res.exit_code == 2, res.stderr
+    assert "vit_2" in res.stdout
+    kept = {p.suffix: p for p in spare.iterdir()}
+    [line] = res.stderr.strip().splitlines()
+    for flag, name in (("--csv", "t.csv"), ("--json", "r.json")):
+        assert f"{flag} {folder / name}: cannot write" in line and f"in {kept[Path(name).suffix]} instead" in line
+    assert [m["model"] for m in json.loads(kept[".json"].read_text())["models"]] == ["vit_0", "vit_1", "vit_2"]
+    assert kept[".csv"].read_text().splitlines()[0].startswith("model,")
+
+
 # ---------------------------------------------------------------- along a training run
 
 

@@ -237,6 +237,31 @@ def test_gate_cli_fails_with_exit_1_and_baseline(passing):
     assert head.startswith("### flatcheck gate: ❌ failed · ") and f"vs {out.name}, of {Path(CKPT).name} (sha256 " in head
 
 
+def test_gate_outputs_whose_folder_goes_during_the_run_are_rescued_and_named(tmp_path, monkeypatch):
+    """The folder of --junit, --summary and --json exists when the gate starts and is gone when
+    the run ends: each output is written to a temporary file and named, the verdict is still
+    printed, and the exit is 2 (an output is not where asked), not the run lost."""
+    import flatcheck.workflows.gate as gate_pkg
+    from tests.support.outputs import lose_folder_after
+
+    folder, spare = lose_folder_after(monkeypatch, gate_pkg, "run_gate", tmp_path)
+    cfg = write_gates(tmp_path, "probes:\n  trace: {probes_max: 4}\nrules:\n"
+                                "  - {field: gini.details.accuracy, min: 0.5}\n")
+    res = gate_cli(cfg, "--junit", folder / "j.xml", "--summary", folder / "s.md", "--json", folder / "g.json")
+    assert res.exit_code == 2, res.stderr
+    assert "PASSED" in res.stdout  # the verdict
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "exit code: 0" in lines[0], res.stderr
+    kept = {p.suffix: p for p in spare.iterdir()}
+    assert set(kept) == {".xml", ".md", ".json"}
+    for flag, path in (("--junit", folder / "j.xml"), ("--summary", folder / "s.md"), ("--json", folder / "g.json")):
+        assert f"{flag} {path}: cannot write" in lines[0] and str(kept[path.suffix]) in lines[0]
+    assert json.loads(kept[".json"].read_text())["gate"]["passed"] is True
+    assert len(ET.parse(kept[".xml"]).getroot().findall(".//testcase")) == 1
+    assert kept[".md"].read_text().startswith("### flatcheck gate: ✅ passed")
+    assert not folder.exists()
+
+
 def test_gate_cli_bad_input_exits_2(tmp_path):
     cfg = write_gates(tmp_path, "rules:\n  - {field: gini.value, mx: 1}\n")
     res = gate_cli(cfg)

@@ -64,11 +64,11 @@ def gate_cmd(
 
 def _write_outputs(outcome, junit: Path | None, summary: Path | None) -> None:
     from ..report.gate_formats import junit_xml, markdown
-    from ..report.io import write_text_atomic
+    from ..report.io import write_or_rescue
 
+    # a path that fails after the run is written elsewhere and named (report.io.rescued_outputs)
     if junit is not None:
-        write_text_atomic(junit, junit_xml(outcome))
+        write_or_rescue(junit, junit_xml(outcome), "--junit")
     if summary is not None:
         # GitHub's step summary is shared by all steps of a job: append, never replace
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(markdown(outcome))
+        write_or_rescue(summary, markdown(outcome), "--summary", append=True)

@@ -280,22 +280,28 @@ def execute(checkpoint: Path, common: dict[str, Any], build: Callable[[], tuple]
     json_out = common.pop("json_out")
 
     def body() -> int:
-        from ..report.io import check_distinct_files
+        from ..report.io import check_distinct_files, lost_outputs_error, rescued_outputs
 
         _refuse_empty_outputs(files)
         check_distinct_files(files + _data_file(common["data"]), kinds=False)  # kinds: after the found inputs
-        with warnings.catch_warnings():
-            if quiet:
-                warnings.simplefilter("ignore")
-            # (probes, options, layers[, execute]): execute(config, progress) replaces api.run
-            # for commands that do more than one run (e.g. invariance)
-            names, options, layers, *custom = build()
-            check_json_target(json_out)
-            report = _run(checkpoint, common, names, options, quiet, err, custom[0] if custom else None,
-                          outputs=[(flag, path) for flag, path, writes in files if writes])
-        _emit(report, json_out, layers)
+        # an output whose path fails once the run is done (its folder removed meanwhile) is
+        # written elsewhere, and said after the results are shown: the run is never lost
+        with rescued_outputs() as rescued:
+            with warnings.catch_warnings():
+                if quiet:
+                    warnings.simplefilter("ignore")
+                # (probes, options, layers[, execute]): execute(config, progress) replaces api.run
+                # for commands that do more than one run (e.g. invariance)
+                names, options, layers, *custom = build()
+                check_json_target(json_out)
+                report = _run(checkpoint, common, names, options, quiet, err, custom[0] if custom else None,
+                              outputs=[(flag, path) for flag, path, writes in files if writes])
+            _emit(report, json_out, layers)
         # a custom result may carry a verdict (gate: 1)
-        return report.exit_code if isinstance(report, CommandResult) else 0
+        code = report.exit_code if isinstance(report, CommandResult) else 0
+        if rescued:
+            raise lost_outputs_error(rescued, code if isinstance(report, CommandResult) else None)
+        return code
 
     guarded(debug, body)
 
@@ -438,8 +444,8 @@ def _emit(report, json_out: str | None, layers: bool) -> None:
         return
     if json_out is not None:
         try:
-            dump_json(report.to_dict(), json_out)
-        except OSError as exc:  # permissions, full disk …: the user's path, not a flatcheck bug
+            dump_json(report.to_dict(), json_out)  # a path that fails now is rescued (report.io)
+        except OSError as exc:  # stdout (`--json -`) failing: the user's pipe, not a flatcheck bug
             raise ConfigError(f"--json {json_out}: cannot write ({exc.strerror or exc})") from None
     if json_out != "-":
         if isinstance(report, CommandResult):  # results of custom commands render themselves

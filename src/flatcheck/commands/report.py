@@ -49,7 +49,8 @@ def report_cmd(
     def body() -> int:
         from .kit import check_json_target, console, error_line
         from ..errors import ConfigError
-        from ..report.io import check_distinct_files, check_writable, dump_json, write_text_atomic
+        from ..report.io import (check_distinct_files, check_writable, dump_json, lost_outputs_error,
+                                 rescued_outputs, write_or_rescue)
         from ..workflows.results_io import TRAJECTORY_FIELDS, expand_paths, load_results
 
         if not 0 < confidence < 1:
@@ -97,22 +98,28 @@ def report_cmd(
             if a not in TRAJECTORY_FIELDS and (msg := _indistinct(table, a)):
                 say(msg)
         plotted = None
-        if plot is not None:
-            plotted = _plot(plot, records, table, columns, xf, ys, correlate, logx or figure.get("logx", False),
-                            logy or figure.get("logy", False), labels, lr or [], figure, say)
-        summary = {"models": table, "fields": columns, "correlations": corrs,
-                   "plot": None if plot is None else {"path": str(plot), "points": plotted}}
-        if csv_out is not None:
-            write_text_atomic(csv_out, _csv(table, columns))
-        if json_out is not None:
-            dump_json(summary, json_out)
+        # an output whose path fails now (its folder removed meanwhile) is written elsewhere and
+        # named after the table, so that one lost path costs none of the other outputs
+        with rescued_outputs() as rescued:
+            if plot is not None:
+                plotted = _plot(plot, records, table, columns, xf, ys, correlate, logx or figure.get("logx", False),
+                                logy or figure.get("logy", False), labels, lr or [], figure, say)
+            summary = {"models": table, "fields": columns, "correlations": corrs,
+                       "plot": None if plot is None else {"path": str(plot), "points": plotted}}
+            if csv_out is not None:
+                write_or_rescue(csv_out, _csv(table, columns), "--csv")
+            if json_out is not None:
+                dump_json(summary, json_out)
         if json_out != "-":
             _render(console(), table, columns, corrs)
         if not quiet:
-            if plot is not None:
+            lost = {r.flag for r in rescued}
+            if plot is not None and "--plot" not in lost:
                 error_line(f"flatcheck report: wrote {plot} ({plotted} points)")
-            if csv_out is not None:
+            if csv_out is not None and "--csv" not in lost:
                 error_line(f"flatcheck report: wrote {csv_out} ({len(table)} rows)")
+        if rescued:
+            raise lost_outputs_error(rescued)
         return 0
 
     guarded(debug, body)

@@ -8,13 +8,15 @@ temporary file takes the old file's mode (a new file: 0o666 less the umask, like
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError
 
@@ -262,25 +264,86 @@ def dump_json(obj: Any, target: str | Path, flag: str = "--json") -> None:
         write_or_rescue(target, text, flag)
 
 
-def write_or_rescue(target: str | Path, text: str, flag: str) -> None:
-    """Write `text` to `target` atomically; if that fails, write it beside the target (or in
-    the temporary folder, or the working directory) and raise the ConfigError that names both,
-    so that a run's result outlives a path that went bad while it ran."""
+class OutputRescued(ConfigError):
+    """The output of `flag` not written at its path; `spare` is where it went instead (None: nowhere)."""
+
+    def __init__(self, message: str, flag: str, spare: str | None):
+        super().__init__(message)
+        self.flag, self.spare = flag, spare
+
+
+# the rescues of the command running now (rescued_outputs), None outside one
+_RESCUES: contextvars.ContextVar[list[OutputRescued] | None] = contextvars.ContextVar("rescues", default=None)
+
+
+@contextlib.contextmanager
+def rescued_outputs() -> Iterator[list[OutputRescued]]:
+    """Within it an output that write_or_rescue could not write at its path is noted, not
+    raised: the command writes its other outputs and shows its results first, then says where
+    each rescued output went (lost_outputs_error). Outside it (a library call) the rescue raises."""
+    token = _RESCUES.set([])
     try:
-        write_text_atomic(target, text)
-        return
+        yield _RESCUES.get()
+    finally:
+        _RESCUES.reset(token)
+
+
+def lost_outputs_error(rescued: Sequence[OutputRescued], verdict: int | None = None) -> ConfigError:
+    """The one error line after a run whose outputs were not all written where asked: each one
+    and where it is now. Exit 2 whatever the verdict: the steps after a CI job's gate read its
+    outputs at their paths (a JUnit upload, the next --baseline), and a 0 would let them go on
+    without; the verdict itself is on stdout and in the rescued files."""
+    said = "; ".join(str(r) for r in rescued)
+    where = "the results above and the rescued files are complete" if all(r.spare for r in rescued) \
+        else "the results above are complete"
+    own = f" (the verdict's own exit code: {verdict})" if verdict is not None else ""
+    return ConfigError(f"{said}; exit 2 as {len(rescued)} output(s) not at the path given{own}: {where}")
+
+
+def write_or_rescue(target: str | Path, data: str | bytes, flag: str, *, append: bool = False) -> str | None:
+    """Write `data` to `target` atomically (append: at its end, as $GITHUB_STEP_SUMMARY is
+    shared by a job's steps); if that fails, write it beside the target (or in the temporary
+    folder, or the working directory), so that a run's result outlives a path that went bad
+    while it ran. Returns where it went instead (None: at `target`); the rescue is raised as
+    an OutputRescued naming both, or noted where rescued_outputs is open."""
+    blob = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        if append:
+            if not Path(os.path.realpath(target)).parent.exists():
+                raise ConfigError(f"cannot write {target}: folder {Path(os.path.realpath(target)).parent} does not exist")
+            with open(target, "ab") as fh:
+                fh.write(blob)
+        else:
+            write_bytes_atomic(target, blob)
+        return None
     except (OSError, ConfigError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         why = why.removeprefix(f"cannot write {target}: ")
+    spare = _write_spare(target, blob)
+    if spare is not None:
+        rescue = OutputRescued(f"{flag} {target}: cannot write ({why}); the output is in {spare} instead", flag, spare)
+    else:
+        rescue = OutputRescued(f"{flag} {target}: cannot write ({why}), nor anywhere else (the temporary folder, "
+                               "the working directory)", flag, None)
+    noted = _RESCUES.get()
+    if noted is None:
+        raise rescue
+    noted.append(rescue)
+    return spare
+
+
+def _write_spare(target: str | Path, blob: bytes) -> str | None:
     name = Path(target).name or "output"
     for folder in (Path(os.path.realpath(target)).parent, Path(tempfile.gettempdir()), Path.cwd()):
         try:
             fd, spare = tempfile.mkstemp(prefix=f"flatcheck-{Path(name).stem}-", suffix=Path(name).suffix or ".txt",
                                          dir=folder)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
         except OSError:
             continue
-        raise ConfigError(f"{flag} {target}: cannot write ({why}); the output is in {spare} instead")
-    raise ConfigError(f"{flag} {target}: cannot write ({why}), nor anywhere else (the temporary folder, the "
-                      "working directory)")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(blob)
+            return spare
+        except OSError:
+            Path(spare).unlink(missing_ok=True)
+    return None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,25 +145,12 @@ def plot_trajectories(path: str, series: list[Series], *, xlabel: str, ylabels: 
 
 
 def _save_atomically(fig, target: Path) -> None:
-    # a reader never sees half a PNG and a failed write leaves an older file intact; the
-    # temporary file is opened with mode 0o666 so the result gets the umask's permissions
-    # (mkstemp would leave it 0o600)
-    tmp = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png")
-        os.replace(tmp, target)
-    except OSError as exc:
-        _remove(tmp)
-        raise ConfigError(f"--plot {target}: cannot write ({exc.strerror or exc})") from None
-    except BaseException:
-        _remove(tmp)
-        raise
+    # drawn in memory, then written atomically (a reader never sees half a PNG, a failed write
+    # leaves an older file intact); a path that fails after a run is written elsewhere and named
+    import io
 
+    from .io import write_or_rescue
 
-def _remove(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    write_or_rescue(target, buf.getvalue(), "--plot")

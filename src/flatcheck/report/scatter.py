@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
-from .io import write_bytes_atomic
+from .io import write_or_rescue
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def write_scatter(path: str | Path, points: list[Point], *, xlabel: str, ylabel:
         fig.savefig(buf, format="png", dpi=120)
     finally:
         plt.close(fig)
-    write_bytes_atomic(path, buf.getvalue())
+    write_or_rescue(path, buf.getvalue(), "--plot")  # a path that fails is written elsewhere, named
     return len(shown)
 
 
