@@ -29,6 +29,7 @@ from .data.batches import SampleSet
 from .data.catalogue import MissingSplitError
 from .data.preprocess import Preprocess
 from .data.registry import create_dataset
+from .data.roots import refuse_missing
 from .engines import batchfill
 from .errors import ConfigError, DataError, InputError, ModelError, first_line, setting
 from .linalg.memory import process_allowance, resident_bytes
@@ -102,6 +103,7 @@ def resolve_device(name: str) -> torch.device:
 
 def open_session(config: RunConfig) -> Session:
     """Load spec, model, checkpoint and data, and check that they fit together."""
+    refuse_missing(config.data, config.data_root, config.split)  # before the seconds of building the model
     spec = config.spec if isinstance(config.spec, ModelSpec) else load_spec(config.spec)
     # spec becomes the fully resolved one: library metadata filled in, every field's origin
     model, spec, checkpoint = build_with_weights(spec, config.checkpoint, config.trust_packages, config.seed,

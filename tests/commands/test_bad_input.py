@@ -1509,3 +1509,29 @@ def test_a_missing_data_root_is_told_before_torch_is_imported(args, said):
                           capture_output=True, text=True, timeout=HANG_GUARD)
     one_error_line(proc, *said)
     assert proc.stderr.count("\n") == 1, proc.stderr  # nothing else: torch was never imported
+
+
+@pytest.mark.parametrize("data, split, expected", [
+    ("cifar10", "train", "cifar-10-batches-py/data_batch_1"), ("svhn", "test", "test_32x32.mat"),
+])
+def test_a_data_root_without_the_sets_files_is_told_before_torch_is_imported(tmp_path, data, split, expected):
+    """A root that exists but lacks the data set's files was told after the torch import and
+    the model load (11 s for a resnet50); now before either."""
+    root = tmp_path / "emptyroot"
+    root.mkdir()
+    proc = subprocess.run([*MODULE, "trace", str(CKPT), "--spec", str(SPEC), "--data", data, "--split", split,
+                           "--data-root", str(root)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD)
+    one_error_line(proc, f"data '{data}': expected {root / expected} (not found)", "download it once")
+    assert proc.stderr.count("\n") == 1, proc.stderr  # nothing else: torch was never imported
+
+
+def test_a_data_root_without_the_sets_files_is_refused_before_the_model_is_found(tmp_path, monkeypatch):
+    """In process (the entry point's check bypassed) the command refuses it before it resolves
+    and builds the model."""
+    import flatcheck.models.resolve as resolve
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was resolved before the data root was checked")
+
+    monkeypatch.setattr(resolve, "resolve", never)
+    bad(trace("--data", "cifar100", "--data-root", tmp_path), f"expected {tmp_path / 'cifar-100-python' / 'train'}")

@@ -697,3 +697,25 @@ def test_a_missing_data_path_is_told_early_in_the_sources_words(tmp_path, kind):
     with pytest.raises(DataError) as said:
         create_dataset(uri)
     assert argv_data_problem(["--data", uri]) == str(said.value)
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "mnist", "fashion-mnist", "svhn"])
+@pytest.mark.parametrize("held", ["nothing", "some"])
+def test_a_root_lacking_the_sets_files_is_told_early_in_the_sources_words(tmp_path, name, split, held):
+    """The entry point's check (no torch) names the same missing files as the source itself:
+    an empty root, or one holding a part (the other split's file, a gzipped idx file)."""
+    from flatcheck.data.roots import IDX_FILES, argv_data_problem, missing_root
+
+    other = "test" if split == "train" else "train"
+    if held == "some":
+        for part in {"cifar10": [f"cifar-10-batches-py/{'test_batch' if other == 'test' else 'data_batch_1'}"],
+                     "cifar100": [f"cifar-100-python/{other}"],
+                     "mnist": [f"MNIST/raw/{IDX_FILES[0]}.gz", f"MNIST/raw/{IDX_FILES[1]}"],
+                     "fashion-mnist": [f"FashionMNIST/raw/{IDX_FILES[2]}"], "svhn": [f"{other}_32x32.mat"]}[name]:
+            (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / part).write_bytes(b"x")
+    with pytest.raises(DataError) as said:
+        create_dataset(name, root=tmp_path, split=split, preprocess=GREY, num_classes=10)
+    assert missing_root(name, str(tmp_path), split) == str(said.value)
+    assert argv_data_problem(["--data", name, "--data-root", str(tmp_path), f"--split={split}"]) == str(said.value)

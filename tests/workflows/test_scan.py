@@ -464,6 +464,16 @@ def test_preset_runs_the_mls_vs_sharpness_protocol(tmp_path):
     assert res.exit_code == 2 and "mls-vs-sharpness" in res.stderr
 
 
+def test_scan_refuses_a_data_root_without_the_sets_files_before_any_model(tmp_path):
+    """Told once, up front, instead of an error record per model after each one loaded."""
+    out = tmp_path / "s.jsonl"
+    res = invoke("scan", "--model", "torchvision:resnet18", "--data", "cifar10", "--data-root", tmp_path,
+                 "--out", out, "-q")
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"expected {tmp_path / 'cifar-10-batches-py' / 'data_batch_1'} (not found)" in res.stderr
+    assert not out.exists()
+
+
 def test_scan_takes_models_by_name_with_the_shared_spec_flags(tmp_path):
     """--model REF (repeatable) as every probe command reads it, with --num-classes/--input-size/
     --set applied to each model and recorded with where each field came from; a reference that

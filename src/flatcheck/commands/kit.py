@@ -385,6 +385,9 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None, outputs=(
 
     execute = execute or api.run
     probes = probe_requests(names, options)  # options that cannot run are refused before the model is found
+    from ..data.roots import refuse_missing
+
+    refuse_missing(common["data"], common["data_root"], common["split"])  # before the model is found and built
     model = resolve(model_request(checkpoint, common))
     # a probe's own output files (spectrum's --plot), besides the command's
     outputs = [*outputs, *(("--plot", str(r.options.plot)) for r in probes if getattr(r.options, "plot", None))]

@@ -98,6 +98,9 @@ def scan_cmd(
                                 "recorded as errors")
         placement = Placement.from_shard(shard) if shard is not None else Placement.from_env()
         parse_uri(data)  # an unknown data set is the user's error, not every model's
+        from ..data.roots import refuse_missing
+
+        refuse_missing(data, data_root, split)  # a root without the set's files, before any model loads
         chosen = find_preset(preset) if preset is not None else None
         names = probes or (chosen.probes if chosen else "trace,gini")
         assignments = [*(chosen.options if chosen else ()), *(option or [])]  # the user's -o come last and win
