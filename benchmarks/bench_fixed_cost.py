@@ -23,7 +23,13 @@ that costs.
 `git archive HEAD src | tar -x -C DIR`, then DIR/src: the committed state, without work in
 progress). --before-src DIR adds the trace rows run on a second copy, interleaved with the others.
 
---save appends the table to benchmarks/results/fixed_cost.md under the label, the commit and
+--beyond N adds a second table: the demo trace's CPU time beyond importing torch, in a process
+that imports torch first (timed) and then runs the command, N interleaved runs per source and
+bytecode case. Process start, torch's import and the interpreter's exit, and the page cache they
+read through, swing by tenths of a second on a shared machine; this difference does not, so a
+change of a few hundredths shows here when the process rows cannot resolve it.
+
+--save appends the tables to benchmarks/results/fixed_cost.md under the label, the commit and
 the load average.
 """
 
@@ -115,6 +121,45 @@ def table(times: dict[str, list[tuple[float, float]]], label: str, repeat: int) 
     return "\n".join(lines) + "\n"
 
 
+# the demo trace after a timed import of torch: "CPU seconds of the import, of the rest" on stderr
+BEYOND = ("import sys, time\n"
+          "t0 = time.process_time()\nimport torch\nt1 = time.process_time()\n"
+          f"sys.argv = ['flatcheck', 'trace', *{DEMO + ['--no-layers', '-q']!r}]\n"
+          "from flatcheck.entry import main\n"
+          "try:\n    main()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+          "sys.stderr.write(f'beyond torch: {t1 - t0} {time.process_time() - t1}\\n')\n")
+
+
+def beyond_torch(repeat: int, sources: dict[str, str | None], cache: str) -> str:
+    """The table of --beyond: per source (label: src/ copy) and bytecode case, the median CPU
+    seconds of torch's import and of the rest of the demo trace, and their median ratio."""
+    cases = [(label, src, bytecode) for label, src in sources.items() for bytecode in (True, False)]
+    runs: dict[tuple, list[tuple[float, float]]] = {case: [] for case in cases}
+    for turn in range(repeat + 1):  # turn 0 untimed: fills the bytecode folder
+        for label, src, bytecode in cases:
+            env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+            env.pop("PYTHONDONTWRITEBYTECODE" if bytecode else "PYTHONPYCACHEPREFIX", None)
+            env.update({"PYTHONPYCACHEPREFIX": cache} if bytecode else {"PYTHONDONTWRITEBYTECODE": "1"})
+            if src is not None:
+                env["PYTHONPATH"] = src
+            proc = subprocess.run(PY + ["-c", BEYOND], cwd=ROOT, env=env, capture_output=True, text=True)
+            said = [line.split()[2:] for line in proc.stderr.splitlines() if line.startswith("beyond torch:")]
+            if proc.returncode != 0 or not said:
+                raise SystemExit(f"the demo trace failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+            if turn:
+                runs[(label, src, bytecode)].append((float(said[0][0]), float(said[0][1])))
+    lines = ["", f"CPU time beyond `import torch` in one process ({repeat} interleaved runs each): the demo trace's "
+             "own cost, without process start and exit", "",
+             "| source | bytecode | median import torch (s) | median beyond (s) | beyond range (s) | "
+             "beyond ÷ import torch |", "|---|---|---:|---:|---|---:|"]
+    for case in cases:
+        torch_s, rest = [r[0] for r in runs[case]], [r[1] for r in runs[case]]
+        ratio = statistics.median(r[1] / r[0] for r in runs[case])
+        lines.append(f"| {case[0]} | {'compiled' if case[2] else 'from source'} | {statistics.median(torch_s):.2f} | "
+                     f"{statistics.median(rest):.3f} | {min(rest):.3f}–{max(rest):.3f} | {ratio:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -126,6 +171,8 @@ def main() -> None:
     parser.add_argument("--rows", action="append", metavar="TEXT",
                         help="time only the row named TEXT, or else the rows whose name holds TEXT (repeatable), "
                              "beside the floor: more runs of a few rows in the same time")
+    parser.add_argument("--beyond", type=int, default=0, metavar="N",
+                        help="N runs of the demo trace's CPU time beyond importing torch, in-process (see above)")
     args = parser.parse_args()
     if args.rows:
         names = {name for name, _, _ in ROWS}
@@ -144,7 +191,12 @@ def main() -> None:
         for _ in range(args.repeat):
             for name, cmd, _ in ROWS:
                 times[name].append(run_once(cmd, sources[name], caches[name]))
-    text = table(times, args.label, args.repeat)
+        text = table(times, args.label, args.repeat)
+        if args.beyond:
+            copies = {args.src or "working tree": args.src}
+            if args.before_src:
+                copies[f"{args.before_label} ({args.before_src})"] = args.before_src
+            text += beyond_torch(args.beyond, copies, cache)
     print(text)
     if args.save:
         header = "" if RESULTS.exists() else (
