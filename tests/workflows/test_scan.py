@@ -474,6 +474,47 @@ def test_scan_refuses_a_data_root_without_the_sets_files_before_any_model(tmp_pa
     assert not out.exists()
 
 
+def test_scan_records_whose_file_goes_during_the_scan_are_kept(tmp_path, monkeypatch):
+    """--out's folder removed while the models run: the records, appended to a file no path
+    names any more, are written to a temporary file the error names after the table (exit 2).
+    The file alone removed: they are written at --out again, with a warning (exit 0)."""
+    import shutil
+
+    from flatcheck.workflows import results_io
+    from tests.support.outputs import lose_folder_after
+
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    for name in ("a", "b"):
+        shutil.copy(ROOT / "demo" / "digits_cnn.safetensors", ckpts / f"{name}.safetensors")
+    shutil.copy(ROOT / "model_specs" / "demo_digits.yaml", ckpts / "spec.yaml")
+    args = ["--checkpoints", ckpts, "--probes", "gini", "--data", "digits", "--samples", "16", "-q"]
+    folder, spare = lose_folder_after(monkeypatch, results_io.HeldOutput, "append", tmp_path)
+    res = invoke("scan", *args, "--out", folder / "s.jsonl")
+    assert res.exit_code == 2, res.stderr
+    assert all(f"│ {m} " in res.stdout for m in "ab")  # the table of the scan
+    [kept] = spare.iterdir()
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith(f"error: --out {folder / 's.jsonl'}: cannot write") and f"in {kept} instead" in line
+    assert "the scan's own exit code: 0" in line
+    assert sorted(r["model"] for r in lines(kept)) == ["a", "b"]
+
+    out = tmp_path / "again" / "s.jsonl"
+    out.parent.mkdir()
+    monkeypatch.undo()
+    real = results_io.HeldOutput.append
+
+    def append_then_remove_the_file(self, record):
+        real(self, record)
+        out.unlink(missing_ok=True)
+
+    monkeypatch.setattr(results_io.HeldOutput, "append", append_then_remove_the_file)
+    res = invoke("scan", *args, "--out", out)
+    assert res.exit_code == 0, res.stderr
+    assert "was removed during the scan; its 2 records are written there again" in res.stderr
+    assert sorted(r["model"] for r in lines(out)) == ["a", "b"]
+
+
 def test_scan_takes_models_by_name_with_the_shared_spec_flags(tmp_path):
     """--model REF (repeatable) as every probe command reads it, with --num-classes/--input-size/
     --set applied to each model and recorded with where each field came from; a reference that

@@ -141,7 +141,16 @@ def scan_cmd(
                     interrupted(f"every finished model is in {target}; continue with --resume")
                     raise
         _print_summary(summary, chosen.figure if chosen is not None else {})
-        return _exit_code(summary, allow_errors)
+        code = _exit_code(summary, allow_errors)
+        if summary.moved and summary.elsewhere:
+            # exit 2 as for every output not where asked (report.io.lost_outputs_error)
+            raise _config_error(f"{summary.moved}; exit 2 as the records are not at --out (the scan's own exit "
+                                f"code: {code})")
+        if summary.moved:
+            from .kit import error_line
+
+            error_line(f"flatcheck scan: warning: {summary.moved}")  # even with --quiet: the file was remade
+        return code
 
     guarded(debug, body)
 

@@ -319,7 +319,7 @@ def write_or_rescue(target: str | Path, data: str | bytes, flag: str, *, append:
     except (OSError, ConfigError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         why = why.removeprefix(f"cannot write {target}: ")
-    spare = _write_spare(target, blob)
+    spare = write_spare(target, blob)
     if spare is not None:
         rescue = OutputRescued(f"{flag} {target}: cannot write ({why}); the output is in {spare} instead", flag, spare)
     else:
@@ -332,7 +332,9 @@ def write_or_rescue(target: str | Path, data: str | bytes, flag: str, *, append:
     return spare
 
 
-def _write_spare(target: str | Path, blob: bytes) -> str | None:
+def write_spare(target: str | Path, blob: bytes) -> str | None:
+    """Write `blob` to a new file named after `target`: beside it, else in the temporary folder,
+    else in the working directory; its path, or None when none of them takes it."""
     name = Path(target).name or "output"
     for folder in (Path(os.path.realpath(target)).parent, Path(tempfile.gettempdir()), Path.cwd()):
         try:

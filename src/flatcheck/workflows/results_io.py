@@ -84,6 +84,21 @@ class HeldOutput:
     def truncate(self) -> None:
         os.ftruncate(self.fd, 0)
 
+    def still_named(self) -> bool:
+        """Whether the path still names the held file: it, or its folder, may be removed while a
+        long scan runs, and its records would then go with the last descriptor."""
+        try:
+            return os.path.samestat(os.fstat(self.fd), os.stat(self.path))
+        except FileNotFoundError:
+            return False
+
+    def contents(self) -> bytes:
+        size, parts, at = os.fstat(self.fd).st_size, [], 0
+        while at < size and (part := os.pread(self.fd, size - at, at)):
+            parts.append(part)
+            at += len(part)
+        return b"".join(parts)
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)

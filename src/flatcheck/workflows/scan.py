@@ -121,6 +121,10 @@ class ScanSummary:
     # the records in the file of this rank's models that this run did not redo (resume): with
     # `records`, the latest record of every model of the scan, which its exit code is about
     earlier: list[dict[str, Any]] = field(default_factory=list)
+    # what became of the records when --out lost its path during the scan (keep_records), in
+    # words, and whether they are now elsewhere than --out
+    moved: str | None = None
+    elsewhere: bool = False
 
     def counts(self, records: list[dict[str, Any]] | None = None) -> dict[str, int]:
         c = {"ok": 0, "error": 0, "skipped": 0}
@@ -234,7 +238,31 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
                 summary.records.append(record)
                 if hooks.done:
                     hooks.done(record)
+        summary.moved, summary.elsewhere = keep_records(held)
     return summary
+
+
+def keep_records(held: HeldOutput) -> tuple[str | None, bool]:
+    """The held file's records when its path no longer names it (it, or its folder, removed
+    during the scan): written at the path again when nothing took its place, else to a new file
+    beside it or in the temporary folder (report.io). Returns what to tell (None: nothing
+    moved) and whether the records are elsewhere than the path."""
+    from ..report.io import rescued_outputs, write_or_rescue, write_spare
+
+    if held.still_named():
+        return None, False
+    data = held.contents()
+    n = data.count(b"\n")
+    if os.path.lexists(held.path):
+        spare = write_spare(held.path, data)
+        where = f"the scan's {n} records are in {spare} instead" if spare else \
+            f"the scan's {n} records could not be written anywhere else"
+        return f"--out {held.path}: another file took its place during the scan; {where}", True
+    with rescued_outputs() as rescued:
+        write_or_rescue(held.path, data, "--out")
+    if not rescued:
+        return f"--out {held.path} was removed during the scan; its {n} records are written there again", False
+    return f"{rescued[0]} (the scan's {n} records, removed with it during the scan)", True
 
 
 def _preload() -> None:
