@@ -1,4 +1,4 @@
-"""Progress within a unit (a backend's passes over the samples, engines/pulse.py), the firsts
+"""Progress within a unit (a backend's passes over the samples, report/pulse.py), the firsts
 written at once, a long run's forecast with how to shorten it, and an ETA past --budget: the
 mechanism, on a fake clock and on small models; no timing is asserted."""
 
@@ -14,7 +14,7 @@ import torch
 from flatcheck.backends.autograd import AutogradBackend
 from flatcheck.backends.func import FuncBackend
 from flatcheck.engines.microbatch import BatchPlan
-from flatcheck.engines.pulse import Passes, listening
+from flatcheck.report.pulse import Passes, listening
 from flatcheck.report import progress as progress_module
 from flatcheck.report.progress import FIRST_AFTER, LONG_RUN, ProgressRenderer
 from tests.support.clock import FakeClock, lines_of

@@ -21,7 +21,7 @@ from torch import Tensor
 from ..engines.ggn_trace import ggn_trace
 from ..engines.kept import GRAPH_CACHE_BYTES, KeptPrefix, Pool
 from ..engines.microbatch import BatchPlan, batch_sizes, micro_batches, plan_products
-from ..engines.pulse import Passes, listened
+from ..report.pulse import Passes, listened
 from ..engines.pullback import or_zeros, pullback
 from ..engines.quadform import QuadraticForms
 from ..engines.state import ModelState
@@ -170,7 +170,7 @@ class AutogradBackend:
         return out
 
     def _passes(self, vectors: int) -> tuple[list[int], Passes]:
-        """The batches' sizes and the count of a call's passes (engines.pulse), for a progress
+        """The batches' sizes and the count of a call's passes (report.pulse), for a progress
         display to show within a call; only a count: a batch skipped for having no graph (a
         loss linear in every parameter) shifts it, and the call's own report follows it."""
         sizes = batch_sizes(self._samples) if listened() else []

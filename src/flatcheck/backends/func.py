@@ -29,7 +29,7 @@ from torch.func import functional_call, grad, jvp, vjp, vmap
 
 from ..engines.ggn_trace import ggn_trace
 from ..engines.microbatch import BatchPlan, micro_batches, plan_products
-from ..engines.pulse import Passes
+from ..report.pulse import Passes
 from ..errors import ConfigError, first_line
 from ..losses import apply_output_hessian, per_sample_loss
 from .autograd import AutogradBackend

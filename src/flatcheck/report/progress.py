@@ -11,7 +11,7 @@ line names the running probe from its start, not only after its first unit (a bl
 products can take a minute). A probe that ends short of its total because --budget ran out
 says so (`stopped`), so that its last line does not look unfinished.
 
-Within a unit the backends count their passes over the samples (engines/pulse.py): a product
+Within a unit the backends count their passes over the samples (report/pulse.py): a product
 over 64 samples of a ResNet is one call of tens of seconds, and the line shows how far it got
 (`product 1: samples 32/64`, `block: vectors 3/5`). A probe's first count and first ETA are
 written as soon as they exist, once it has run FIRST_AFTER seconds (a fast probe writes no
@@ -100,7 +100,7 @@ class Task:
     # repeats its own set-up (a scan's model, loaded afresh) counts from `started`, so that
     # the ETA shows once one unit is done
     warmup: bool = True
-    # the unit in progress, as its backend calls count it (engines/pulse.py): (sample passes
+    # the unit in progress, as its backend calls count it (report/pulse.py): (sample passes
     # done, sample passes in all, vectors); None between units
     within: tuple[int, int, int] | None = None
     samples: int | None = None  # the samples a product runs over, once a backend has counted them
@@ -123,7 +123,7 @@ class Task:
 
     def passed(self, now: float, done: int, total: int, vectors: int) -> None:
         """A backend's count within the unit in progress: `done` of `total` sample passes over
-        `vectors` vectors (engines/pulse.Passes)."""
+        `vectors` vectors (report/pulse.Passes)."""
         self.samples = total // max(vectors, 1)
         if done >= total:  # the call's end: the unit's report follows, and says it
             return
@@ -264,9 +264,9 @@ class ProgressRenderer:
 
     # -- context ------------------------------------------------------------------------------
     def __enter__(self) -> "ProgressRenderer":
-        from ..engines.pulse import listening
+        from .pulse import listening
 
-        # the backends' counts within a call (engines/pulse.py) come to `within`
+        # the backends' counts within a call (report/pulse.py) come to `within`
         self._listening = listening(self.within)
         self._listening.__enter__()
         if self.interactive:
@@ -319,7 +319,7 @@ class ProgressRenderer:
                 self._say_firsts(task, now)
 
     def within(self, done: int, total: int, vectors: int) -> None:
-        """A backend's count within the unit in progress (engines/pulse.Passes): `done` of
+        """A backend's count within the unit in progress (report/pulse.Passes): `done` of
         `total` sample passes, over `vectors` vectors."""
         now = self.clock()
         with self._lock:
