@@ -632,6 +632,32 @@ def test_a_baseline_whose_probe_values_do_not_give_its_value_is_refused(edit, ma
                        META, seed=0)
 
 
+def test_a_paired_rule_is_judged_on_the_spread_its_pairing_uses_not_the_widened_stderr():
+    """Paired, the statistic's error is the per-probe values' spread (plain t on the per-probe
+    differences); the headline's skew-widened stderr would refuse rules pairing decides well.
+    Unpaired, the widened stderr is what the comparison reads, and a rule too tight for it stays
+    refused."""
+    import torch
+
+    from flatcheck.linalg.trace import INTERVAL_SKEW, skew_widening
+    from flatcheck.workflows.gate.checks import check_baseline
+
+    values = [40.0, 41.0, 42.0, 43.0, 44.0, 140.0]  # one long tail: skewed
+    res = traced(values)
+    spread = res["stderr"]
+    widen = skew_widening(torch.tensor(values, dtype=torch.float64))
+    assert widen > 1.2
+    res["stderr"] = spread * widen
+    res["details"].update(interval=INTERVAL_SKEW, spread_stderr=spread)
+    b, z = res["value"], stats_t.ppf(0.975, len(values) - 1)
+    # a 20 % rule: paired it needs z·0.2·s < 0.2·|b|, i.e. s < |b|/z; choose b between the two
+    assert spread < abs(b) / z < spread * widen
+    cfg = gate({"field": "trace.value", "max_increase": "20%"})
+    check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=0)
+    with pytest.raises(InputError, match="cannot pass an unchanged model unpaired"):
+        check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=1)
+
+
 @pytest.mark.parametrize("route", ["hvp", "tangent"])
 def test_a_widened_trace_interval_is_read_from_its_values_and_an_edit_of_it_refused(route):
     """Where only vᵀHv exists the trace's stderr is its values' spread widened for their

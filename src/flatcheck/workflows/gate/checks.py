@@ -130,11 +130,17 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
     and it passes when v − T > z·σ: only about half the time if x·|b| is just above z·σ, which a
     gate must not do to an unchanged model. The rule is kept when x·|b| ≥ 2z·σ: the unchanged
     model then passes with probability at least (1 + confidence)/2 (97.5 % at 0.95)."""
+    unpaired = _planned_unpaired(bound, gate, baseline, seed)
+    if not unpaired:
+        # paired, the statistic's error is the per-probe values' own spread (statistics.Pairing),
+        # not the headline's stderr where that is widened or floored for the value alone
+        details = (baseline.results.get(bound.probe) or {}).get("details") or {}
+        spread = as_number(details.get("spread_stderr"))
+        s_b = spread if spread is not None and math.isfinite(spread) else s_b
     if s_b == 0:
         return
     margin = bound.limit * abs(b)
     dof = dof_of(baseline.results, bound)
-    unpaired = _planned_unpaired(bound, gate, baseline, seed)
     z = quantile(level, dof)
     if not unpaired:
         if margin == 0 or z * bound.limit * s_b < margin:
