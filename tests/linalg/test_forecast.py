@@ -11,15 +11,7 @@ import torch
 from flatcheck.linalg.forecast import DecayForecast, stderr_forecast
 from flatcheck.linalg.lanczos import lanczos_top
 from flatcheck.linalg.trace import hutchpp
-
-
-class Dense:
-    def __init__(self, A):
-        self.A, self.dim, self.dtype, self.device, self.matvecs = A, A.shape[0], A.dtype, A.device, 0
-
-    def matmat(self, V):
-        self.matvecs += V.shape[0]
-        return V @ self.A
+from tests.support.dense import DenseOperator as Dense
 
 
 def test_a_geometric_decay_is_forecast_from_its_second_point_on():

@@ -9,16 +9,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-
-class Dense:
-    """A symmetric matrix as the operator the estimators take."""
-
-    def __init__(self, A: torch.Tensor):
-        self.A, self.dim, self.dtype, self.device, self.matvecs = A, A.shape[0], A.dtype, A.device, 0
-
-    def matmat(self, V: torch.Tensor) -> torch.Tensor:
-        self.matvecs += V.shape[0]
-        return V @ self.A
+from tests.support.dense import DenseOperator as Dense  # noqa: F401  the operator these tests take
 
 
 class Attention(nn.Module):
