@@ -269,10 +269,6 @@ class EigenResult:
     # warm block carries it as its gap vector (linalg/warm_block.py)
     next_vector: Tensor | None = None
 
-    @property
-    def errors(self) -> list[float]:
-        return [b.value for b in self.bounds] if self.bounds is not None else list(self.residuals)
-
 
 def lanczos_top(
     op: Operator,

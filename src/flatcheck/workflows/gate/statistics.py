@@ -98,8 +98,7 @@ class Pairing:
 
     def current_stderr(self) -> float:
         """The standard error of current_value, from its own per-probe spread."""
-        mean = sum(self.current) / self.n
-        return math.sqrt(sum((x - mean) ** 2 for x in self.current) / (self.n - 1) / self.n)
+        return self.excess(0.0)[1]
 
     def excess(self, slope_: float) -> tuple[float, float]:
         """v − slope·b and its standard error from the per-probe differences c_i − slope·b_i."""
