@@ -214,9 +214,18 @@ def _mean_stderr(values: Tensor, variance: "ProductVariance | None" = None,
         return mean, None
     spread = values.std(unbiased=True).item() / math.sqrt(m)
     known = variance.stderr() if variance is not None else None
+    if known is None and not widen:
+        return mean, spread
+    return mean, interval_stderr(spread, values, known, normal)
+
+
+def interval_stderr(spread: float, values: "Tensor | None", known: float | None = None, normal: bool = False) -> float:
+    """A Hutchinson stderr from its values' spread s = std/√m: the larger of s and the products'
+    own stderr `known` where the products were formed (INTERVAL_FLOOR; `values` unused), else s times
+    skew_widening (INTERVAL_SKEW). A gate checks a baseline's stderr against it."""
     if known is not None:
-        return mean, max(spread, known)
-    return mean, spread * skew_widening(values, normal) if widen else spread
+        return max(spread, known)
+    return spread * skew_widening(values, normal)
 
 
 def hutchinson(
@@ -291,11 +300,11 @@ def hutchinson(
             reason = "budget"
             break
     samples = torch.cat(values)
-    value, stderr = _mean_stderr(samples, variance, widen=True)
     known = variance.stderr() if variance is not None else None
+    value, spread = _mean_stderr(samples)
+    stderr = None if spread is None else interval_stderr(spread, samples, known)
     # the parts share the total's dof (a gate reads theirs from it): normal where it floors
     groups = {name: _mean_stderr(torch.cat(v), widen=True, normal=known is not None) for name, v in parts.items()}
-    spread = _mean_stderr(samples)[1]
     return TraceEstimate(value, stderr, done, done, reason, groups, tuple(samples.tolist()), known_stderr=known,
                          interval=INTERVAL_SKEW if known is None else INTERVAL_FLOOR, spread_stderr=spread,
                          skewness=skewness(samples))

@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 from ..errors import ConfigError, ModelError, setting
 from ..linalg import hutchinson, hutchpp
 from ..linalg.memory import gib, limit_words
-from ..linalg.trace import INTERVAL_FLOOR, INTERVAL_SKEW, plan_block, skew_widening
+from ..linalg.trace import INTERVAL_FLOOR, INTERVAL_SKEW, interval_stderr, plan_block
 from ..operators import CurvatureOperator, LayoutParts
 from ..linalg.random import SIGN_STREAM
 from ..report.result import ProbeResult
@@ -148,13 +148,13 @@ class TraceGating(Gating):
         """Hutchinson's stderr is the values' spread widened for their skewness where only vᵀHv
         exists, and floored by the products' own variance where the products were formed."""
         spread = super().values_stderr(details, values)
-        if details.get("interval") == INTERVAL_SKEW:
+        interval, known = details.get("interval"), number(details.get("known_stderr"))
+        if interval == INTERVAL_FLOOR and known is not None:
+            return interval_stderr(spread, None, known)
+        if interval == INTERVAL_SKEW:
             import torch
 
-            return spread * skew_widening(torch.tensor(values, dtype=torch.float64))
-        known = number(details.get("known_stderr"))
-        if details.get("interval") == INTERVAL_FLOOR and known is not None:
-            return max(spread, known)
+            return interval_stderr(spread, torch.tensor(values, dtype=torch.float64))
         return spread
 
     def nested_draws(self, details):
