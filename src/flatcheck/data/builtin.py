@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from flatcheck.data.catalogue import DataSource, MissingSplitError, register_dataset
-from flatcheck.data.roots import ROOT_HELP
+from flatcheck.data.roots import ROOT_HELP, download_hint, missing_files
 from flatcheck.errors import DataError, InternalError
 
 _ROOT_HELP = ROOT_HELP
@@ -140,14 +140,13 @@ def _cifar(name: str, root: Path | None, split: str) -> DataSource:
     The layout, file order, label key and pixel order are exactly torchvision's.
     """
     title, folder, train_files, test_files, label_key, classes, tv_class = _CIFAR[name]
-    how = f"download it once with torchvision.datasets.{tv_class}(root, download=True) on a machine with network"
-    base = _need_root(name, root, f"{folder}/", how) / folder
-    parts = []
-    for fname in train_files if split == "train" else test_files:
-        path = base / fname
-        if not path.is_file():
-            raise MissingSplitError(f"data '{name}': expected {path} (not found); {how}, {_ROOT_HELP}")
-        parts.append(_read_cifar_file(path, label_key))
+    root = _need_root(name, root, f"{folder}/", download_hint(tv_class))
+    base = root / folder
+    split = "train" if split == "train" else "test"
+    problem = missing_files(name, root, split)  # the check the CLI makes before torch, in its words
+    if problem is not None:
+        raise MissingSplitError(problem)
+    parts = [_read_cifar_file(base / fname, label_key) for fname in (train_files if split == "train" else test_files)]
     data = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
     if labels.size and (labels.min() < 0 or labels.max() >= classes):
@@ -181,16 +180,11 @@ def _mnist(name: str, title: str, tv_name: str, root: Path | None, split: str) -
     import torchvision.datasets as tvd
 
     cls = getattr(tvd, tv_name)
-    how = f"download it once with torchvision.datasets.{tv_name}(root, download=True) on a machine with network"
-    root = _need_root(name, root, f"{tv_name}/raw/", how)
+    root = _need_root(name, root, f"{tv_name}/raw/", download_hint(tv_name))
     raw = root / tv_name / "raw"
-    legacy = root / tv_name / "processed"
-    files = [os.path.splitext(os.path.basename(url))[0] for url, _ in cls.resources]
-    missing = [f for f in files if not (raw / f).is_file()]
-    if missing and not all((legacy / f).is_file() for f in ("training.pt", "test.pt")):
-        gz = " (found .gz files: decompress them)" if (raw / (missing[0] + ".gz")).is_file() else ""
-        raise DataError(f"data '{name}': expected {', '.join(str(raw / f) for f in missing)} (not found){gz}; "
-                        f"{how}, {_ROOT_HELP}")
+    problem = missing_files(name, root, split)  # the check the CLI makes before torch, in its words
+    if problem is not None:
+        raise DataError(problem)
     try:
         ds = cls(str(root), train=(split == "train"), download=False)
     except Exception as exc:  # torchvision raises assorted types for truncated idx files
@@ -226,11 +220,10 @@ def svhn(*, root: Path | None, split: str, **_: Any) -> DataSource:
             return os.path.isfile(os.path.join(self.root, self.filename))
 
     fname = tvd.SVHN.split_list[split][1]
-    how = (f"download it once with torchvision.datasets.SVHN(root, split='{split}', download=True) "
-           "on a machine with network")
-    root = _need_root("svhn", root, fname, how)
-    if not (root / fname).is_file():
-        raise MissingSplitError(f"data 'svhn': expected {root / fname} (not found); {how}, {_ROOT_HELP}")
+    root = _need_root("svhn", root, fname, download_hint("SVHN", f"split={split!r}, "))
+    problem = missing_files("svhn", root, split)  # the check the CLI makes before torch, in its words
+    if problem is not None:
+        raise MissingSplitError(problem)
     try:
         ds = _SVHN(str(root), split=split, download=False)
     except Exception as exc:

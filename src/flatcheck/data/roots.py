@@ -66,7 +66,7 @@ def missing_files(name: str, root: Path, split: str) -> str | None:
     if name in _CIFAR:
         tv_class, folder, files = _CIFAR[name]
         first = next((root / folder / f for f in files.get(split, ()) if not (root / folder / f).is_file()), None)
-        return None if first is None else f"data '{name}': expected {first} (not found); {_how(tv_class)}, {ROOT_HELP}"
+        return None if first is None else f"data '{name}': expected {first} (not found); {download_hint(tv_class)}, {ROOT_HELP}"
     if name in _IDX:
         raw, legacy = root / _IDX[name] / "raw", root / _IDX[name] / "processed"
         missing = [f for f in IDX_FILES if not (raw / f).is_file()]
@@ -74,15 +74,16 @@ def missing_files(name: str, root: Path, split: str) -> str | None:
             return None
         gz = " (found .gz files: decompress them)" if (raw / (missing[0] + ".gz")).is_file() else ""
         return (f"data '{name}': expected {', '.join(str(raw / f) for f in missing)} (not found){gz}; "
-                f"{_how(_IDX[name])}, {ROOT_HELP}")
+                f"{download_hint(_IDX[name])}, {ROOT_HELP}")
     if name == "svhn":
         mat = root / f"{split}_32x32.mat"
         return None if mat.is_file() else (f"data 'svhn': expected {mat} (not found); "
-                                           f"{_how('SVHN', f'split={split!r}, ')}, {ROOT_HELP}")
+                                           f"{download_hint('SVHN', f'split={split!r}, ')}, {ROOT_HELP}")
     return None
 
 
-def _how(tv_class: str, split: str = "") -> str:
+def download_hint(tv_class: str, split: str = "") -> str:
+    """How to get torchvision's files of `tv_class` (`split`: its split argument and a comma)."""
     return f"download it once with torchvision.datasets.{tv_class}(root, {split}download=True) on a machine with network"
 
 
