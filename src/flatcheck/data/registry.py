@@ -25,7 +25,8 @@ from flatcheck.data.catalogue import (
 )
 from flatcheck.data.preprocess import Preprocess
 from flatcheck.data.roots import ROOT_ENV
-from flatcheck.data.transform import apply_preprocess, apply_preprocess_batch, channel_conversion, image_resize
+from flatcheck.data.transform import (apply_preprocess, apply_preprocess_batch, channel_conversion, elementwise,
+                                      image_resize)
 from flatcheck.errors import DataError, InternalError
 
 _AS_IS = Preprocess()  # frozen, so one shared default is safe
@@ -129,6 +130,8 @@ class PreparedDataset(Dataset):
         # a resize to the spec's input size changes what the model sees (a 32-px CIFAR image
         # upscaled to a torchvision model's 224): the report records it, and stderr says it once
         self.resize = image_resize(raw, size, preprocess.interpolation)
+        # whether items() can prepare a range at once: decided here, before any batch is read
+        self._batched = hasattr(source.dataset, "items") and elementwise(preprocess, tuple(raw.shape))
         if self.resize is not None:
             _say_resize(name, self.resize)
 
@@ -144,10 +147,9 @@ class PreparedDataset(Dataset):
         """Samples start … stop − 1 prepared at once — what __getitem__ gives each, stacked, with
         int64 labels — where the source holds them in one tensor (ArrayDataset.items) and the
         preprocessing is elementwise; None otherwise, and the caller reads them one by one."""
-        read = getattr(self.source.dataset, "items", None)
-        if read is None:
+        if not self._batched:
             return None
-        x, y = read(start, stop)
+        x, y = self.source.dataset.items(start, stop)
         x = apply_preprocess_batch(_as_tensor(x, self.name), self.preprocess, source=self.name)
         return None if x is None else (x, y)
 

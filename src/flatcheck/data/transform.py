@@ -106,17 +106,23 @@ def _fit_image(x: Tensor, size: tuple[int, ...], mode: str, source: str) -> Tens
     return F.interpolate(x.unsqueeze(0), size=(h, w), mode=mode, **kwargs).squeeze(0)
 
 
+def elementwise(pre: Preprocess, sample_shape: tuple[int, ...]) -> bool:
+    """Whether apply_preprocess on samples of this shape is elementwise: no resize, no channel
+    conversion, at most a flattening to the spec's one-dimensional input size."""
+    size = tuple(pre.input_size) if pre.input_size is not None else None
+    return size is None or (size == sample_shape if len(size) == 3
+                            else len(size) == 1 and math.prod(sample_shape) == size[0])
+
+
 def apply_preprocess_batch(x: Tensor, pre: Preprocess, *, source: str) -> Tensor | None:
     """apply_preprocess on every sample of the batch `x` (B, ...) of same-shaped samples at once,
     where it is elementwise (no resize, no channel conversion): the values it gives each sample,
     bit for bit (the same IEEE operations on the same elements), stacked. None where it is not
     elementwise: the caller prepares the samples one by one."""
-    size = tuple(pre.input_size) if pre.input_size is not None else None
-    sample = tuple(x.shape[1:])
-    if size is not None and not (size == sample if len(size) == 3 else len(size) == 1 and math.prod(sample) == size[0]):
+    if not elementwise(pre, tuple(x.shape[1:])):
         return None
     x = _normalise(x.to(torch.float32), pre, source, batched=True)
-    if size is not None and len(size) == 1:
+    if pre.input_size is not None and len(pre.input_size) == 1:
         x = x.reshape(x.shape[0], -1)
     return x.contiguous()
 
