@@ -338,8 +338,8 @@ def lanczos_top(
         lz.step()
         theta, S = lz.ritz()
         estimates = np.abs(lz.beta_next * S[-1])
+        ratio = bound_ratio(theta, estimates, k, tol)  # the forecast's and the stopping rule's
         if progress is not None:  # the running λmax: the largest Ritz value
-            ratio = bound_ratio(theta, estimates, k, tol)
             # counted in products (a check's true residuals too), as the end line's total is
             done = op.matvecs - start_matvecs
             progress(done, forecast.total(done, ratio), value=float(theta[-1]))
@@ -348,8 +348,8 @@ def lanczos_top(
             break
         if lz.size < k or lz.size < next_check:
             continue
-        top, below = top_and_below(theta, estimates, k)
-        if bound_ratio(theta, estimates, k, tol) <= 1:
+        if ratio <= 1:
+            top, below = top_and_below(theta, estimates, k)
             previous = measured
             measured = (lz.size, measure(lz, S[:, top]), below, round_off_floor(op.dtype, lz.scale))
             verdict = check_verdict(measured, previous, tol)
@@ -358,8 +358,8 @@ def lanczos_top(
                 break
             next_check = lz.size + max(1, lz.size // 4)
             forecast.not_before = next_check  # the estimate said converged, the check did not
+    theta, S = lz.ritz()  # the last step's, which what follows reads
     if measured is None or measured[0] != lz.size:
-        theta, S = lz.ritz()
         top, below = top_and_below(theta, np.abs(lz.beta_next * S[-1]), k)
         # a spent budget takes the residuals from the products already made (Lanczos.residuals):
         # k fresh products of a large model would overrun it by k steps' time
@@ -367,10 +367,9 @@ def lanczos_top(
         measured = (lz.size, final(lz, S[:, top]), below, round_off_floor(op.dtype, lz.scale))
     if progress is not None and stop != "budget":  # the end: what it took, the check included (a
         # budget's end is told by the probe, as stopped short)
-        progress(op.matvecs - start_matvecs, op.matvecs - start_matvecs, value=float(np.max(lz.ritz()[0])))
+        progress(op.matvecs - start_matvecs, op.matvecs - start_matvecs, value=float(np.max(theta)))
     result = eigen_result(measured, stop, tol, op.matvecs - start_matvecs, lz.size)
     if carry_next and lz.size > k:  # no product: a combination of the basis
-        theta, S = lz.ritz()
         nxt = lz.vectors(S[:, np.argsort(theta)[::-1][k:k + 1]])[0]
         result = replace(result, next_vector=nxt / torch.linalg.vector_norm(nxt))
     return result
