@@ -27,7 +27,7 @@ demo: install
 # probe and estimator against dense float64 truth and the commands end to end in this process,
 # with line coverage of src/ held at 85 %; `make test-all` adds the checks over many seeds, the
 # real-size runs (torchrun, ResNet-18, a GPU where there is one), those that start processes and
-# the modules of whole workflows (gate runs, scans, reports; tests/conftest.py names them).
+# the modules of whole workflows (gate runs, scans, reports, each marked `workflow` in its own file).
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist worksteal
 
 test: install

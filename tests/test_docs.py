@@ -14,6 +14,8 @@ import re
 import tokenize
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("src", "tests", "benchmarks", "tools")
 # "seed 002" or "seeds 000" naming a paper file, and the files' own names (NNN_<16 hex digits>)
@@ -93,6 +95,7 @@ def test_the_pattern_finds_what_it_is_for():
     assert not any(PAPER_FILE.search(s) for s in misses)
 
 
+@pytest.mark.workflow
 def test_no_comment_docstring_or_page_points_at_a_document_the_repository_does_not_hold():
     found = _outside_pointers()
     assert not found, "say the reason here instead of pointing elsewhere:\n" + "\n".join(found)

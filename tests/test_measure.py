@@ -196,6 +196,7 @@ def test_every_probe_runs_on_live_objects():
         assert report.to_dict()["results"][probe]["value"] is not None, probe
 
 
+@pytest.mark.workflow
 def test_cli_run_is_measure_on_the_loaded_model(tmp_path):
     """The CLI's path (checkpoint + spec → model and data) and measure give the same numbers:
     one code path for probes."""

@@ -210,6 +210,7 @@ def _wrapper(monkeypatch):
     return built
 
 
+@pytest.mark.workflow
 def test_rebuild_keeps_the_wrapper_the_inner_backend_and_its_options(monkeypatch):
     """gap, head-trace and adaptive-sharpness ask for a backend over another sample set,
     layout or loss; what --backend and --compile chose stays chosen."""

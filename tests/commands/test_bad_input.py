@@ -16,6 +16,8 @@ from safetensors.torch import load_file, save_file
 from tests.support.cli import CKPT, ROOT, SMALL, SPEC, bad, invoke
 from tests.support.proc import HANG_GUARD
 
+pytestmark = pytest.mark.workflow  # whole workflows, seconds each: make test-all only
+
 
 def trace(*extra, ckpt=CKPT, spec=SPEC):
     # the exact GGN trace takes no probe count (the flag is refused with it)

@@ -55,6 +55,7 @@ def test_lmax_power_ggn_train_mode_table():
     assert "λmax(G)" in result.stdout and "bn train" in result.stdout
 
 
+@pytest.mark.workflow
 def test_spectrum_json_and_plot(tmp_path):
     png = tmp_path / "esd.png"
     d = as_json(invoke("spectrum", "--lanczos-steps", "6", "--starts", "2", "--plot", png, "--json", "-", "-q"))

@@ -8,6 +8,9 @@ import pytest
 from flatcheck.engines.batchfill import fill_batch, grown_batch, rebatched
 from tests.support.dense import make_case
 
+pytestmark = pytest.mark.workflow  # whole workflows, seconds each: make test-all only
+
+
 GIB = 2**30
 
 

@@ -59,6 +59,7 @@ def test_vhv_matches_dense_through_attention_norms_and_pooling():
     _check_against_dense(mixer_case(), reverse=True)
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize("name", ["test_vit", "test_resnet", "test_efficientnet_gn"])
 def test_vhv_equals_the_reference_hvps_on_timm_models(name):
     """Larger graphs than dense H allows: the double-backward reference, itself dense-tested.
@@ -443,6 +444,7 @@ def test_short_trace_of_a_model_without_second_derivatives_takes_forward_tangent
         run("hvp")
 
 
+@pytest.mark.workflow
 def test_fused_attention_is_decomposed_and_equals_the_unfused_hvp_route():
     """timm's fused attention (scaled_dot_product_attention) has no double backward on the CPU,
     so the HVP route needs it unfused; the tangent route traces it into its primitive parts."""

@@ -21,6 +21,8 @@ from flatcheck.probes.registry import ProbeContext, create_probe, parse_options
 from tests.support.cli import CKPT, SPEC, bad
 from tests.support.cli import invoke
 
+pytestmark = pytest.mark.workflow  # whole workflows, seconds each: make test-all only
+
 
 def run(case, probe, max_memory=None, **opts):
     ctx = ProbeContext(case.backend(), seed=0, memory_allowance=max_memory)

@@ -22,6 +22,9 @@ from flatcheck.models.spec import load_spec
 from tests.support.cli import CKPT as DEMO, SPEC as DEMO_SPEC, FAST_JSON as FAST, ROOT, copy_demo, invoke, refused, run_json
 from tests.support.cifar import write_cifar10
 
+pytestmark = pytest.mark.workflow  # whole workflows, seconds each: make test-all only
+
+
 TV_CIFAR = ROOT / "model_specs" / "resnet18_torchvision_cifar10.yaml"
 DEMO_REF = "python:flatcheck.zoo.demo_cnn:DigitsCNN"
 

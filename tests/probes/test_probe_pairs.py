@@ -35,6 +35,9 @@ from flatcheck.probes._inputjac import iter_rows
 from flatcheck.probes.registry import list_probes
 from flatcheck.report.result import ProbeResult
 
+pytestmark = pytest.mark.workflow  # whole workflows, seconds each: make test-all only
+
+
 ROOT = Path(__file__).resolve().parents[2]
 RTOL = 1e-10
 # Few products per probe, so ~190 probe runs take about half a minute on a shared 2-core machine;

@@ -46,6 +46,7 @@ def command_names() -> list[str]:
     return re.findall(r"^  ([a-z][a-z-]+)  ", section, re.M)
 
 
+@pytest.mark.workflow
 def test_top_level_help_lists_each_command_with_its_whole_first_paragraph():
     result = RUNNER.invoke(app, ["--help"])
     text = result.stdout

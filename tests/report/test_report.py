@@ -91,6 +91,7 @@ def test_report_merges_shards_and_correlates(shards):
     assert row["values"]["sharp"]["stderr"] == pytest.approx(0.1 * x[0])
 
 
+@pytest.mark.workflow
 def test_report_plot_is_a_png(shards, tmp_path):
     out, *_ = shards
     png = tmp_path / "scatter.png"
@@ -101,6 +102,7 @@ def test_report_plot_is_a_png(shards, tmp_path):
     assert data.startswith(PNG_MAGIC) and len(data) > 1000
 
 
+@pytest.mark.workflow
 def test_report_overlays_spectral_densities(tmp_path):
     # both layouts: details.grid/density, and the spectrum probe's details.density.{grid, values}
     recs = [record(f"vit_{i}", 1.0 + i, 2.0 * i, grid=[0.0, 1.0, 2.0], density=[0.5, 0.3, 0.2]) for i in range(2)]
@@ -233,6 +235,7 @@ def test_report_warns_when_x_values_are_within_their_errors(tmp_path):
     assert res.exit_code == 0 and "standard errors" not in res.stderr
 
 
+@pytest.mark.workflow
 def test_report_axes_use_the_field_labels_and_points_their_names(tmp_path, monkeypatch):
     import flatcheck.report.scatter as scatter
 

@@ -29,6 +29,9 @@ from flatcheck.workflows.gate.run import run_gate
 from flatcheck.workflows.gate.verdicts import evaluate
 from tests.support.cli import CKPT, ROOT, SPEC, invoke
 
+pytestmark = pytest.mark.workflow  # whole workflows, seconds each: make test-all only
+
+
 GATES = ROOT / "examples" / "gates.yaml"
 SAMPLES = 512  # as in the quickstart's workflow
 SEEDS = range(20)

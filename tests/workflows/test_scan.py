@@ -19,6 +19,10 @@ from tests.support.proc import HANG_GUARD
 
 # float64: the single-process and per-rank scans run with different thread counts, and
 # float32 reductions in another order differ by ~1e-5 relative on the trace
+
+pytestmark = pytest.mark.workflow  # whole workflows, seconds each: make test-all only
+
+
 TINY = ["--probes", "gini,trace", "-o", "trace.probes_max=2", "-o", "trace.block_size=2", "--dtype", "float64"]
 
 

@@ -174,6 +174,7 @@ def test_float64_tracking_of_a_float32_model_follows_its_weights():
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+@pytest.mark.workflow
 def test_the_training_example_runs_small(tmp_path):
     """examples/track_training.py at toy size: both learning rates tracked, every record ok,
     the PNG written, the JSONL files readable by report."""
