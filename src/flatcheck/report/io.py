@@ -26,9 +26,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    real = Path(os.path.realpath(path))  # a symlink's target is written; the link stays
-    if not real.parent.exists():
-        raise ConfigError(f"cannot write {path}: folder {real.parent} does not exist")
+    real = _real_target(path)
     mode = _mode_for(real)
     fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
     try:
@@ -41,6 +39,15 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _real_target(path: str | Path) -> Path:
+    """The file a write to `path` lands in (a symlink's target: the link stays), refused as a
+    ConfigError when its folder is gone: the message write_or_rescue passes on as its reason."""
+    real = Path(os.path.realpath(path))
+    if not real.parent.exists():
+        raise ConfigError(f"cannot write {path}: folder {real.parent} does not exist")
+    return real
 
 
 def check_writable(path: str | Path, flag: str) -> None:
@@ -309,8 +316,7 @@ def write_or_rescue(target: str | Path, data: str | bytes, flag: str, *, append:
     blob = data.encode("utf-8") if isinstance(data, str) else data
     try:
         if append:
-            if not Path(os.path.realpath(target)).parent.exists():
-                raise ConfigError(f"cannot write {target}: folder {Path(os.path.realpath(target)).parent} does not exist")
+            _real_target(target)
             with open(target, "ab") as fh:
                 fh.write(blob)
         else:
