@@ -325,3 +325,23 @@ def test_a_missing_bound_carries_its_reason(method, monkeypatch):
     squashed = run(make_case("squashed").backend(), method=method, lanczos_iters=3).details
     assert squashed["mls_bound"] is None and "does not take the input x itself" in squashed["mls_bound_reason"]
     assert squashed["nmls_bound"] is not None  # its one layer is dense
+
+
+@pytest.mark.parametrize("method", ["exact", "estimate"])
+def test_a_linear_fed_a_sequence_is_named_with_its_input(method, monkeypatch):
+    """A Linear over (N, T, D) (a transformer block's) was listed as "1 (Linear)" under "not every
+    layer is dense": a Linear refused as not dense, with no word of why. The reason names the
+    input it got against the one vector a sample the bound needs, and that MLS stands without it."""
+    torch.manual_seed(5)
+    monkeypatch.setitem(MODELS, "tokens", lambda: nn.Sequential(nn.Flatten(1, 2), nn.Linear(6, 5), nn.Tanh(),
+                                                                nn.Flatten(), nn.Linear(30, 4)).double())
+    r = run(make_case("tokens").backend(), method=method, lanczos_iters=3)
+    d = r.details
+    assert d["mls_bound"] is None and d["nmls_bound"] is None
+    assert d["mls_bound_reason"].startswith(
+        "the first layer 1 is a Linear fed (N, 6, 6), 6 vectors a sample, where the bound needs one, (N, 6): ")
+    assert "MLS does not need the bound and stands as measured" in d["mls_bound_reason"]
+    assert d["nmls_bound_reason"].startswith("not every layer is dense (1 (Linear fed (N, 6, 6))): ")
+    assert d["per_layer"]["1"]["input_shape"] == [6, 6] and d["per_layer"]["4"]["input_shape"] == [30]
+    assert d["per_layer"]["4"]["dense"] and d["per_layer"]["4"]["bound"] is not None
+    assert f"(bound n/a: {d['mls_bound_reason']})" in r.notes

@@ -38,8 +38,8 @@ class MLSOptions(MatrixFreeOptions):
 class _Layer:
     """Running per-sample sums for one call site of a Linear/Conv layer."""
 
-    def __init__(self, module: nn.Module, dense: bool):
-        self.module, self.dense = module, dense
+    def __init__(self, module: nn.Module, dense: bool, shape: tuple[int, ...]):
+        self.module, self.dense, self.shape = module, dense, shape  # shape: one sample's input h
         self.sens: list[torch.Tensor] = []  # ‖∂f/∂h_n‖_2
         self.inv_h_sq: list[torch.Tensor] = []  # ‖h_n‖⁻²
         self.grad_w_sq: list[torch.Tensor] = []  # ‖∇_W f(x_n)‖²_F = ‖∂f/∂z_n‖²_F ‖h_n‖² (dense only)
@@ -128,7 +128,7 @@ class MLSProbe:
             for i, tap in enumerate(rows.taps):
                 key = tap.call.key
                 dense = isinstance(tap.call.module, nn.Linear) and tap.h.ndim == 2
-                layer = layers.setdefault(key, _Layer(tap.call.module, dense))
+                layer = layers.setdefault(key, _Layer(tap.call.module, dense, tuple(tap.h.shape[1:])))
                 if i == 0:
                     first_key = key
                     same = tap.h.shape[0] == x.shape[0] and tap.h.flatten(1).shape == x.flatten(1).shape
@@ -146,6 +146,7 @@ class MLSProbe:
             per_layer[key] = {
                 "type": type(layer.module).__name__,
                 "dense": layer.dense,
+                "input_shape": list(layer.shape),
                 "sensitivity": torch.cat(layer.sens).mean().item(),
                 "bound": layer.bound(),
             }
@@ -230,7 +231,8 @@ class MLSProbe:
                     h = call.input.detach().flatten(1)
                     first_is_input &= bool(h.shape == x.flatten(1).shape and torch.equal(h, x.flatten(1)))
                 layer = layers.setdefault(call.key, {"module": call.module, "dense": dense[i], "sens": [], "err": [],
-                                                     "inv_h_sq": [], "grad_w_sq": []})
+                                                     "inv_h_sq": [], "grad_w_sq": [],
+                                                     "shape": tuple(call.input.shape[1:])})
                 layer["sens"].append(norms.sigma)
                 layer["err"].append(norms.error)
                 h_sq = call.input.detach().flatten(1).to(torch.float64).pow(2).sum(1).cpu()
@@ -305,27 +307,44 @@ class MLSProbe:
 
 def bound_reasons(per_layer: dict, first_key: str | None, first_is_input: bool) -> dict:
     """Why mls_bound and nmls_bound are null (each None where its bound is given), in the words
-    a table note and the JSON both carry."""
-    not_dense = [f"{key} ({v['type']})" for key, v in per_layer.items() if not v["dense"]]
-    identity = ("the identity ‖∇_W f‖_F = ‖∂f/∂z‖_F·‖h‖ the bound rests on holds only for a Linear on one "
-                "vector per sample")
+    a table note and the JSON both carry: the layer that rules the bound out, the input the
+    bound needs against the one the layer got, and that the quantity stands without it."""
+    not_dense = [f"{key} ({_kind(v)})" for key, v in per_layer.items() if not v["dense"]]
+    # Chen et al. 2023 §3 state the bound for a dense layer z = W h + b, one vector h per sample
+    identity = ("the bound rests on ‖∇_W f‖_F = ‖∂f/∂z‖_F·‖h‖, true for a Linear on one vector per sample and "
+                "false where one weight is shared over positions (a conv, a Linear over a sequence)")
     if first_key is None:
         mls_reason = "no Linear/Conv layer, so no first layer to bound MLS by"
     elif not first_is_input:
         mls_reason = (f"the first layer {first_key} does not take the input x itself (something transforms x "
                       "before it), and the bound needs ∂f/∂x = ∂f/∂h there")
     elif not per_layer[first_key]["dense"]:
-        mls_reason = f"the first layer {first_key} is a {per_layer[first_key]['type']}: {identity}"
+        first = per_layer[first_key]
+        what = f"the first layer {first_key} is a {_kind(first)}"
+        if first["type"] == "Linear":
+            shape = first["input_shape"]
+            what += f", {math.prod(shape[:-1])} vectors a sample, where the bound needs one, (N, {shape[-1]})"
+        mls_reason = (f"{what}: {identity}. MLS does not need the bound and stands as measured; only a model whose "
+                      "first layer is a Linear on x flattened (an MLP) has one")
     else:
         mls_reason = None
     if not per_layer:
         nmls_reason = "no Linear/Conv layer"
     elif not_dense:
         shown = ", ".join(not_dense[:3]) + (f" and {len(not_dense) - 3} more" if len(not_dense) > 3 else "")
-        nmls_reason = f"not every layer is dense ({shown}): {identity}"
+        nmls_reason = (f"not every layer is dense ({shown}): {identity}. NMLS does not need the bound and stands "
+                       "as measured; each dense layer's own bound is in details.per_layer")
     else:
         nmls_reason = None
     return {"mls_bound_reason": mls_reason, "nmls_bound_reason": nmls_reason}
+
+
+def _kind(layer: dict) -> str:
+    """A layer's type; for a Linear fed more than one vector a sample, with the input it got."""
+    shape = layer["input_shape"]
+    if layer["type"] != "Linear" or len(shape) == 1:
+        return layer["type"]
+    return "Linear fed (" + ", ".join(["N", *map(str, shape)]) + ")"
 
 
 def _fmt_bound(bound: float | None, reason: str | None) -> str:
@@ -341,7 +360,7 @@ def _estimated_layer(v: dict, n: int) -> dict:
     """A layer's mean sensitivity and Lanczos error bound over S and, for a dense layer, its
     bound ‖W‖₂ √(mean ‖h‖⁻²) √(mean ‖∇_W f‖²_F) from the Hutchinson draws, with the
     delta-method standard error of the last factor."""
-    out = {"type": type(v["module"]).__name__, "dense": v["dense"],
+    out = {"type": type(v["module"]).__name__, "dense": v["dense"], "input_shape": list(v["shape"]),
            "sensitivity": torch.cat(v["sens"]).mean().item(),
            "sensitivity_error_bound": torch.cat(v["err"]).mean().item(), "bound": None, "bound_stderr": None}
     if v["dense"]:
