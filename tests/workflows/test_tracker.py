@@ -6,6 +6,7 @@ tracked step."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 
@@ -480,3 +481,111 @@ def test_each_tracked_step_says_what_it_measured_on_stderr_unless_quiet(capsys):
     quiet = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=1, out=None, quiet=True)
     quiet.step(0)
     assert capsys.readouterr().err == ""
+
+
+def _steps(path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+def _tracked(out, steps=range(3), **kwargs):
+    """A quiet tracker on `out` through `steps` (every one tracked), closed; it and its stderr."""
+    case = make_case("mlp", n=23, batch_size=23)
+    with flatcheck.Tracker(case.model, (case.X, case.Y), probes="trace", every=1, out=out, options=TRACE,
+                           quiet=True, **kwargs) as tracker:
+        for step in steps:
+            tracker.step(step, lr=0.1)
+    return tracker
+
+
+def test_records_whose_file_is_removed_while_tracking_go_to_a_spare_beside_it(tmp_path, monkeypatch, capsys):
+    """The records went through the held descriptor into a file no path named, and with it when
+    the tracker closed: all lost, silently. Now the file's records and the next ones go to a
+    spare beside it, one stderr line names it (quiet or not), and memory keeps them too."""
+    from flatcheck.workflows import results_io
+
+    out = tmp_path / "track.jsonl"
+    real = results_io.HeldOutput.append
+
+    def append_then_remove_once(self, record):
+        real(self, record)
+        if record["step"] == 0:
+            out.unlink()
+
+    monkeypatch.setattr(results_io.HeldOutput, "append", append_then_remove_once)
+    tracker = _tracked(out)
+    [spare] = [p for p in tmp_path.iterdir() if p != out]
+    assert spare.name.startswith("flatcheck-track-") and spare.suffix == ".jsonl"
+    assert _steps(spare) == [0, 1, 2] and not out.exists()
+    assert [r["step"] for r in tracker.records] == [0, 1, 2]
+    assert capsys.readouterr().err == (f"flatcheck track: out {out}: removed while the tracker ran; its records so far "
+                                       f"(1) are in {spare} instead, and the next ones go there\n")
+
+
+def test_records_whose_folder_goes_after_the_last_step_are_rescued_on_close(tmp_path, monkeypatch, capsys):
+    """The folder removed after the last step: close() finds the file without a path, and the
+    records go to the temporary folder, named after out."""
+    import shutil
+    import tempfile
+
+    folder, spare_dir = tmp_path / "out", tmp_path / "spare"
+    folder.mkdir()
+    spare_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spare_dir))
+    case = make_case("mlp", n=23, batch_size=23)
+    out = folder / "track.jsonl"
+    tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes="trace", every=1, out=out, options=TRACE,
+                                quiet=True)
+    for step in range(2):
+        tracker.step(step)
+    shutil.rmtree(folder)
+    tracker.close()
+    [spare] = spare_dir.iterdir()
+    assert spare.name.startswith("flatcheck-track-") and _steps(spare) == [0, 1]
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (f"flatcheck track: out {out}: its folder {folder} was removed while the tracker ran; its records "
+                    f"so far (2) are in {spare} instead, and the next ones go there")
+
+
+def test_a_write_that_fails_keeps_the_record_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    """A full disk raised out of tracker.step into the training loop. Now the records written
+    before it and the one that failed are in a spare, and tracking goes on there."""
+    import errno
+
+    from flatcheck.workflows import results_io
+
+    out = tmp_path / "track.jsonl"
+    real = results_io.HeldOutput.append
+
+    def full_at_step_1(self, record):
+        if self.path == out and record["step"] == 1:
+            os.write(self.fd, b'{"schema_version": 1, "cut')  # a short write's fragment
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, record)
+
+    monkeypatch.setattr(results_io.HeldOutput, "append", full_at_step_1)
+    tracker = _tracked(out)
+    [spare] = [p for p in tmp_path.iterdir() if p != out]
+    assert _steps(spare) == [0, 1, 2] and [r["step"] for r in tracker.records] == [0, 1, 2]
+    assert capsys.readouterr().err == (f"flatcheck track: out {out}: cannot write (No space left on device); its "
+                                       f"records so far (2) are in {spare} instead, and the next ones go there\n")
+
+
+def test_records_no_file_takes_stay_in_memory_and_it_is_said(tmp_path, monkeypatch, capsys):
+    from flatcheck.report import io
+    from flatcheck.workflows import results_io
+
+    out = tmp_path / "track.jsonl"
+    real = results_io.HeldOutput.append
+
+    def append_then_remove(self, record):
+        real(self, record)
+        out.unlink()
+
+    monkeypatch.setattr(results_io.HeldOutput, "append", append_then_remove)
+    monkeypatch.setattr(io, "write_spare", lambda target, blob: None)
+    tracker = _tracked(out)
+    assert [r["step"] for r in tracker.records] == [0, 1, 2] and list(tmp_path.iterdir()) == []
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (f"flatcheck track: out {out}: removed while the tracker ran; no file takes its records (beside "
+                    "it, the temporary folder, the working directory); this run's records (1) are kept in memory "
+                    "alone, as tracker.records")

@@ -28,6 +28,12 @@ Records use the scan's schema (results_io.new_record, kind "flatcheck.track"), s
 `flatcheck report` plots a tracker's file and a scan of checkpoints alike. A step that fails
 (a diverged run's NaN weights) is an error record and training goes on, unless strict=True.
 Restarted from an earlier step, the tracker drops the records of that step and later ones.
+
+A record file that goes bad while training runs (removed, its folder removed, a write that
+fails) loses no record: every record is also kept in memory (`tracker.records`), and the file's
+records go to a new file beside it, else in the temporary folder, else in the working directory
+(report.io.write_spare, as a scan's lost output does), which takes the next records too; one
+stderr line names it. Training goes on.
 """
 
 from __future__ import annotations
@@ -113,6 +119,8 @@ class Tracker:
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
         self._held: HeldOutput | None = None
         self._started = False
+        # this tracker's records, kept whatever becomes of the file (a lost one is rescued from them)
+        self.records: list[dict[str, Any]] = []
         if self.out is not None:
             # held from here, not from the first step: a second tracker on the file is refused
             # where it is made, not inside the training loop of the first
@@ -166,8 +174,7 @@ class Tracker:
         record["tracker"] = {"every": self.every, "probe_seconds": round(probe_seconds, 6),
                              "overhead_seconds": round(max(seconds - probe_seconds, 0.0), 6),
                              "products": sum(r.get("matvecs") or 0 for r in record["results"].values())}
-        if self._held is not None:
-            self._held.append(record)
+        self._keep(record)
         self.last_record = record
         if not self.quiet:
             _say(step, values, record)
@@ -177,11 +184,9 @@ class Tracker:
         """Let go of `out` (another tracker or scan may then write it). Leaving a `with` block
         does this, and so does the collector once the tracker is no longer referenced."""
         self._closed = True
-        if self._held is not None:
-            self._release()  # closes the held file; the finalizer will not run again
-            self._held = None
-            if _HOLDERS.get(self._held_key) is self:
-                del _HOLDERS[self._held_key]
+        if self._held is not None and not self._held.still_named():
+            self._rescue(_lost(self._held.path), None)  # after the last step: the descriptor held it
+        self._let_go()
 
     def __enter__(self) -> "Tracker":
         return self
@@ -207,6 +212,54 @@ class Tracker:
                 continue
             top = extrapolated_start(previous[:1], latest[:1])
             warm[key] = self._handed[key] = top if latest.shape[0] == 1 else torch.cat([top, latest[1:]])
+
+    def _keep(self, record: dict[str, Any]) -> None:
+        """`record` into memory and the held file; a file that took it but no longer has a path
+        (removed, or its folder), or a write that failed, is rescued (_rescue)."""
+        self.records.append(record)
+        if self._held is None:
+            return
+        try:
+            self._held.append(record)
+        except OSError as exc:
+            self._rescue(f"cannot write ({exc.strerror or exc})", record)
+            return
+        if not self._held.still_named():
+            self._rescue(_lost(self._held.path), None)
+
+    def _rescue(self, why: str, unwritten: dict[str, Any] | None) -> None:
+        """Let go of the held file, which lost its path (or a write), and put its records, then
+        `unwritten`, in a spare file named after `out` (report.io.write_spare), held from then on
+        for the next records; one stderr line says where, even with quiet=True. No spare: the
+        records stay in memory alone, and the line says that."""
+        from ..report.io import write_spare
+
+        held = self._held
+        try:
+            data = held.contents()
+            data = data[:data.rfind(b"\n") + 1]  # a short write's fragment is no record
+            pending = [unwritten] if unwritten is not None else []
+        except OSError:  # not even readable: this run's records, from memory
+            data, pending = b"", list(self.records)
+        self._let_go()
+        spare = write_spare(self.out, data)
+        if spare is not None:
+            try:
+                self._take(_hold(Path(spare)))
+                for record in pending:
+                    self._held.append(record)
+            except (OSError, ConfigError) as exc:
+                self._let_go()
+                why += f"; the rescue file {spare} failed too ({getattr(exc, 'strerror', None) or exc})"
+                spare = None
+        if spare is not None:
+            n = data.count(b"\n") + len(pending)
+            where = f"its records so far ({n}) are in {spare} instead, and the next ones go there"
+        else:
+            where = ("no file takes its records (beside it, the temporary folder, the working directory); this run's "
+                     f"records ({len(self.records)}) are kept in memory alone, as tracker.records")
+        sys.stderr.write(f"flatcheck track: out {held.path}: {why}; {where}\n")
+        sys.stderr.flush()
 
     def _measure(self, step: int):
         from ..api import run
@@ -245,9 +298,15 @@ class Tracker:
                           "name= to tell the runs apart")
         if len(kept) < len(records):
             _rewrite(self.out, kept)
-            self.close()  # the rewrite made a new file: hold that one
+            self._let_go()  # the rewrite made a new file: hold that one
             self._take(_hold(self.out))
-            self._closed = False  # held again: close() here was a step of the restart, not the user's
+
+    def _let_go(self) -> None:
+        if self._held is not None:
+            self._release()  # closes the held file; the finalizer will not run again
+            self._held = None
+            if _HOLDERS.get(self._held_key) is self:
+                del _HOLDERS[self._held_key]
 
     def _take(self, held: HeldOutput) -> None:
         self._held = held
@@ -270,6 +329,15 @@ def _hold(path: Path) -> HeldOutput:
         return HeldOutput(path, "out")
     except ConfigError:
         raise ConfigError(f"out {path}: {_holder(path)}") from None
+
+
+def _lost(path: Path) -> str:
+    """How a held file lost its path while the tracker ran."""
+    if not path.parent.is_dir():
+        return f"its folder {path.parent} was removed while the tracker ran"
+    if os.path.lexists(path):
+        return "another file took its place while the tracker ran"
+    return "removed while the tracker ran"
 
 
 def _holder(path: Path) -> str:
