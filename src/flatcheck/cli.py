@@ -41,6 +41,9 @@ class _Commands(TyperGroup):
                 if name in lazy.names():
                     command = _BUILT.get(name) or _BUILT.setdefault(name, lazy.build(name))
                     break
+        from .entry import imports_done
+
+        imports_done()  # the command's modules (torch with a probe's) are imported: collect again
         return command if command is None else plain_coercion(command, ctx)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
