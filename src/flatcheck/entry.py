@@ -35,7 +35,7 @@ def main() -> None:
 
     mark_fresh_process()
     try:
-        missing = _missing_checkpoint(sys.argv) or _missing_data_root(sys.argv)
+        missing = _missing_checkpoint(sys.argv) or _missing_data_root(sys.argv) or _missing_weights(sys.argv)
         if missing is not None:  # before the seconds of importing torch that loading it would cost
             sys.stderr.write(f"error: {missing}\n")
             sys.exit(2)
@@ -150,6 +150,62 @@ def _missing_data_root(argv: list[str]) -> str | None:
     from .data.roots import argv_data_problem
 
     return argv_data_problem(argv[2:])
+
+
+def _missing_weights(argv: list[str]) -> str | None:
+    """models.resolve's no-weights line for a probe's command given --model or --spec but no
+    CHECKPOINT, --pretrained or --random-init; None otherwise, and the command's own checks
+    decide. Said only when every argument is one of the command's flags or a value one of them
+    takes, so that nothing read here as an option's value is in fact the CHECKPOINT; anything
+    else (an unknown flag, `--`, --help) leaves it to the parser."""
+    if len(argv) < 3 or not {"--model", "--spec"} & {a.partition("=")[0] for a in argv[2:]}:
+        return None
+    from .probes.catalogue import current
+
+    probes = current()
+    if argv[1] not in probes:
+        return None
+    switches, valued = _flags(probes[argv[1]]["options"])
+    given: dict[str, str | None] = {}
+    args = iter(argv[2:])
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if name in valued and (eq or (value := next(args, None)) is not None):
+            given[name] = value
+        elif name in switches and not eq:
+            given[name] = None
+        else:  # a positional (the CHECKPOINT), or what only the parser can read
+            return None
+    # what resolve says before the weights (its order kept): both or neither of --spec and
+    # --model, a --spec file not there, a --model that is no reference; and a run with weights
+    model, spec = given.get("--model"), given.get("--spec")
+    if (model is None) == (spec is None) or {"--pretrained", "--random-init"} & set(given):
+        return None
+    if spec is not None and not os.path.isfile(spec):
+        return None
+    if model is not None and model.partition(":")[0] not in ("timm", "torchvision", "python"):
+        return None
+    from .models.discover import NO_WEIGHTS
+
+    return NO_WEIGHTS
+
+
+def _flags(options: list[dict]) -> tuple[set[str], set[str]]:
+    """(switches, flags that take a value) of a probe's command: the options every command
+    shares (commands.kit) and the probe's own (its catalogue entry)."""
+    import typing
+
+    from .commands.kit import shared_options
+
+    switches, valued = set(), set()
+    for _name, annotation, default in shared_options(budget=True):
+        option = next(m for m in annotation.__metadata__ if hasattr(m, "param_decls"))
+        names = [option.default, *option.param_decls]
+        (switches if typing.get_args(annotation)[0] is bool else valued).update(names)
+    for option in options:
+        names = [n for flag in option["flags"] for n in flag.split("/")]
+        (switches if isinstance(option["default"], bool) else valued).update(names)
+    return switches, valued
 
 
 def _on_interrupt(signum: int, frame) -> None:

@@ -85,6 +85,12 @@ def find_spec(checkpoint: Path) -> Found | None:
     return None
 
 
+# a run given a model (--model, --spec) but no weights: said by resolve, and by the entry point
+# from the command line alone, before torch is imported
+NO_WEIGHTS = ("no weights: give a CHECKPOINT, or --pretrained (the library's weights, from the local cache) "
+              "or --random-init")
+
+
 def nothing_found(checkpoint: Path) -> str:
     """The one line for a checkpoint that says nothing about its model."""
     hint = _shape_hint(checkpoint)

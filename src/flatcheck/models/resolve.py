@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flatcheck.errors import CheckpointError, ConfigError
-from flatcheck.models.discover import find_spec, nothing_found, spec_from_timm_config
+from flatcheck.models.discover import NO_WEIGHTS, find_spec, nothing_found, spec_from_timm_config
 from flatcheck.models.pretrained import HF_HUB, find_local_weights, find_torchvision_weights, hf_cache_dir, hf_cached
 from flatcheck.models.spec import SPEC_FIELDS, ModelSpec, check_fields, read_spec_file, spec_from_dict
 from flatcheck.models.yamlfile import load_yaml
@@ -62,8 +62,7 @@ def resolve(req: ModelRequest) -> Resolved:
         return Resolved(spec, None, "random-init")
     if req.pretrained:
         return Resolved(spec, library_weights(spec, base.weights_name), "pretrained")
-    raise ConfigError("no weights: give a CHECKPOINT, or --pretrained (the library's weights, from the local "
-                      "cache) or --random-init")
+    raise ConfigError(NO_WEIGHTS)
 
 
 def describe(req: ModelRequest) -> ModelSpec:
