@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lmax_cli import SAMPLES, make_inputs  # noqa: E402  (the same model and data)
 
 ROOT = Path(__file__).resolve().parents[1]
-# a count: units done (`3/10`, `3/?`) or passes within a unit (`samples 32/64`, `vectors 2/5`)
-COUNT = re.compile(r"(?:: (?:done · )?\d+/(?:\d+|\?)|(?:samples|vectors) [\d.]+/\d+) · ")
-ETA = re.compile(r"ETA (\d+):(\d\d):(\d\d)")
+# a count: units done (`3/10`, `3/?`, `1/~10` of a prior's total) or passes within a unit
+# (`samples 32/64`, `vectors 2/5`)
+COUNT = re.compile(r"(?:: (?:done · )?\d+/~?(?:\d+|\?)|(?:samples|vectors) [\d.]+/\d+) · ")
+ETA = re.compile(r"ETA ~?(\d+):(\d\d):(\d\d)")  # `~`: from a prior's total
 ELAPSED = re.compile(r"elapsed (\d+):(\d\d):(\d\d)")
 HINT = "will take about"
 
@@ -71,7 +72,8 @@ def judge(probe: str, lines: list[tuple[float, str]]) -> dict:
         shown = [(t, e) for t, e in etas if t <= at]
         if shown:
             t, e = shown[-1]
-            out[q] = (e - (at - t), end - at)  # the ETA as it stood at `at`, and the time left
+            # the ETA as it stood at `at` (none below 0, as the line's own clock), and the time left
+            out[q] = (max(0.0, e - (at - t)), end - at)
     return out
 
 

@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from flatcheck.linalg.forecast import DecayForecast, stderr_forecast
+from flatcheck.linalg.forecast import PRIOR_TOTAL, DecayForecast, Prior, stderr_forecast
 from flatcheck.linalg.lanczos import lanczos_top
 from flatcheck.linalg.trace import hutchpp
 from tests.support.dense import DenseOperator as Dense
 
 
 def test_a_geometric_decay_is_forecast_from_its_second_point_on():
-    f = DecayForecast(limit=300, extra=1)
+    f = DecayForecast(limit=300, extra=1, prior=0)
     assert f.total(1, math.e ** 12) == 0  # one point, left out of the rate: no forecast yet
     # the second point alone: the prior's one e-fold a step, 10 more steps, then the check
     assert f.total(2, math.e ** 10) == 2 + 10 + 1
@@ -35,11 +35,29 @@ def test_the_first_steep_fall_and_a_plateau_do_not_swing_the_forecast():
                  [14.03, 6.92, 5.21, 4.23, 3.21, 3.23, 2.72, 1.31, -1.85]):
         f = DecayForecast(limit=300, extra=1)
         totals = [f.total(d, math.exp(x)) for d, x in enumerate(logs, start=1)]
-        assert totals[0] == 0 and totals[-1] == 10
+        assert isinstance(totals[0], Prior) and totals[0] == PRIOR_TOTAL and totals[-1] == 10
+        assert not any(isinstance(t, Prior) for t in totals[1:])  # the decay's forecast from the second on
         for done, total in zip(range(2, 9), totals[1:8]):
             assert 0.5 * (10 - done) <= total - done <= 2 * (10 - done), (done, totals)
         assert max(totals) <= 12  # the latest step's rate alone forecast 4 after step 2, 17 after step 6
         assert sum(abs(t - 10) for t in totals[1:8]) / 7 <= 1.5  # in units, within 1.5 on average
+
+
+def test_a_prior_before_the_bound_has_fallen_once_only_where_it_was_measured():
+    # a cold stop of one eigenvalue (its check: one product) shows the prior, marked as one
+    f = DecayForecast(limit=300, extra=1)
+    first = f.total(1, math.e ** 12)
+    assert isinstance(first, Prior) and first.prior and first == PRIOR_TOTAL
+    assert f.total(1, math.inf) == PRIOR_TOTAL  # no finite bound yet: still the prior
+    assert not isinstance(f.total(2, math.e ** 10), Prior)  # the decay's own forecast takes over
+    # never less than a step and the check past what is done, never past the cap
+    late = DecayForecast(limit=300, extra=1)
+    assert late.total(12, math.e ** 12) == 12 + 1 + 1
+    assert DecayForecast(limit=6, extra=1).total(1, math.e ** 12) == 6
+    # none where it was not measured: a warm start, several eigenvalues, power iteration; or off
+    for f in (DecayForecast(300), DecayForecast(300, extra=3), DecayForecast(300, extra=1, prior=0)):
+        assert f.total(1, math.e ** 12) == 0
+    assert DecayForecast(300, extra=3, prior=25).total(3, math.e ** 12) == 25  # a caller's own prior
 
 
 def test_a_check_that_fell_short_holds_the_forecast_to_the_next_check():
@@ -88,7 +106,7 @@ def test_lanczos_forecasts_its_steps_not_its_cap():
                     progress=lambda done, total, **_: seen.append((done, total)))
     final = r.matvecs  # steps and the check's product
     assert all(total != 300 for _, total in seen)
-    assert seen[0][1] == 0  # the first step forecasts nothing
+    assert isinstance(seen[0][1], Prior)  # the first step forecasts nothing: a prior, marked as one
     for done, total in seen:
         if done in (round(final / 2), round(3 * final / 4)):
             left, forecast = final - done, total - done

@@ -346,10 +346,12 @@ def test_a_budget_stop_says_so_with_how_far_it_got():
             progress("spectrum (SLQ)", i, 300)
         progress.stopped("spectrum (SLQ)", "budget")
         progress.stopped("never reported", "budget")  # nothing to say
-    # 300 units at 1 s: past LONG_RUN, which it says as soon as it has a rate
+    # 300 units at 1 s: past LONG_RUN, which it says as soon as it has a rate, and its first count
+    # and ETA with it (a run that long is no fast probe)
     assert lines_of(out) == [
         "flatcheck spectrum (SLQ): this run will take about 0:05:00; for a shorter one use --samples (fewer "
         "samples), or --budget SECONDS, which stops it on time",
+        "flatcheck spectrum (SLQ): 2/300 · elapsed 0:00:02 · ETA 0:04:58",
         "flatcheck spectrum (SLQ): stopped by the budget · 7/300 · elapsed 0:00:07"]
 
 

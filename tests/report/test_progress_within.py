@@ -14,6 +14,7 @@ import torch
 from flatcheck.backends.autograd import AutogradBackend
 from flatcheck.backends.func import FuncBackend
 from flatcheck.engines.microbatch import BatchPlan
+from flatcheck.linalg.forecast import Prior
 from flatcheck.report.pulse import Passes, listening
 from flatcheck.report import progress as progress_module
 from flatcheck.report.progress import FIRST_AFTER, LONG_RUN, ProgressRenderer
@@ -89,13 +90,15 @@ def test_a_long_run_says_so_at_once_with_fewer_samples_and_the_budget():
         assert lines_of(out) == []  # one unit, which carries the one-off costs: no rate yet
         clock.now += 3
         progress("spectrum (SLQ)", 2, 200)
-        # 198 units at 3 s: about 10 minutes in all; a product's cost goes with the samples
+        # 198 units at 3 s: about 10 minutes in all; a product's cost goes with the samples. Then,
+        # though it has run less than FIRST_AFTER, the first count and ETA of a run that long
         assert lines_of(out) == [
             "flatcheck spectrum (SLQ): this run will take about 0:10:03; for a shorter one use --samples 8 "
-            "(about 0:01:15), or --budget SECONDS, which stops it on time"]
+            "(about 0:01:15), or --budget SECONDS, which stops it on time",
+            "flatcheck spectrum (SLQ): 2/200 · elapsed 0:00:09 · ETA 0:09:54"]
         clock.now += 3
         progress("spectrum (SLQ)", 3, 200)
-        assert len(lines_of(out)) == 2 and "ETA" in lines_of(out)[-1]  # said once; then the first ETA
+        assert len(lines_of(out)) == 2  # each said once
 
 
 def test_a_run_within_the_long_run_limit_gives_no_hint():
@@ -142,9 +145,17 @@ def test_the_budget_reaches_the_display_from_a_probe(monkeypatch):
 
 # ---------------------------------------------------------------- the backends' counts
 
-def record(call) -> tuple[list[tuple[int, int, int]], object]:
+def record(call, builds: list | None = None) -> tuple[list[tuple[int, int, int]], object]:
+    """The counts a call makes, and into `builds` the (count, seconds) of each kept build's end."""
     heard: list[tuple[int, int, int]] = []
-    with listening(lambda *a: heard.append(a)):
+
+    def listener(*count, built=0.0):
+        if built:
+            (builds if builds is not None else []).append((count, built))
+        else:
+            heard.append(count)
+
+    with listening(listener):
         out = call()
     return heard, out
 
@@ -166,6 +177,58 @@ def test_autograd_counts_each_vector_over_each_batch_and_changes_no_value(proble
     assert record(lambda: backend.hvp_sums(S))[0] == heard
     assert record(lambda: backend.vhv(S))[0] == heard
     assert record(lambda: backend.ggn_vp(V))[0] == [(16, 38, 2), (32, 38, 2), (38, 38, 2)]  # a block per batch
+
+
+def test_autograd_tells_each_kept_build_and_no_other():
+    # one batch: its graph is built and kept in the first call, reused after it
+    torch.manual_seed(0)
+    one = make_problem(mlp(True), n=8, batch_size=8)
+    V = torch.randn(2, one.layout.dim, dtype=torch.float64)
+    for method, arg in (("hvp", V), ("hvp_sums", V.sign().to(torch.int8)), ("vhv", V.sign().to(torch.int8)),
+                        ("ggn_vp", V)):
+        backend, builds = AutogradBackend(one), []
+        first, _ = record(lambda: getattr(backend, method)(arg), builds)
+        # at the build's end, before the first pass: nothing counted yet
+        assert [count for count, _ in builds] == [(0, 16, 2)], method
+        assert builds[0][1] > 0
+        assert first[-1] == (16, 16, 2)
+        again = []
+        record(lambda: getattr(backend, method)(arg), again)
+        assert again == [], method  # the kept graph costs the next call nothing
+    # three batches: the first call keeps nothing (flatcheck.engines.kept), the second keeps them
+    torch.manual_seed(0)
+    three = make_problem(mlp(True), n=19, batch_size=8)
+    backend = AutogradBackend(three)
+    V = torch.randn(1, three.layout.dim, dtype=torch.float64)
+    calls = [[], [], []]
+    for builds in calls:
+        record(lambda: backend.hvp(V), builds)
+    assert calls[0] == [] and [count for count, _ in calls[1]] == [(0, 19, 1), (8, 19, 1), (16, 19, 1)]
+    assert calls[2] == []
+
+
+def test_the_rate_starts_after_a_kept_build_and_leaves_later_ones_out():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("lmax (lanczos)", 0, 0)
+        clock.now += 6  # a basis's allocation, then the graph's building
+        passes = Passes(64, 1)
+        passes.built(4.0)
+        clock.now += 3  # the first product's own pass
+        passes.add(64)
+        progress("lmax (lanczos)", 1, Prior(10))
+        task = progress.current
+        # from the build's end: 3 s a product, nine to go; a prior's total is shown as a guess
+        assert task.eta() == pytest.approx(27.0)
+        assert lines_of(out) == ["flatcheck lmax (lanczos): 1/~10 · elapsed 0:00:09 · ETA ~0:00:27"]
+        clock.now += 5  # a product that built a batch's graph (kept) in 2 of its 5 s
+        block = Passes(64, 2)
+        block.built(2.0)
+        block.add(64, 2)
+        progress("lmax (lanczos)", 3, 10)
+        assert task.eta() == pytest.approx((3 + 3) / 3 * 7)
+        # the run's own forecast, after a prior's, is written at once
+        assert lines_of(out)[-1] == "flatcheck lmax (lanczos): 3/10 · elapsed 0:00:14 · ETA 0:00:14"
 
 
 def test_micro_batches_are_counted_as_the_pieces_they_are(problem):
@@ -236,3 +299,28 @@ def test_counts_within_the_first_block_time_the_work_after_the_first_count():
         assert task.progress() == 3 and task.eta() is None  # the rule has not forecast a total yet
         task.total = 100  # as a stderr forecast would
         assert task.eta() == pytest.approx(4.0 * 97)
+
+
+def test_an_eta_that_drifts_far_from_the_last_line_is_written_at_once():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("lmax (lanczos)", 0, 0)
+        for done, total in ((1, 8), (2, 8), (3, 8)):
+            clock.now += 4
+            progress("lmax (lanczos)", done, total)
+        # the first ETA (6 units at 4 s), at the second unit; the third says the same, aged
+        assert lines_of(out) == ["flatcheck lmax (lanczos): 2/8 · elapsed 0:00:08 · ETA 0:00:24"]
+        clock.now += 4
+        progress("lmax (lanczos)", 4, 12)  # 32 s against the 16 s the line said, aged: written
+        assert lines_of(out)[-1] == "flatcheck lmax (lanczos): 4/12 · elapsed 0:00:16 · ETA 0:00:32"
+        clock.now += 4
+        progress("lmax (lanczos)", 5, 13)  # 32 s against 28: within the factor
+        clock.now += 4
+        progress("lmax (lanczos)", 6, 11)  # 20 s against 24: within the factor
+        assert len(lines_of(out)) == 2
+        clock.now += 4
+        progress("lmax (lanczos)", 7, 20)  # 52 s against 20
+        assert lines_of(out)[-1] == "flatcheck lmax (lanczos): 7/20 · elapsed 0:00:28 · ETA 0:00:52"
+        clock.now += 1
+        progress("lmax (lanczos)", 8, 10)  # 7 s against 51, but the last line is a second old
+        assert len(lines_of(out)) == 3

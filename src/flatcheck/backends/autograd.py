@@ -12,6 +12,7 @@ flatcheck.engines.ggn_trace).
 from __future__ import annotations
 
 import re
+import time
 import warnings
 from typing import Callable, Iterator
 
@@ -120,16 +121,40 @@ class AutogradBackend:
         finally:
             handle.remove()
 
-    def _graphs(self) -> Iterator[tuple[tuple[int, ...], tuple[Tensor, ...]]]:
+    def _graphs(self, passes: Passes) -> Iterator[tuple[tuple[int, ...], tuple[Tensor, ...]]]:
         """(parameter indices, gradients with their graph) per batch; the caller holds the model mode.
 
         Graphs of batches 0, 1, … are kept across calls within GRAPH_CACHE_BYTES (flatcheck.engines.kept);
         later products only backpropagate through them. Batches where the loss is linear in
         every parameter (H = 0) yield nothing.
         """
-        for g in self._graph_cache.each(self._samples, self._grad_with_graph):
+        for g in self._kept(self._graph_cache, self._grad_with_graph, passes):
             if g:
                 yield tuple(zip(*g))  # type: ignore[misc]
+
+    def _kept(self, cache: KeptPrefix, build: Callable, passes: Passes) -> Iterator:
+        """`cache.each` over the samples, telling `passes` how long each build that the cache
+        keeps took (Passes.built): later calls reuse it, so a progress display leaves it out of
+        the rate of the products to come. A build the cache does not keep is repeated by every
+        call, and stays in the rate."""
+        if passes.listener is None:
+            yield from cache.each(self._samples, build)
+            return
+        took = 0.0
+
+        def timed(batch):
+            nonlocal took
+            start = time.perf_counter()
+            try:
+                return build(batch)
+            finally:
+                took = time.perf_counter() - start
+
+        for item in cache.each(self._samples, timed):
+            if took and cache.items and cache.items[-1] is item:
+                passes.built(took)
+            took = 0.0
+            yield item
 
     def _hv_row(self, index, outputs, v: list[Tensor]) -> tuple[Tensor | None, ...]:
         """H_batch v for one vector given per parameter; None where a part is zero.
@@ -157,24 +182,24 @@ class AutogradBackend:
         out = torch.zeros_like(V)
         rows_out = [layout.split(out[i : i + 1]) for i in range(V.shape[0])]
         rows_in = [layout.unflatten(V[i]) for i in range(V.shape[0])]
-        sizes, passes = self._passes(V.shape[0])
+        passes = self._passes(V.shape[0])
         with self._mode():
-            for b, (index, outputs) in enumerate(self._graphs()):
+            for b, (index, outputs) in enumerate(self._graphs(passes)):
                 # one backward per vector, added straight into its row of `out`: a block of
                 # products costs no (k, P) temporaries beyond V and the result
                 for i in range(V.shape[0]):
                     for acc, piece in zip(rows_out[i], self._hv_row(index, outputs, rows_in[i])):
                         if piece is not None:
                             acc.add_(piece.unsqueeze(0))
-                    passes.add(sizes[b] if b < len(sizes) else 0)
+                    passes.batch(b)
         return out
 
-    def _passes(self, vectors: int) -> tuple[list[int], Passes]:
-        """The batches' sizes and the count of a call's passes (report.pulse), for a progress
-        display to show within a call; only a count: a batch skipped for having no graph (a
-        loss linear in every parameter) shifts it, and the call's own report follows it."""
+    def _passes(self, vectors: int) -> Passes:
+        """The count of a call's passes over the batches (report.pulse), for a progress display
+        to show within a call; only a count: a batch skipped for having no graph (a loss linear
+        in every parameter) shifts it, and the call's own report follows it."""
         sizes = batch_sizes(self._samples) if listened() else []
-        return sizes, Passes(sum(sizes), vectors)
+        return Passes(sum(sizes), vectors, sizes)
 
     def hvp_sums(self, S: Tensor) -> Tensor:
         """Σ over each parameter tensor of v ⊙ Hv, for every row v of S: (k, n_params) float64.
@@ -185,15 +210,15 @@ class AutogradBackend:
         """
         layout, dtype = self.problem.layout, self.problem.dtype
         sums = torch.zeros(S.shape[0], len(self._params), dtype=torch.float64, device=S.device)
-        sizes, passes = self._passes(S.shape[0])
+        passes = self._passes(S.shape[0])
         with self._mode():
-            for b, (index, outputs) in enumerate(self._graphs()):
+            for b, (index, outputs) in enumerate(self._graphs(passes)):
                 for i in range(S.shape[0]):
                     v = layout.unflatten(S[i].to(dtype))
                     for j, piece in enumerate(self._hv_row(index, outputs, v)):
                         if piece is not None:
                             sums[i, j] += rowsum64((piece * v[j]).reshape(1, -1))[0]
-                    passes.add(sizes[b] if b < len(sizes) else 0)
+                    passes.batch(b)
         return sums
 
     def vhv(self, S: Tensor, scale: Tensor | None = None) -> Tensor:
@@ -231,28 +256,28 @@ class AutogradBackend:
             return (primal, batch.weight), primal.nbytes
 
         out = torch.zeros(S.shape[0], dtype=torch.float64, device=S.device)
-        sizes, passes = self._passes(S.shape[0])
+        passes = self._passes(S.shape[0])
         with self._mode():
-            for b, (primal, weight) in enumerate(self._primal_cache.each(self._samples, build)):
+            for b, (primal, weight) in enumerate(self._kept(self._primal_cache, build, passes)):
                 for i in range(S.shape[0]):
                     row = S[i].to(dtype)
                     v = layout.unflatten(row if scale is None else row * scale)
                     out[i] += weight * primal.second_derivative(v)
-                    passes.add(sizes[b] if b < len(sizes) else 0)
+                    passes.batch(b)
         return out
 
     def ggn_vp(self, V: Tensor) -> Tensor:
         layout = self.problem.layout
         k = V.shape[0]
         out = torch.zeros_like(V)
-        passes = Passes(sum(batch_sizes(self._samples)) if listened() else 0, k)
+        passes = self._passes(k)
         with self._mode():
-            for logits, u, jt_u_flat, batch in self._ggn_cache.each(self._samples, self._ggn_graph):
+            for b, (logits, u, jt_u_flat, batch) in enumerate(self._kept(self._ggn_cache, self._ggn_graph, passes)):
                 (jv,) = pullback(jt_u_flat, [u], V)  # (k, B, C)
                 scale = batch.weight / logits.shape[0]
                 ajv = apply_output_hessian(logits, batch.y, self.problem.loss, jv) * scale
                 out += layout.flatten(pullback(logits, self._params, ajv), k)
-                passes.add(logits.shape[0], k)
+                passes.batch(b, k)
         return out
 
     def _ggn_graph(self, batch) -> tuple[tuple, int]:

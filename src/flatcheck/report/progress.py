@@ -13,19 +13,24 @@ says so (`stopped`), so that its last line does not look unfinished.
 
 Within a unit the backends count their passes over the samples (report/pulse.py): a product
 over 64 samples of a ResNet is one call of tens of seconds, and the line shows how far it got
-(`product 1: samples 32/64`, `block: vectors 3/5`). A probe's first count and first ETA are
-written as soon as they exist, once it has run FIRST_AFTER seconds (a fast probe writes no
-more than its end line), instead of waiting for the ticker; and once the run's length can be
-told (a rate and a total), a run forecast to take longer than LONG_RUN says so at once, with
-how to make it shorter. An ETA past the probe's share of --budget says the budget will stop it.
+(`product 1: samples 32/64`, `block: vectors 3/5`). A probe's first count, its first ETA and
+its first ETA from the run's own forecast (not a prior's) are written as soon as they exist,
+once it has run FIRST_AFTER seconds or is forecast to run past that (a fast probe writes no
+more than its end line), instead of waiting for the ticker, and so is an ETA that has moved
+far from what the last line said (CORRECTION); once the run's length can be told (a rate and a
+total), a run forecast to take longer than LONG_RUN says so at once, with how to make it
+shorter. An ETA past the probe's share of --budget says the budget will stop it.
 
-The ETA comes from the work done after the first unit (or the first count within one): that
-includes the one-off
-costs (tracing, the first forward pass, allocator warm-up), which would inflate every later
-estimate if averaged in, and a windowed rate swings with the machine's load. The total is the
-estimator's own forecast of the units its stopping rule needs (an error bound's decay, a
-standard error against its rtol, a budget), not its cap, and may change as the run goes; a
-total of 0 after units are done means "not yet forecast": the line shows the count as `n/?`.
+The ETA comes from the work done after the one-off costs (building the graph that later
+products reuse, tracing, the first forward pass, allocator warm-up), which would inflate every
+later estimate if averaged in: from where a backend said it finished a kept build
+(report/pulse.Passes.built), else from the first unit (or a block's first count within one);
+builds after that are left out of the rate. A windowed rate would swing with the machine's
+load. The total is the estimator's own forecast of the units its stopping rule needs (an error
+bound's decay, a standard error against its rtol, a budget), not its cap, and may change as the
+run goes; a total of 0 after units are done means "not yet forecast": the line shows the count
+as `n/?`. A total that is a prior (linalg/forecast.Prior: what such a stop usually takes, before
+the run's own progress can tell) is shown as one: `1/~10 · … · ETA ~0:00:27`.
 """
 
 from __future__ import annotations
@@ -45,9 +50,15 @@ from typing import Any, Callable, TextIO
 DEFAULT_PERIOD = 15.0
 PERIOD_ENV = "FLATCHECK_PROGRESS_SECONDS"
 PREFIX = "flatcheck"  # every progress line starts with it; error lines start with "error:"
-# a probe that has run this long writes its first count and its first ETA at once (not at the
-# next tick): a CI log learns within seconds how far a long probe is and when it will end
+# a probe that has run this long, or is forecast to run past this, writes its first count and
+# its first ETA at once (not at the next tick): a CI log learns within seconds how far a long
+# probe is and when it will end
 FIRST_AFTER = 10.0
+# an ETA that has moved from what the last line said (aged since) by more than this factor and
+# these seconds is written at once: a log's last ETA is the one a reader believes, and a
+# forecast that changes by half within a period would leave it wrong until the next tick
+CORRECTION = 1.5
+CORRECTION_SECONDS = 5.0
 # a run forecast to take longer than this says so, with the flags that make it shorter
 LONG_RUN = 180.0
 
@@ -103,10 +114,14 @@ class Task:
     # the unit in progress, as its backend calls count it (report/pulse.py): (sample passes
     # done, sample passes in all, vectors); None between units
     within: tuple[int, int, int] | None = None
+    # seconds of kept builds after the anchor (report/pulse.Passes.built): left out of the rate
+    built: float = 0.0
+    guess: bool = False  # the total is a prior (linalg/forecast.Prior), not the run's own forecast
     samples: int | None = None  # the samples a product runs over, once a backend has counted them
     deadline: float | None = None  # when --budget stops it (the renderer's clock), if it has one
     # what has been written at once (FIRST_AFTER, LONG_RUN): each once
     said: set = field(default_factory=set, repr=False)
+    told: tuple[float, float] | None = None  # (when, ETA) of the last line written with an ETA
     moved: float = 0.0  # when the work last moved on: a unit's report or a count within one
     bar_id: Any = field(default=None, repr=False)
 
@@ -117,14 +132,24 @@ class Task:
             self.anchor = (now, done) if self.warmup else (self.started, done - 1)
         if done != self.done:
             self.within = None
-        self.done, self.total, self.last, self.moved = done, total, now, now
+        self.guess = bool(getattr(total, "prior", False))
+        self.done, self.total, self.last, self.moved = done, int(total), now, now
         if value is not None:
             self.value, self.stderr = value, stderr
 
-    def passed(self, now: float, done: int, total: int, vectors: int) -> None:
+    def passed(self, now: float, done: int, total: int, vectors: int, built: float = 0.0) -> None:
         """A backend's count within the unit in progress: `done` of `total` sample passes over
-        `vectors` vectors (report/pulse.Passes)."""
+        `vectors` vectors (report/pulse.Passes); with `built`, the end of a build that later
+        calls reuse, which took that many seconds."""
         self.samples = total // max(vectors, 1)
+        if built:
+            if self.anchor is None and self.warmup:
+                # the rate counts from here: what came before (the build, a basis's allocation)
+                # is not repeated by the products to come
+                self.anchor = (now, self.progress())
+            elif self.anchor is not None:
+                self.built += built
+            return
         if done >= total:  # the call's end: the unit's report follows, and says it
             return
         self.within, self.moved = (done, total, vectors), now
@@ -154,7 +179,7 @@ class Task:
         now = self.progress()
         if now <= d0:
             return None
-        return (self.moved - t0) / (now - d0) * max(0.0, self.total - now)
+        return max(0.0, self.moved - t0 - self.built) / (now - d0) * max(0.0, self.total - now)
 
     def remaining(self, now: float) -> float | None:
         """The ETA as it stands at `now`: counted from when the work last moved, since a unit of
@@ -182,8 +207,9 @@ class Task:
     def line(self, now: float, *, end: bool = False) -> str:
         elapsed = f"elapsed {clock_text(now - self.started)}"
         within = None if end else self.within_text()
+        about = "~" if self.guess and not end else ""  # a prior's total, and the ETA from it
         if self.known:
-            parts = [f"{self.done}/{self.total}", elapsed]
+            parts = [f"{self.done}/{about}{self.total}", elapsed]
         elif self.done:  # units done, the total not yet forecast
             parts = [f"{self.done}/?", elapsed]
         else:
@@ -193,7 +219,8 @@ class Task:
         if end:
             parts.insert(0, f"stopped by the {self.stop}" if self.stop else "done")
         elif self.known or self.done:
-            parts.append(f"ETA {clock_text(self.remaining(now))}")
+            left = self.remaining(now)
+            parts.append(f"ETA {about if left is not None else ''}{clock_text(left)}")
             budget = self.budget_text(now)
             if budget:
                 parts.append(budget)
@@ -204,9 +231,20 @@ class Task:
         return f"{PREFIX} {self.desc}: " + " · ".join(parts)
 
     def shown(self, now: float) -> set[str]:
-        """What a line now shows of the firsts written at once: a count, an ETA."""
-        return {w for w, r in (("count", self.done > 0 or self.within is not None),
-                               ("eta", self.remaining(now) is not None)) if r}
+        """What a line now shows of the firsts written at once: a count, an ETA, an ETA from
+        the run's own forecast (after one from a prior, the line that corrects it)."""
+        eta = self.remaining(now) is not None
+        return {w for w, r in (("count", self.done > 0 or self.within is not None), ("eta", eta),
+                               ("forecast", eta and not self.guess)) if r}
+
+    def drifted(self, now: float) -> bool:
+        """Whether the ETA now is far from the last line's, aged since (CORRECTION): by more than
+        the factor and the seconds both, and the last line at least those seconds old."""
+        left = self.remaining(now)
+        if self.told is None or left is None or now - self.told[0] < CORRECTION_SECONDS:
+            return False
+        stale = max(0.0, self.told[1] - (now - self.told[0]))
+        return abs(left - stale) >= CORRECTION_SECONDS and not stale / CORRECTION <= left <= stale * CORRECTION
 
     def budget_text(self, now: float) -> str | None:
         """`--budget stops it in H:MM:SS` where the ETA runs past the probe's share of the budget."""
@@ -237,6 +275,13 @@ class Task:
                 fewer = f"--samples {fit} (about {clock_text(whole * fit / samples)}), or "
         return (f"{PREFIX} {self.desc}: this run will take about {clock_text(whole)}; for a shorter one use "
                 f"{fewer or '--samples (fewer samples), or '}--budget SECONDS, which stops it on time")
+
+    def long_run_news(self, now: float) -> str | None:
+        """The long-run line (long_run_line) the first time there is one, else None: said once."""
+        hint = None if "long" in self.said else self.long_run_line(now)
+        if hint is not None:
+            self.said.add("long")
+        return hint
 
 
 class ProgressRenderer:
@@ -316,21 +361,21 @@ class ProgressRenderer:
             elif task.known and done >= total and not task.finished:
                 self._finish(task, now)
             else:
-                self._say_firsts(task, now)
+                self._say_news(task, now)
 
-    def within(self, done: int, total: int, vectors: int) -> None:
+    def within(self, done: int, total: int, vectors: int, built: float = 0.0) -> None:
         """A backend's count within the unit in progress (report/pulse.Passes): `done` of
-        `total` sample passes, over `vectors` vectors."""
+        `total` sample passes, over `vectors` vectors; with `built`, a kept build's end."""
         now = self.clock()
         with self._lock:
             task = self.current
             if task is None or task.finished:
                 return
-            task.passed(now, done, total, vectors)
+            task.passed(now, done, total, vectors, built)
             if self._bar is not None:
                 self._draw(task)
             else:
-                self._say_firsts(task, now)
+                self._say_news(task, now)
 
     def budget(self, desc: str, seconds: float) -> None:
         """The probe of `desc` has `seconds` of --budget left: an ETA past it says the budget
@@ -340,19 +385,26 @@ class ProgressRenderer:
             if task is not None:
                 task.deadline = self.clock() + seconds
 
-    def _say_firsts(self, task: Task, now: float) -> None:
-        """Off a terminal: the probe's first count and first ETA at once once it has run
-        FIRST_AFTER seconds, and a forecast past LONG_RUN whenever it is first known."""
-        hint = None if "long" in task.said else task.long_run_line(now)
+    def _say_news(self, task: Task, now: float) -> None:
+        """Off a terminal, at once: a forecast past LONG_RUN whenever it is first known; once
+        the probe has run FIRST_AFTER seconds or is forecast to run past that, its firsts (a
+        count, an ETA, an ETA from its own forecast) and an ETA that has drifted from the last
+        line's."""
+        hint = task.long_run_news(now)
         if hint is not None:
-            task.said.add("long")
             self._write(hint, now)
-        if now - task.started < FIRST_AFTER:
+        if now - task.started < FIRST_AFTER and not (task.forecast(now) or 0.0) > FIRST_AFTER:
             return
-        ready = task.shown(now)
-        if ready - task.said:
-            task.said |= ready
-            self._write(task.line(now), now)
+        if task.shown(now) - task.said or task.drifted(now):
+            self._say(task, now)
+
+    def _say(self, task: Task, now: float) -> None:
+        """The task's line, and what it showed: no line of its own is needed for it after."""
+        self._write(task.line(now), now)
+        task.said |= task.shown(now)
+        left = task.remaining(now)
+        if left is not None:
+            task.told = (now, left)
 
     def stopped(self, desc: str, reason: str) -> None:
         """The probe of `desc` ended short of its total because of `reason` ("budget"): its end
@@ -403,8 +455,7 @@ class ProgressRenderer:
                     continue  # a probe's end line came in between
                 task = self.current
                 if task is not None and not task.finished:
-                    self._write(task.line(now), now)
-                    task.said |= task.shown(now)  # what the line shows needs no line of its own
+                    self._say(task, now)
                 else:
                     what = self.phase if task is None else f"{task.desc} done, next probe starting"
                     self._write(f"{PREFIX}: {what} · elapsed {clock_text(now - self.started)}", now)
@@ -427,9 +478,8 @@ class ProgressRenderer:
                                              t0=task.started)
         eta = task.eta()
         now = self.clock()
-        hint = None if "long" in task.said else task.long_run_line(now)
+        hint = task.long_run_news(now)
         if hint is not None:
-            task.said.add("long")
             self._bar.console.print(hint, markup=False, highlight=False)
         estimate = " · ".join(t for t in (task.within_text(), value_text(task.value, task.stderr),
                                           task.budget_text(now)) if t)

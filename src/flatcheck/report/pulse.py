@@ -4,7 +4,10 @@ A product over the whole sample set, or a block of products, is one call into a 
 on a large model one call can take a minute: a progress line that counts finished calls says
 nothing meanwhile. A backend counts the passes it finishes (`Passes.add`: a vector's pass over
 a batch), and whoever listens (`listening`: the progress display) hears the count of sample
-passes done and in all. Nothing is computed for it: without a listener `add` is a lookup.
+passes done and in all. It also says how long it spent building what later calls reuse
+(`Passes.built`: a batch's forward and first-order graph, kept), so that the display can time
+a product as a later one will run, without the build the first one carries. Nothing is
+computed for it: without a listener `add` is a lookup.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from contextvars import ContextVar
 from typing import Callable, Iterator
 
 # (sample passes done, sample passes in the call, vectors in the call): a call over N samples
-# with k vectors makes N·k sample passes
-Listener = Callable[[int, int, int], None]
+# with k vectors makes N·k sample passes; with `built=seconds` (a keyword), a build that later
+# calls reuse has just ended, and took that long
+Listener = Callable[..., None]
 
 _listener: ContextVar[Listener | None] = ContextVar("flatcheck_pulse", default=None)
 
@@ -36,13 +40,26 @@ def listened() -> bool:
 
 
 class Passes:
-    """The passes of one call: `vectors` vectors, each over `samples` samples in all."""
+    """The passes of one call: `vectors` vectors, each over `samples` samples in all; `sizes`,
+    the batches' sizes where the caller counts by batch (`batch`)."""
 
-    def __init__(self, samples: int, vectors: int):
+    def __init__(self, samples: int, vectors: int, sizes: list[int] | None = None):
         self.total = samples * vectors
         self.vectors = vectors
+        self.sizes = sizes or []
         self.done = 0
         self.listener = _listener.get()
+
+    def batch(self, index: int, vectors: int = 1) -> None:
+        """`vectors` vectors have passed over batch `index` of `sizes` (a batch past them counts
+        nothing: only a count, which the call's own report follows)."""
+        self.add(self.sizes[index] if index < len(self.sizes) else 0, vectors)
+
+    def built(self, seconds: float) -> None:
+        """Something later calls reuse (a kept graph) has just been built, in `seconds`: a rate
+        taken from here on is a later call's."""
+        if self.listener is not None:
+            self.listener(self.done, self.total, self.vectors, built=seconds)
 
     def add(self, samples: int, vectors: int = 1) -> None:
         """`vectors` vectors have passed over a batch of `samples` samples."""
