@@ -158,7 +158,9 @@ def _missing_weights(argv: list[str]) -> str | None:
     decide. Said only when every argument is one of the command's flags or a value one of them
     takes, so that nothing read here as an option's value is in fact the CHECKPOINT; anything
     else (an unknown flag, `--`, --help) leaves it to the parser."""
-    if len(argv) < 3 or not {"--model", "--spec"} & {a.partition("=")[0] for a in argv[2:]}:
+    if len(argv) < 3 or not argv[2].startswith("-"):
+        return None  # the first argument is the CHECKPOINT: the common case, told at no cost
+    if not {"--model", "--spec"} & {a.partition("=")[0] for a in argv[2:]}:
         return None
     from .probes.catalogue import current
 
@@ -203,7 +205,7 @@ def _flags(options: list[dict]) -> tuple[set[str], set[str]]:
         names = [option.default, *option.param_decls]
         (switches if typing.get_args(annotation)[0] is bool else valued).update(names)
     for option in options:
-        names = [n for flag in option["flags"] for n in flag.split("/")]
+        names = [n for flag in option["flags"] or () for n in flag.split("/")]  # None: set by the command
         (switches if isinstance(option["default"], bool) else valued).update(names)
     return switches, valued
 

@@ -68,6 +68,15 @@ def test_the_early_refusal_reads_option_values_as_values():
     assert _missing_weights(["flatcheck", *argv]) == NO_WEIGHTS
 
 
+def test_every_probe_command_has_the_early_refusal():
+    """Each probe's flags are read from its catalogue entry, options the command sets itself
+    (no flag) included."""
+    from flatcheck.probes.catalogue import current
+
+    for name in current():
+        assert _missing_weights(["flatcheck", name, "--model", "timm:test_vit", "--data", "digits"]) == NO_WEIGHTS, name
+
+
 def test_imports_done_leaves_a_process_the_entry_point_did_not_start_alone():
     frozen, enabled = gc.get_freeze_count(), gc.isenabled()
     imports_done()
