@@ -85,7 +85,11 @@ class CommandResult(Protocol):
 class Registered:
     name: str
     help: str
-    function: Callable
+    make: Callable[[], Callable]  # the command's function, made when the command is built
+
+    @property
+    def function(self) -> Callable:
+        return self.make()
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ def command(name: str, help: str) -> Callable:
     """Register a command with its own options only (scan, report, explain …)."""
 
     def deco(fn: Callable) -> Callable:
-        REGISTERED.append(Registered(name, help, fn))
+        REGISTERED.append(Registered(name, help, lambda: fn))
         return fn
 
     return deco
@@ -121,7 +125,9 @@ def probe_command(name: str, help: str, *, budget: bool = False) -> Callable:
     """
 
     def deco(fn: Callable) -> Callable:
-        REGISTERED.append(Registered(name, help, with_shared(fn, budget)))
+        # the shared options are appended when the command is built, not on importing the CLI:
+        # a run of another command does not pay for this one's signature
+        REGISTERED.append(Registered(name, help, lambda: with_shared(fn, budget)))
         return fn
 
     return deco
@@ -182,7 +188,7 @@ def setting_options(budget: bool) -> list[tuple[str, Any, Any]]:
     --budget only where the command takes it (gate runs fixed probe counts, so that runs pair,
     and invariance compares two runs)."""
     out = []
-    hints = typing.get_type_hints(Settings)
+    hints = _settings_hints()
     for field in dataclasses.fields(Settings):
         how = field.metadata[SETTING]
         if how.flag is None or (field.name == "budget" and not budget):
@@ -195,6 +201,12 @@ def setting_options(budget: bool) -> list[tuple[str, Any, Any]]:
             default = str(default)
         out.append((field.name, Annotated[kind, typer.Option(how.flag, help=how.help)], default))
     return out
+
+
+@functools.cache
+def _settings_hints() -> dict[str, Any]:
+    # read once: several modules ask for the settings' flags when they are imported
+    return typing.get_type_hints(Settings)
 
 
 def shared_options(budget: bool = False) -> list[tuple[str, Any, Any]]:
