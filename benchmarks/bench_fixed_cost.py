@@ -19,6 +19,11 @@ that costs.
     python benchmarks/bench_fixed_cost.py [--repeat 5] [--label after] [--save] [--src DIR]
                                           [--before-src DIR --before-label TEXT] [--rows TEXT ...]
 
+flatcheck's entry point turns the collector off while the CLI, the command and torch are
+imported, and freezes what was imported before the interpreter's shutdown (flatcheck.entry);
+the row 'import torch, collector off' times `import torch` treated the same way, to tell the
+share of a ratio that this accounts for from the share that is the run's own work.
+
 --src DIR runs the rows on another copy of the package's src/ than the working tree's (e.g.
 `git archive HEAD src | tar -x -C DIR`, then DIR/src: the committed state, without work in
 progress). --before-src DIR adds the trace rows run on a second copy, interleaved with the others.
@@ -60,6 +65,8 @@ FLOOR = "import torch"
 ROWS: list[tuple[str, list[str], str]] = [
     ("python -c pass", PY + ["-c", "pass"], "the interpreter alone"),
     (FLOOR, PY + ["-c", "import torch"], "the floor of any run"),
+    ("import torch, collector off", PY + ["-c", "import gc; gc.disable(); import torch; gc.freeze()"],
+     "the floor with the collector as flatcheck's entry point sets it: off while importing, torch frozen at exit"),
     ("import flatcheck.cli", PY + ["-c", "import flatcheck.cli"], "typer, rich and the CLI, no torch"),
     ("flatcheck --help", FLATCHECK + ["--help"], "no torch: the probes' help lines from their catalogue"),
     ("flatcheck --version", FLATCHECK + ["--version"], "no torch: torch's version from its metadata"),
