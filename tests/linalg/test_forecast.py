@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from flatcheck.linalg.forecast import PRIOR_TOTAL, DecayForecast, Prior, stderr_forecast
+from flatcheck.linalg.forecast import COLD_STEPS, DecayForecast, Prior, stderr_forecast
 from flatcheck.linalg.lanczos import lanczos_top
 from flatcheck.linalg.trace import hutchpp
 from tests.support.dense import DenseOperator as Dense
 
 
 def test_a_geometric_decay_is_forecast_from_its_second_point_on():
-    f = DecayForecast(limit=300, extra=1, prior=0)
+    f = DecayForecast(limit=300, extra=1, prior_steps=0)
     assert f.total(1, math.e ** 12) == 0  # one point, left out of the rate: no forecast yet
     # the second point alone: the prior's one e-fold a step, 10 more steps, then the check
     assert f.total(2, math.e ** 10) == 2 + 10 + 1
@@ -35,7 +35,7 @@ def test_the_first_steep_fall_and_a_plateau_do_not_swing_the_forecast():
                  [14.03, 6.92, 5.21, 4.23, 3.21, 3.23, 2.72, 1.31, -1.85]):
         f = DecayForecast(limit=300, extra=1)
         totals = [f.total(d, math.exp(x)) for d, x in enumerate(logs, start=1)]
-        assert isinstance(totals[0], Prior) and totals[0] == PRIOR_TOTAL and totals[-1] == 10
+        assert isinstance(totals[0], Prior) and totals[0] == COLD_STEPS + 1 and totals[-1] == 10
         assert not any(isinstance(t, Prior) for t in totals[1:])  # the decay's forecast from the second on
         for done, total in zip(range(2, 9), totals[1:8]):
             assert 0.5 * (10 - done) <= total - done <= 2 * (10 - done), (done, totals)
@@ -44,20 +44,37 @@ def test_the_first_steep_fall_and_a_plateau_do_not_swing_the_forecast():
 
 
 def test_a_prior_before_the_bound_has_fallen_once_only_where_it_was_measured():
-    # a cold stop of one eigenvalue (its check: one product) shows the prior, marked as one
+    # a one-vector cold stop of one eigenvalue (its check: one product) shows the prior, marked
     f = DecayForecast(limit=300, extra=1)
     first = f.total(1, math.e ** 12)
-    assert isinstance(first, Prior) and first.prior and first == PRIOR_TOTAL
-    assert f.total(1, math.inf) == PRIOR_TOTAL  # no finite bound yet: still the prior
+    assert isinstance(first, Prior) and first.prior and first == COLD_STEPS + 1
+    assert f.total(1, math.inf) == COLD_STEPS + 1  # no finite bound yet: still the prior
     assert not isinstance(f.total(2, math.e ** 10), Prior)  # the decay's own forecast takes over
     # never less than a step and the check past what is done, never past the cap
-    late = DecayForecast(limit=300, extra=1)
-    assert late.total(12, math.e ** 12) == 12 + 1 + 1
+    assert DecayForecast(limit=300, extra=1).total(12, math.e ** 12) == 12 + 1 + 1
     assert DecayForecast(limit=6, extra=1).total(1, math.e ** 12) == 6
     # none where it was not measured: a warm start, several eigenvalues, power iteration; or off
-    for f in (DecayForecast(300), DecayForecast(300, extra=3), DecayForecast(300, extra=1, prior=0)):
+    for f in (DecayForecast(300), DecayForecast(300, extra=3), DecayForecast(300, extra=1, prior_steps=0)):
         assert f.total(1, math.e ** 12) == 0
-    assert DecayForecast(300, extra=3, prior=25).total(3, math.e ** 12) == 25  # a caller's own prior
+    # a caller's own, in its steps: a block of two vectors a step, no check
+    assert DecayForecast(300, per_step=2, prior_steps=COLD_STEPS).total(2, math.e ** 12) == 2 * COLD_STEPS
+
+
+def test_a_block_step_counts_its_products_and_its_rate_is_a_steps():
+    # log-ratios of a block of two on a ResNet-18 (benchmarks/results/eta_resnet18.md), a report
+    # every two products; converged at 16 products, no check
+    logs = [13.86, 7.11, 5.21, 4.65, 4.50, 3.86, 1.65]
+    f = DecayForecast(limit=300, per_step=2, prior_steps=COLD_STEPS)
+    totals = [f.total(d, math.exp(x)) for d, x in zip(range(2, 16, 2), logs)]
+    assert all(t % 2 == 0 for t in totals)  # whole steps
+    assert totals[0] == 18 and isinstance(totals[0], Prior)
+    for done, total in zip(range(4, 16, 2), totals[1:]):
+        assert 0.5 * (16 - done) <= total - done <= 2 * (16 - done), (done, totals)
+    # a product's rate of one e-fold (the one-vector prior) would forecast 11 at the second
+    assert DecayForecast(limit=300).total(2, math.exp(logs[0])) == 0
+    one = DecayForecast(limit=300)
+    one.total(2, math.exp(logs[0]))
+    assert one.total(4, math.exp(logs[1])) == 11
 
 
 def test_a_check_that_fell_short_holds_the_forecast_to_the_next_check():

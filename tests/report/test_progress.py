@@ -246,6 +246,16 @@ def test_cli_refuses_a_bad_period():
     assert proc.returncode == 2 and proc.stderr.splitlines()[-1].startswith("error: $FLATCHECK_PROGRESS_SECONDS")
 
 
+def test_an_end_reported_twice_is_one_end():
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("lmax (lanczos)", 0, 0)
+        for done in (2, 4, 4):  # the step that met the stop, then the estimator's end
+            clock.now += 1
+            progress("lmax (lanczos)", done, 4)
+    assert lines_of(out) == ["flatcheck lmax (lanczos): done · 4/4 · elapsed 0:00:02"]
+
+
 def test_a_probe_run_twice_gets_two_end_lines():
     # invariance runs the probes before and after the rescaling under one renderer
     clock, out = FakeClock(), io.StringIO()

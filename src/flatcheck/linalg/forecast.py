@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import math
 
-# the first finite bound is left out of the rate: it comes from a one-vector Krylov space, and
+# the first finite bound is left out of the rate: it comes from a one-step Krylov space, and
 # its fall to the second is many times any later step's (6–7 of log e against 1–2 on a
 # ResNet-18), so a rate that includes it forecasts a run a fraction of its length
 SKIP = 1
 # before the steps tell their own rate, a fall of one e-fold a step (what lmax's bound falls by
-# a step on a ResNet-18 at random init, after the first), worth PRIOR_STEPS steps of evidence:
-# a forecast from the second step on, which the measured steps take over as they come
+# a step on a ResNet-18 at random init, after the first, one vector or a block of two),
+# worth PRIOR_STEPS steps of evidence: a forecast from the second step on, which the
+# measured steps take over as they come
 PRIOR_RATE = 1.0
 PRIOR_STEPS = 2
-# the products in all (its check's included) a cold certified stop of one eigenvalue takes at
-# the default tol, before its bound has fallen once: 10 for every one of seeds 0–3 on a
-# torchvision ResNet-18 at random init over 64 samples, 7 on the demo digits CNN, a median of
-# 9.5 on benchmarks/bench_tracker.py's tanh MLP (issue 30). Not a forecast of this run: the
-# line marks it as a guess (`1/~10`), and the decay's forecast replaces it at the second bound.
-PRIOR_TOTAL = 10
+# the steps a cold certified stop of one eigenvalue takes at the default tol, as a prior before
+# its bound has fallen once: on a torchvision ResNet-18 at random init over 64 samples, 9 for
+# seeds 0–3 with one vector a step (10 products with the check), 8, 9, 8, 9 with a block of two
+# (16 and 18 products); 6 on the demo digits CNN (issue 30). Not a forecast of
+# this run: the line marks it as a guess (`1/~10`), and the decay's forecast replaces it at
+# the second bound.
+COLD_STEPS = 9
 
 
 class Prior(int):
@@ -42,15 +44,19 @@ class DecayForecast:
     its second finite value (SKIP), shrunk towards PRIOR_RATE. One step's rate swings by
     several times between steps (a plateau, then a fast fall), so a latest-step rate makes the
     total jump up and down; the mean over the run holds steady, and Lanczos' speed-up as it
-    goes errs it on the long side. `limit`: the cap on units; `extra`: units the stop takes
-    besides the steps (a cold Lanczos check's true residuals: one product per Ritz vector);
-    `prior`: the total to show (as a Prior) before the bound has fallen once, 0 for none; by
-    default PRIOR_TOTAL for a cold stop of one eigenvalue (extra 1), the case it was measured
-    on, and none for any other (a warm start, several eigenvalues, power iteration)."""
+    goes errs it on the long side.
 
-    def __init__(self, limit: int, extra: int = 0, prior: int | None = None):
-        self.limit, self.extra = limit, extra
-        self.prior = (PRIOR_TOTAL if extra == 1 else 0) if prior is None else prior
+    `limit`: the cap on units (products); `extra`: units the stop takes besides the steps (a
+    cold Lanczos check's true residuals: one product per Ritz vector); `per_step`: the units a
+    step takes (a block's rows), the unit the prior rate and the steps left are counted in;
+    `prior_steps`: the steps to show (as a Prior total) before the bound has fallen once, 0
+    for none; by default COLD_STEPS for a one-vector cold stop of one eigenvalue (extra 1),
+    the case it was measured on, and none for any other (a warm start, several eigenvalues,
+    power iteration) unless the caller passes it."""
+
+    def __init__(self, limit: int, extra: int = 0, *, per_step: int = 1, prior_steps: int | None = None):
+        self.limit, self.extra, self.per_step = limit, extra, max(1, per_step)
+        self.prior_steps = (COLD_STEPS if extra == 1 else 0) if prior_steps is None else prior_steps
         self.seen: list[tuple[int, float]] = []
         self.last = 0
         # the stop's own schedule: after a check that fell short, nothing ends before this unit
@@ -66,15 +72,16 @@ class DecayForecast:
         if ratio > 0 and math.isfinite(ratio):
             self.seen.append((done, math.log(ratio)))
         used = self.seen[SKIP:]
-        slope = 0.0
+        step = self.per_step
+        slope = 0.0  # log-ratio a unit
         if used:
             (d0, l0), (d1, l1) = used[0], used[-1]
-            slope = (l0 - l1 + PRIOR_RATE * PRIOR_STEPS) / (d1 - d0 + PRIOR_STEPS)
+            slope = (l0 - l1 + PRIOR_RATE * PRIOR_STEPS) / (d1 - d0 + PRIOR_STEPS * step)
         if slope > 0:
-            left = max(1, round(used[-1][1] / slope))
+            left = step * max(1, round(used[-1][1] / slope / step))  # whole steps
             self.last = min(self.limit, max(done + left, self.not_before) + self.extra)
-        elif not used and self.prior:
-            self.last = Prior(min(self.limit, max(self.prior, done + 1 + self.extra)))
+        elif not used and self.prior_steps:
+            self.last = Prior(min(self.limit, max(self.prior_steps * step, done + step) + self.extra))
         elif self.last <= done:
             self.last = 0
         return self.last

@@ -344,6 +344,8 @@ class ProgressRenderer:
         now = self.clock()
         with self._lock:
             task = self.tasks.get(desc)
+            if task is not None and task.finished and 0 < done == task.done == total == task.total:
+                return  # its end again (a last step that met the stop, then the end): no new run
             # the same description counting from the start again is a new run of the probe
             # (invariance runs every probe twice, gate may rerun): a task of its own
             if task is None or done < task.done or (task.finished and done <= task.done):
