@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from flatcheck.linalg.forecast import Prior
 from flatcheck.report.progress import PREFIX, ProgressRenderer, Task, starting_line
 from tests.support.clock import FakeClock, lines_of
 from tests.support.proc import HANG_GUARD
@@ -157,6 +158,9 @@ def test_the_bar_gets_our_eta_and_estimate():
             progress("trace", i, 11, value=3.0, stderr=0.5)
         fields = progress._bar.tasks[0].fields
         assert fields["eta"] == "0:00:16" and fields["estimate"] == "3 ± 0.5"  # 8 left at 2 s each
+        clock.now += 2
+        progress("trace", 4, Prior(12))  # a prior's total: the ETA is a guess, and says so
+        assert progress._bar.tasks[0].fields["eta"] == "~0:00:16"
 
 
 # ---------------------------------------------------------------- the first line

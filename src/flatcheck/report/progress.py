@@ -486,7 +486,8 @@ class ProgressRenderer:
         estimate = " · ".join(t for t in (task.within_text(), value_text(task.value, task.stderr),
                                           task.budget_text(now)) if t)
         # an unknown total (the probe's start report) pulses until the first unit is done
-        self._bar.update(task.bar_id, completed=task.done, total=task.total or None, eta=clock_text(eta),
+        about = "~" if task.guess and eta is not None else ""  # a prior's total: a guess, as the line says
+        self._bar.update(task.bar_id, completed=task.done, total=task.total or None, eta=about + clock_text(eta),
                          estimate=estimate)
 
 
