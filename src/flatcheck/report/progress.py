@@ -55,9 +55,10 @@ PREFIX = "flatcheck"  # every progress line starts with it; error lines start wi
 # probe is and when it will end
 FIRST_AFTER = 10.0
 # an ETA that has moved from what the last line said (aged since) by more than this factor and
-# these seconds is written at once: a log's last ETA is the one a reader believes, and a
-# forecast that changes by half within a period would leave it wrong until the next tick
-CORRECTION = 1.5
+# these seconds is written at once: a log's last ETA is the one a reader believes. Not a smaller
+# factor: an error bound's forecast swings by a third from one step to the next where the bound
+# holds level for a few steps (linalg/forecast.py), noise that a log need not repeat
+CORRECTION = 2.0
 CORRECTION_SECONDS = 5.0
 # a run forecast to take longer than this says so, with the flags that make it shorter
 LONG_RUN = 180.0
