@@ -17,6 +17,7 @@ import torch
 from tests.support.dense import DenseOperator, dense, make_case
 from flatcheck.config import probe_requests
 from flatcheck.errors import ConfigError
+from flatcheck.linalg.certify import GAP_FROM_BLOCK_KRYLOV, GAP_FROM_RITZ
 from flatcheck.linalg.lanczos import breakdown_threshold, lanczos_top
 from flatcheck.linalg.power import power_top
 from flatcheck.operators import CurvatureOperator
@@ -171,10 +172,15 @@ def test_lmax_probe_reports_pairs_and_mode(bn_mode):
     assert r.value == d["eigenvalues"][0] and r.stderr is None and r.seed == 7
     assert r.label == "λmax(H)" and d["bn_mode"] == bn_mode and f"bn {bn_mode}" in r.notes
     assert d["converged"] == [True] * 3 and d["stop_reason"] == "converged"
-    assert r.error_bound == d["error_bounds"][0] and d["gap_from"].startswith("the neighbouring Ritz values")
+    assert r.error_bound == d["error_bounds"][0] and d["gap_from"] == GAP_FROM_BLOCK_KRYLOV
     for value, bound, want in zip(d["eigenvalues"], d["error_bounds"], eigs[:3].tolist()):
         assert bound <= TOL * abs(value) and abs(value - want) <= bound + 1e-12 * abs(want)
-    assert r.matvecs == d["iterations"] + 3
+    # a block of two starts: two products a step, the residuals from them (no check product)
+    assert d["starts"] == 2 and r.matvecs == 2 * d["iterations"] and d["residuals_from"] == "products taken"
+    one = run_probe(make_case("cnn", bn_mode=bn_mode), k=3, tol=TOL, starts=1).details
+    assert one["gap_from"] == GAP_FROM_RITZ and one["residuals_from"] == "one more product per Ritz vector"
+    for value, bound, want in zip(one["eigenvalues"], one["error_bounds"], eigs[:3].tolist()):
+        assert bound <= TOL * abs(value) and abs(value - want) <= bound + 1e-12 * abs(want)
 
 
 def test_lmax_eval_and_train_modes_differ():

@@ -269,7 +269,7 @@ def test_the_warm_start_is_the_last_two_eigenvectors_extrapolated(monkeypatch):
             return res
         return call
 
-    monkeypatch.setattr(lmax, "lanczos_top", spy(lmax.lanczos_top))
+    monkeypatch.setattr(lmax, "block_lanczos_top", spy(lmax.block_lanczos_top))
     monkeypatch.setattr(lmax, "block_top", spy(lmax.block_top))
     case = make_case("mlp", n=23, batch_size=23)
     tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=1, out=None,

@@ -14,10 +14,12 @@ over the neighbours just above and below, halved (GAP_SAFETY). It is an estimate
 lies at or below the next eigenvalue (Cauchy interlacing), so an eigenvalue the Krylov space has
 not yet seen makes δ too large. That risk is measured against dense spectra in the tests
 (tests/linalg/test_certify.py): on small MLPs, CNNs and transformers the truth lies within the bound
-for ≥ 99 % of values, but a near-degenerate pair the Krylov space has not yet resolved (two
-eigenvalues a fraction of a percent apart) hides the second and the bound fails; a block
-Krylov method would resolve it. Where no gap is resolved (δ ≤ r, or no neighbour below the
-top k) the bound falls back to r. A Tracker's warm block (linalg/warm_block.py) takes its gap
+for ≥ 99 % of values, but a near-degenerate pair that a one-vector Krylov space has not yet
+resolved (two eigenvalues a fraction of a percent apart) hides the second and the bound fails.
+lmax therefore starts from a block of two random vectors (linalg/block_lanczos.py), whose
+second Ritz value follows λ2 (GAP_FROM_BLOCK_KRYLOV); the one-vector recurrence (--starts 1,
+and the thick-restarted basis) keeps the risk. Where no gap is resolved (δ ≤ r, or no
+neighbour below the top k) the bound falls back to r. A Tracker's warm block (linalg/warm_block.py) takes its gap
 from a carried vector that approximates the next eigenvector (GAP_FROM_BLOCK), measured along
 gradient-descent trajectories in tests/linalg/test_warm_block.py.
 """
@@ -42,6 +44,9 @@ RESIDUAL = "|r| (residual: no gap resolved)"
 GAP_FROM_RITZ = ("the neighbouring Ritz values of the Krylov space less their residual estimates, "
                  "min_j |θ_i − θ_j| − r_j (an estimate: a Ritz value lies at or below its eigenvalue, "
                  "so an eigenvalue not yet seen makes it too large)")
+GAP_FROM_BLOCK_KRYLOV = ("the next Ritz value of a block Krylov space from two random starts, less its residual, "
+                         "min_j |θ_i − θ_j| − r_j (an estimate: the block resolves a near-degenerate pair, "
+                         "but an eigenvalue it has not yet seen, such as a third of a cluster, makes it too large)")
 GAP_FROM_BLOCK = ("the next Ritz value of a warm block that carries the previous call's next eigenvector, "
                   "less its residual, min_j |θ_i − θ_j| − r_j (an estimate: an eigenvalue neither the block "
                   "nor its growth has seen makes it too large)")

@@ -154,12 +154,7 @@ class Lanczos:
         q = self._next
         if self.size > 0:
             self.beta.append(self.beta_next)
-        if self.size == self.rows:
-            rows = min(INITIAL_ROWS, self.capacity - self.rows)
-            self.blocks.append(torch.empty(rows, self.op.dim, dtype=self.op.dtype, device=self.op.device))
-            self.rows += rows
-        self.size += 1
-        self._row(self.size - 1).copy_(q)
+        self._append(q)
         w = self.op.matmat(q.unsqueeze(0))[0]
         alpha = torch.dot(q, w).item()
         # the three-term recurrence first (α q_j + β q_{j−1}: most of w), so that the
@@ -180,6 +175,15 @@ class Lanczos:
             self.beta_next = beta
             self._next = w / beta
             self.leftover.append((beta, True))
+
+    def _append(self, q: Tensor) -> None:
+        """q becomes the basis' next row (a new block of rows where the last is full)."""
+        if self.size == self.rows:
+            rows = min(INITIAL_ROWS, self.capacity - self.rows)
+            self.blocks.append(torch.empty(rows, self.op.dim, dtype=self.op.dtype, device=self.op.device))
+            self.rows += rows
+        self.size += 1
+        self._row(self.size - 1).copy_(q)
 
     def restart(self, v: Tensor) -> bool:
         """Continue from v made orthogonal to the basis; False when nothing of v is left."""
@@ -220,15 +224,7 @@ class Lanczos:
                 C[j + 1, j] = rest
             else:
                 outside[j] = rest
-        values, res = [], []
-        for s in S.T:
-            s = s / np.linalg.norm(s)
-            Cs = C @ s
-            theta = float(s @ Cs[:m])
-            r = Cs.copy()
-            r[:m] -= theta * s
-            values.append(theta)
-            res.append(float(np.linalg.norm(r) + np.abs(outside * s).sum()))
+        values, res = coefficient_residuals(C, outside, S)
         Y = self.vectors(S)
         return values, res, Y / torch.linalg.vector_norm(Y, dim=1, keepdim=True)
 
@@ -236,6 +232,24 @@ class Lanczos:
         """Ritz vectors Y = Sᵀ Q for the columns of S, shape (k, P)."""
         coeff = torch.as_tensor(np.ascontiguousarray(S.T), dtype=self.op.dtype, device=self.op.device)
         return self._combine(coeff)
+
+
+def coefficient_residuals(C: np.ndarray, outside: np.ndarray, S: np.ndarray) -> tuple[list[float], list[float]]:
+    """Rayleigh quotients and residual norms of the unit Ritz vectors y = Qs (columns s of S)
+    from C, whose column j holds product j's coefficients in the orthonormal basis (m + extra
+    rows: the products' rows and the ones their leftovers became), and `outside`, the norm of
+    each product's part no basis row holds (added by the triangle inequality)."""
+    m = C.shape[1]
+    values, res = [], []
+    for s in S.T:
+        s = s / np.linalg.norm(s)
+        Cs = C @ s
+        theta = float(s @ Cs[:m])
+        r = Cs.copy()
+        r[:m] -= theta * s
+        values.append(theta)
+        res.append(float(np.linalg.norm(r) + np.abs(outside * s).sum()))
+    return values, res
 
 
 def tridiagonal_eigh(alpha, beta) -> tuple[np.ndarray, np.ndarray]:

@@ -60,10 +60,12 @@ EXPLANATIONS: dict[str, Explanation] = {
         measures="The sharpest directions: the largest eigenvalues of the Hessian (or GGN) and how well each "
                  "converged.",
         definition="The k algebraically largest eigenvalues λ_1 ≥ … ≥ λ_k of H (or G; k = 1 by default, λ_max) "
-                   "by Lanczos with full reorthogonalisation (or power iteration), each with its residual "
-                   "r = ‖Hq − λq‖ and an error bound: r²/δ (Kato–Temple) with δ the gap to the neighbouring "
-                   "Ritz values, or r where no gap is resolved; it stops when every bound ≤ TOL·|λ|, or reports "
-                   "a stall at the dtype's noise floor.",
+                   "by block Lanczos from two random starts with full reorthogonalisation (or power "
+                   "iteration), each with its residual r = ‖Hq − λq‖ and an error bound: r²/δ (Kato–Temple) "
+                   "with δ the gap to the neighbouring Ritz values, or r where no gap is resolved; it stops when "
+                   "every bound ≤ TOL·|λ|, or reports a stall at the dtype's noise floor. The second start is "
+                   "what resolves two eigenvalues a fraction of a percent apart, which one start would report "
+                   "as one with too small a bound.",
         units=_CURVATURE_UNITS.split(";")[0] + "; not a sum, so it does not grow with P as the trace does",
         large="the loss rises steeply along some direction; for gradient descent with step size η, training is "
               "unstable along directions with λ > 2/η, so λ_max tends to settle near 2/η.",
@@ -72,8 +74,9 @@ EXPLANATIONS: dict[str, Explanation] = {
               "sharpening), the BatchNorm mode; " + _RESCALING + ".",
         source="Lanczos 1950; MacDonald et al. 2023 (progressive sharpening and λ_max); Anonymous 2025 "
                "(its manipulation by rescaling).",
-        cost="one curvature product per Lanczos step: typically a few dozen, at most --max-iter "
-             "(default max(300, 20k)); power iteration: up to --max-iter per eigenvalue (default 1000).",
+        cost="two curvature products per block Lanczos step, as one block: typically one to a few dozen, at "
+             "most --max-iter (default max(300, 20k)); power iteration: up to --max-iter per eigenvalue "
+             "(default 1000).",
     ),
     "spectrum": Explanation(
         measures="The whole eigenvalue density of the Hessian (or GGN), and from it Tr(H), Tr(H²) and ‖H‖_F; the "

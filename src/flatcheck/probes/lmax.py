@@ -11,6 +11,7 @@ import torch
 
 from ..errors import ConfigError, setting
 from ..linalg.certify import KATO_TEMPLE
+from ..linalg.block_lanczos import block_lanczos_top
 from ..linalg.lanczos import default_max_iter, lanczos_bytes, lanczos_top, plan_steps
 from ..linalg.memory import gib, limit_words
 from ..linalg.thick_restart import lanczos_top_restarted, min_rows, restart_bytes
@@ -38,18 +39,23 @@ class LmaxOptions:
     k: int = option(1, "how many of the largest eigenvalues")
     matrix: Literal["hessian", "ggn"] = option("hessian", "hessian or ggn")
     method: Literal["lanczos", "power"] = option(
-        "lanczos", "lanczos (full reorthogonalisation) or power (power finds the largest |λ|)")
+        "lanczos", "lanczos (block of two starts, full reorthogonalisation) or power (power finds the largest |λ|)")
     tol: float | None = option(None, "stop when every eigenvalue's error bound (r²/gap, or the residual "
                                      "‖Hq − λq‖ where no gap is resolved) ≤ TOL·|λ| [default: 1e-3 in "
                                      "float32, 1e-6 in float64]")
-    max_iter: int | None = option(None, "most Lanczos steps, or power iterations per eigenvalue "
+    max_iter: int | None = option(None, "most Lanczos products, or power iterations per eigenvalue "
                                         "[default: max(300, 20k); power 1000]")
+    starts: int = option(2, "Lanczos' random start vectors, taken as a block: 2 resolves a near-degenerate "
+                            "top pair; 1 (one vector) takes fewer products but reports such a pair as one "
+                            "eigenvalue with too small a bound")
 
     def __post_init__(self):
         if self.k < 1:
             raise ConfigError(f"--k must be at least 1, got {self.k}")
         if self.tol is not None and not 0 < self.tol < 1:
             raise ConfigError(f"--tol must be in (0, 1) (a relative error bound), got {self.tol}")
+        if self.starts < 1:
+            raise ConfigError(f"--starts must be at least 1, got {self.starts}")
         if self.max_iter is not None and self.max_iter < max(1, self.k if self.method == "lanczos" else 1):
             raise ConfigError(f"--max-iter must be at least --k ({self.k}) for lanczos and ≥ 1 for power, "
                               f"got {self.max_iter}")
@@ -106,10 +112,14 @@ class LmaxProbe:
     """Top-k eigenvalues, largest algebraic first (on an indefinite Hessian "top" means the most
     positive, not the largest in magnitude).
 
-    Lanczos with full reorthogonalisation (default) stops when every one of the k Ritz values
-    has its error bound ≤ tol·|λ|: r²/δ (Kato–Temple), with r the true residual ‖Hq − λq‖
-    (one extra product per Ritz vector) and δ the gap to the neighbouring Ritz values, or r
-    itself where no gap is resolved (linalg/certify.py); `error_bound` is λ1's. Power
+    Block Lanczos from two random starts with full reorthogonalisation (default;
+    linalg/block_lanczos.py) stops when every one of the k Ritz values has its error bound ≤
+    tol·|λ|: r²/δ (Kato–Temple), with r the residual ‖Hq − λq‖ (exact from the products kept)
+    and δ the gap to the neighbouring Ritz values, or r itself where no gap is resolved
+    (linalg/certify.py); `error_bound` is λ1's. The second start resolves a near-degenerate
+    top pair, whose second eigenvalue a one-vector Krylov space hides. A Tracker's warm calls
+    start from the previous eigenvectors (linalg/warm_block.py); a basis that does not fit
+    memory is thick-restarted from one vector (linalg/thick_restart.py). Power
     iteration (the seeds' method; deflated for k > 1) sees no gap, so its bound is the
     residual, and it converges to the largest |λ|, which can be a negative eigenvalue of H:
     the notes say so when it happens. The value is λ1; there is no standard error (the
@@ -147,7 +157,9 @@ class LmaxProbe:
         tol = options.resolved_tol(op.dtype)
         desc = f"lmax ({options.method})"
         progress = progress_reporter(ctx, desc)
-        solve = lanczos_top if options.method == "lanczos" else power_top
+        # cold: block Lanczos from --starts random vectors (2: resolves a near-degenerate top pair
+        # that a one-vector Krylov space reports as one eigenvalue with too small a bound)
+        solve = power_top if options.method == "power" else lanczos_top if options.starts == 1 else block_lanczos_top
         # a Tracker keeps the last eigenvectors and the next one (ctx.warm) and starts from them
         warm_key = (self.name, options.matrix, options.k)
         warm = ctx.warm.get(warm_key) if ctx.warm is not None and options.method == "lanczos" else None
@@ -166,6 +178,8 @@ class LmaxProbe:
         else:
             if ctx.warm is not None and options.method == "lanczos":
                 extra["carry_next"] = True  # the next call's block: the top k and the vector below
+            if solve is block_lanczos_top:
+                extra["block"] = options.starts
             res = solve(op, options.k, generator=ctx.generator(), tol=tol, max_iter=max_iter, progress=progress,
                         should_stop=budget_stop(ctx), **extra)
         told_if_budget(ctx, desc, res.stop_reason)
@@ -193,8 +207,10 @@ class LmaxProbe:
             state = f"NOT converged ({sum(res.converged)}/{len(res.converged)})"
         how = (f"error ≤ r²/gap for {certified}/{len(bounds)}" if certified
                else "error ≤ residual (no gap resolved)")
-        notes = (f"top-{len(res.values)}: {shown}; {options.method} {res.iterations} "
-                 f"{'steps' if options.method == 'lanczos' else 'iterations'}, {state} at tol {tol:g} "
+        how_run = (f"power {res.iterations} iterations" if options.method == "power"
+                   else f"block lanczos ({options.starts} starts) {res.iterations} steps"
+                   if res.method == "block lanczos" else f"lanczos {res.iterations} steps")
+        notes = (f"top-{len(res.values)}: {shown}; {how_run}, {state} at tol {tol:g} "
                  f"({how}); bn {bn_mode}")
         if options.method == "power" and res.values[0] < 0:
             notes += "; power iteration found the largest |λ|, which is negative: use --method lanczos for λmax"
@@ -230,6 +246,7 @@ class LmaxProbe:
                 "method": options.method,
                 "bn_mode": bn_mode,
                 "k": options.k,
+                "starts": options.starts if options.method == "lanczos" else None,
                 "tol": tol,
                 "max_iter": max_iter,
                 # the basis held: every step's vector (full), or `basis_rows` restarted
@@ -258,10 +275,11 @@ class LmaxProbe:
                 "parameters": op.dim,
                 # started from the eigenvectors of an earlier run (a Tracker's), not only the seed
                 "warm_start": warm is not None,
-                # how the true residuals were taken: a warm start's from the products it took
-                # (Lanczos.residuals, no extra product), a cold one's by one more block product
-                "residuals_from": ("products taken" if warm is not None
-                                   else "block product" if options.method == "lanczos" else "each iteration's product"),
+                # how the true residuals were taken: Lanczos' (warm or cold, block or thick-restarted)
+                # from the products it took, kept as their coefficients in the basis (no extra product)
+                "residuals_from": ("each iteration's product" if options.method == "power"
+                                   else "products taken" if rows is None and (warm is not None or options.starts > 1)
+                                   else "one more product per Ritz vector"),
                 "memory": memory,
             },
         )

@@ -1,0 +1,126 @@
+"""Block Lanczos (linalg/block_lanczos.py) against dense float64 eigendecompositions.
+
+The statistical coverage of its bounds on foreign architectures and a near-degenerate pair is
+in test_certify.py; here, what must hold exactly: the residuals it takes from the products'
+coefficients are the true residuals, it finds both copies of a repeated eigenvalue, and its
+stops (budget, invariant, stalled) say what happened."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flatcheck.linalg.block_lanczos import BLOCK, BlockLanczos, block_lanczos_top
+from flatcheck.linalg.lanczos import coefficient_residuals
+
+from tests.support.spectra import Dense, hessian, small_problem
+
+EPS = torch.finfo(torch.float64).eps
+
+
+def _spectrum_matrix(values, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(len(values), len(values), generator=g, dtype=torch.float64))
+    return Q @ torch.diag(torch.tensor(values, dtype=torch.float64)) @ Q.T
+
+
+def test_residuals_from_the_coefficients_are_the_true_ones():
+    H = hessian(*small_problem("cnn", 3))
+    lz = BlockLanczos(Dense(H), torch.randn(BLOCK, H.shape[0], generator=torch.Generator().manual_seed(0),
+                                            dtype=torch.float64), 40)
+    for _ in range(5):
+        lz.step()
+    theta, S = lz.ritz()
+    values, res = coefficient_residuals(lz.coefficients(), np.asarray(lz.outside), S[:, -3:])
+    Y = lz.vectors(S[:, -3:])
+    Y = Y / Y.norm(dim=1, keepdim=True)
+    scale = torch.linalg.matrix_norm(H, 2).item()
+    for y, v, r in zip(Y, values, res):
+        assert v == pytest.approx((y @ H @ y).item(), abs=100 * EPS * scale)
+        assert r == pytest.approx((H @ y - v * y).norm().item(), abs=100 * EPS * scale)
+    # the basis stays orthonormal to round-off
+    Q = torch.cat(lz._basis())
+    assert torch.allclose(Q @ Q.T, torch.eye(Q.shape[0], dtype=torch.float64), atol=1e3 * EPS)
+
+
+def test_the_top_values_agree_with_the_dense_spectrum_within_their_bounds():
+    H = hessian(*small_problem("transformer", 1))
+    truth = torch.linalg.eigvalsh(H).flip(0)
+    r = block_lanczos_top(Dense(H), 3, generator=torch.Generator().manual_seed(0), tol=1e-8)
+    assert r.stop_reason == "converged" and all(r.converged)
+    for i, (v, b) in enumerate(zip(r.values, r.bounds)):
+        assert abs(v - truth[i].item()) <= b.value + 64 * EPS * truth.abs().max().item()
+        assert b.value <= 1e-8 * abs(v)
+    assert r.matvecs == 2 * r.iterations and r.method == "block lanczos"
+
+
+def test_both_copies_of_a_repeated_top_eigenvalue_are_found():
+    """A one-vector Krylov space holds one direction of an eigenspace in exact arithmetic (it
+    finds a second copy only through round-off or a restart); two starts hold two."""
+    H = _spectrum_matrix([5.0, 5.0] + list(np.linspace(0.0, 3.0, 198)))
+    r = block_lanczos_top(Dense(H), 2, generator=torch.Generator().manual_seed(2), tol=1e-10)
+    assert r.values == pytest.approx([5.0, 5.0], abs=1e-10) and r.stop_reason == "converged"
+
+
+def test_a_budget_stops_after_a_step_and_reports_what_it_reached():
+    H = hessian(*small_problem("mlp", 0))
+    calls = []
+
+    def spent() -> bool:
+        calls.append(1)
+        return len(calls) >= 2
+
+    r = block_lanczos_top(Dense(H), 1, generator=torch.Generator().manual_seed(0), tol=1e-12, should_stop=spent)
+    assert r.stop_reason == "budget" and r.matvecs == 2 * BLOCK and r.iterations == 2
+    truth = torch.linalg.eigvalsh(H)[-1].item()
+    assert r.values[0] <= truth + 1e-12  # a Ritz value: a lower bound of λmax
+
+
+def test_a_small_space_closes_and_is_exact():
+    H = _spectrum_matrix([3.0, 1.0, -2.0])
+    r = block_lanczos_top(Dense(H), 2, generator=torch.Generator().manual_seed(0), tol=1e-6)
+    assert r.stop_reason in ("converged", "invariant")
+    assert r.values == pytest.approx([3.0, 1.0], abs=1e-12) and r.matvecs <= 3
+
+
+def test_carry_next_is_the_unit_ritz_vector_below_the_top():
+    H = hessian(*small_problem("cnn", 0))
+    r = block_lanczos_top(Dense(H), 1, generator=torch.Generator().manual_seed(0), tol=1e-6, carry_next=True)
+    assert r.next_vector is not None
+    assert r.next_vector.norm().item() == pytest.approx(1.0, abs=1e-12)
+    assert abs(torch.dot(r.next_vector, r.vectors[0]).item()) < 1e-10
+    truth = torch.linalg.eigvalsh(H).flip(0)
+    rq = (r.next_vector @ H @ r.next_vector).item()
+    assert truth[2].item() - 1e-8 < rq <= truth[1].item() + 1e-12  # it follows λ2
+
+
+class Noisy(Dense):
+    """Products with an asymmetric relative error of `noise`: the round-off of a float32 product."""
+
+    def __init__(self, H: torch.Tensor, noise: float):
+        super().__init__(H)
+        self.noise, self.g = noise, torch.Generator().manual_seed(9)
+
+    def matmat(self, V):
+        out = super().matmat(V)
+        return out + self.noise * out.norm(dim=1, keepdim=True) * torch.randn(out.shape, generator=self.g,
+                                                                              dtype=out.dtype) / out.shape[1] ** 0.5
+
+
+def test_a_bound_held_up_by_the_products_noise_stops_as_stalled():
+    H = hessian(*small_problem("cnn", 1))
+    r = block_lanczos_top(Noisy(H, 1e-5), 1, generator=torch.Generator().manual_seed(0), tol=1e-12)
+    assert r.stop_reason == "stalled" and r.matvecs < H.shape[0]
+    assert not r.converged[0] and r.bounds[0].value > 1e-12 * abs(r.values[0])
+    truth = torch.linalg.eigvalsh(H)[-1].item()
+    assert abs(r.values[0] - truth) <= r.bounds[0].value + 1e-5 * abs(truth)
+
+
+def test_progress_counts_products_and_ends_at_its_total():
+    H = hessian(*small_problem("mlp", 2))
+    seen = []
+    r = block_lanczos_top(Dense(H), 1, generator=torch.Generator().manual_seed(0), tol=1e-6,
+                          progress=lambda done, total, **kw: seen.append((done, total, kw["value"])))
+    assert [d for d, _, _ in seen[:-1]] == [BLOCK * (i + 1) for i in range(len(seen) - 1)]
+    assert seen[-1][:2] == (r.matvecs, r.matvecs) and seen[-1][2] == pytest.approx(r.values[0])
