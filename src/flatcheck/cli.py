@@ -20,6 +20,10 @@ from typer.core import TyperGroup
 from . import commands
 from .commands import kit
 from .commands.coerce import plain_coercion
+
+# called once a command is built, its modules imported: the process entry point (entry.main)
+# turns the garbage collector back on here; a CLI runner in a test process adds nothing
+WHEN_BUILT: list[Any] = []
 from .errors import interrupted
 
 
@@ -41,9 +45,8 @@ class _Commands(TyperGroup):
                 if name in lazy.names():
                     command = _BUILT.get(name) or _BUILT.setdefault(name, lazy.build(name))
                     break
-        from .entry import imports_done
-
-        imports_done()  # the command's modules (torch with a probe's) are imported: collect again
+        for hook in WHEN_BUILT:  # the command's modules (torch with a probe's) are imported
+            hook()
         return command if command is None else plain_coercion(command, ctx)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:

@@ -40,7 +40,9 @@ def main() -> None:
             sys.stderr.write(f"error: {missing}\n")
             sys.exit(2)
         _say_what_loads()
-        from .cli import main as cli_main
+        from .cli import WHEN_BUILT, main as cli_main
+
+        WHEN_BUILT.append(imports_done)
 
         code: object = cli_main()
         sys.stdout.flush()  # here, where a closed pipe can still be told apart from a failure
