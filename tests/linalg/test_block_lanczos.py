@@ -124,3 +124,11 @@ def test_progress_counts_products_and_ends_at_its_total():
                           progress=lambda done, total, **kw: seen.append((done, total, kw["value"])))
     assert [d for d, _, _ in seen[:-1]] == [BLOCK * (i + 1) for i in range(len(seen) - 1)]
     assert seen[-1][:2] == (r.matvecs, r.matvecs) and seen[-1][2] == pytest.approx(r.values[0])
+
+
+def test_max_iter_caps_the_products_even_below_a_block():
+    H = hessian(*small_problem("mlp", 1))
+    r = block_lanczos_top(Dense(H), 1, generator=torch.Generator().manual_seed(0), tol=1e-12, max_iter=5)
+    assert r.matvecs == 5 and r.stop_reason == "max_iter" and not r.converged[0]
+    one = block_lanczos_top(Dense(H), 1, generator=torch.Generator().manual_seed(0), tol=1e-12, max_iter=1)
+    assert one.matvecs == 1 and one.stop_reason == "max_iter"

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from .certify import GAP_FROM_BLOCK_KRYLOV, MIN_EXTRA, TOO_FEW, ritz_bounds, round_off_floor
-from .forecast import DecayForecast
+from .forecast import COLD_STEPS, DecayForecast
 from .lanczos import (STALL_FACTOR, EigenResult, Lanczos, breakdown_threshold,
                       coefficient_residuals, default_max_iter)
 from .random import gaussian
@@ -167,8 +167,10 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     block = max(1, min(block, dim))
     limit = min(max_iter if max_iter is not None else default_max_iter(k), dim)
     start_matvecs = op.matvecs
-    lz = BlockLanczos(op, gaussian(block, dim, generator, dtype=op.dtype, device=op.device), max(limit, block))
-    forecast = DecayForecast(limit)
+    lz = BlockLanczos(op, gaussian(block, dim, generator, dtype=op.dtype, device=op.device), limit)
+    # the progress line's total: the steps the bound's decay says are left, a block's rows a step;
+    # before the bound has fallen once, a cold stop of one eigenvalue shows the measured prior
+    forecast = DecayForecast(limit, per_step=block, prior_steps=COLD_STEPS if k == 1 else 0)
     history: list[tuple[int, float]] = []  # (block step, worst relative bound), finite ones
     stop, steps = "max_iter", 0
     while True:
