@@ -132,3 +132,19 @@ def test_max_iter_caps_the_products_even_below_a_block():
     assert r.matvecs == 5 and r.stop_reason == "max_iter" and not r.converged[0]
     one = block_lanczos_top(Dense(H), 1, generator=torch.Generator().manual_seed(0), tol=1e-12, max_iter=1)
     assert one.matvecs == 1 and one.stop_reason == "max_iter"
+
+
+def test_a_block_that_fills_its_rows_goes_on_thick_restarted_from_its_best_vectors():
+    from flatcheck.linalg.block_lanczos import block_lanczos_top_restarted
+
+    H = hessian(*small_problem("cnn", 2))
+    truth = torch.linalg.eigvalsh(H).flip(0)
+    op = Dense(H)
+    r, restarts = block_lanczos_top_restarted(op, 1, rows=6, generator=torch.Generator().manual_seed(0), tol=1e-10,
+                                              max_iter=200)
+    assert r.method == "lanczos" and restarts >= 1 and r.stop_reason == "converged"
+    assert r.matvecs == op.matvecs  # the block's products counted in
+    assert abs(r.values[0] - truth[0].item()) <= r.bounds[0].value + 64 * EPS * truth.abs().max().item()
+    roomy, none = block_lanczos_top_restarted(Dense(H), 1, rows=100, generator=torch.Generator().manual_seed(0),
+                                              tol=1e-10, max_iter=200)
+    assert roomy.method == "block lanczos" and none == 0 and roomy.stop_reason == "converged"

@@ -215,6 +215,39 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     return result
 
 
+def block_lanczos_top_restarted(op: Operator, k: int, *, rows: int, generator: torch.Generator, tol: float,
+                                max_iter: int, progress: Progress | None = None,
+                                should_stop: StopTest | None = None, block: int = BLOCK) -> tuple[EigenResult, int]:
+    """block_lanczos_top in a basis of at most `rows` vectors (what memory holds), and the number
+    of restarts. Where the block fills its basis short of its stop, the one-vector thick-restarted
+    recurrence (linalg/thick_restart.py) goes on from the block's top Ritz vectors, every
+    product counted; a near-degenerate pair the block has not resolved by then keeps the
+    one-vector risk (its `gap_from` says so)."""
+    from .thick_restart import lanczos_top_restarted, min_rows
+
+    # the block's working rows (its next block, the products, their leftovers) beside its basis
+    # take what a restarted basis keeps for its own
+    first = block_lanczos_top(op, k, generator=generator, tol=tol, max_iter=min(max_iter, max(rows - block, k + 1)),
+                              progress=progress, should_stop=should_stop, block=block)
+    if first.stop_reason != "max_iter" or first.matvecs >= max_iter:
+        return first, 0
+    done = first.matvecs
+    res, restarts = lanczos_top_restarted(op, k, rows=max(rows, min_rows(k)), generator=generator, tol=tol,
+                                          max_iter=max_iter - done, progress=offset(progress, done),
+                                          should_stop=should_stop, start=first.vectors)
+    return replace(res, matvecs=res.matvecs + done), restarts
+
+
+def offset(progress: Progress | None, done: int) -> Progress | None:
+    """`progress` for a solver that goes on after `done` products of another: its counts shifted."""
+    if progress is None:
+        return None
+
+    def shifted(d: int, total: int, **kw) -> None:
+        progress(d + done, total + done if total else total, **kw)
+    return shifted
+
+
 def _top(lz: BlockLanczos, k: int):
     """The top k Ritz values (largest first) and the next one's, their residual norms from the
     products kept, the top k's bounds (the gap from the next one, TOO_FEW in a space of fewer

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from .certify import GAP_FROM_BLOCK, GAP_SAFETY, ritz_bounds, round_off_floor
+from .block_lanczos import offset
 from .forecast import DecayForecast
 from .lanczos import DGKS_ETA, STALL_FACTOR, WARM_MIX, EigenResult, breakdown_threshold, lanczos_top
 from .random import gaussian
@@ -223,10 +224,7 @@ def _continue_by_lanczos(op: Operator, k: int, best: Tensor, start_matvecs: int,
     """lanczos_top warm from the block's top k Ritz vectors; every product counted, the
     block's included."""
     done = op.matvecs - start_matvecs
-    shifted = None
-    if progress is not None:
-        def shifted(d: int, total: int, **kw) -> None:
-            progress(d + done, total + done if total else total, **kw)
-    res = lanczos_top(op, k, generator=generator, tol=tol, max_iter=max(max_iter - done, k + 1), progress=shifted,
+    res = lanczos_top(op, k, generator=generator, tol=tol, max_iter=max(max_iter - done, k + 1),
+                      progress=offset(progress, done),
                       should_stop=should_stop, start=best, carry_next=True)
     return replace(res, matvecs=op.matvecs - start_matvecs)

@@ -11,7 +11,7 @@ import torch
 
 from ..errors import ConfigError, setting
 from ..linalg.certify import KATO_TEMPLE
-from ..linalg.block_lanczos import block_lanczos_top
+from ..linalg.block_lanczos import block_lanczos_top, block_lanczos_top_restarted
 from ..linalg.lanczos import default_max_iter, lanczos_bytes, lanczos_top, plan_steps
 from ..linalg.memory import gib, limit_words
 from ..linalg.thick_restart import lanczos_top_restarted, min_rows, restart_bytes
@@ -165,7 +165,13 @@ class LmaxProbe:
         warm = ctx.warm.get(warm_key) if ctx.warm is not None and options.method == "lanczos" else None
         extra = {"start": warm} if warm is not None else {}
         restarts = None
-        if rows is not None:
+        if rows is not None and warm is None and options.method == "lanczos" and options.starts > 1:
+            # a basis of every step does not fit, but a certified stop takes a few dozen rows: the
+            # block in the rows that fit, thick-restarted from its best vectors if it fills them
+            res, restarts = block_lanczos_top_restarted(op, options.k, rows=rows, generator=ctx.generator(), tol=tol,
+                                                        max_iter=max_iter, progress=progress,
+                                                        should_stop=budget_stop(ctx), block=options.starts)
+        elif rows is not None:
             extra = {"start": warm[:options.k]} if warm is not None else {}
             res, restarts = lanczos_top_restarted(op, options.k, rows=rows, generator=ctx.generator(), tol=tol,
                                                   max_iter=max_iter, progress=progress, should_stop=budget_stop(ctx),
@@ -223,9 +229,11 @@ class LmaxProbe:
                       f"or --tol {worst_bound * 2:.0e}")
         elif not all(res.converged):
             notes += f"; raise --max-iter (now {max_iter}) or --tol, or use --dtype float64"
+        block_run = res.method == "block lanczos"
         if rows is not None:
             limit = "--max-memory" if ctx.memory_allowance is not None else "the default limit, half the free memory"
-            notes += (f"; thick-restarted in a basis of {rows} vectors, the most that fit {limit} "
+            notes += (f"; a basis of at most {rows} vectors, the most that fit {limit}" if block_run else
+                      f"; thick-restarted in a basis of {rows} vectors, the most that fit {limit} "
                       f"({restarts} restart{'' if restarts == 1 else 's'})")
         notes += memory_note(memory)
         return ProbeResult(
@@ -249,9 +257,11 @@ class LmaxProbe:
                 "starts": options.starts if options.method == "lanczos" else None,
                 "tol": tol,
                 "max_iter": max_iter,
-                # the basis held: every step's vector (full), or `basis_rows` restarted
-                # (Wu & Simon 2000) when a basis of every step did not fit --max-memory
-                "basis": None if options.method != "lanczos" else ("full" if rows is None else "thick-restart"),
+                # the basis held: every step's vector (full; a block's within `basis_rows` where a
+                # basis of --max-iter rows did not fit), or `basis_rows` thick-restarted (Wu &
+                # Simon 2000: the one-vector recurrence, or a block that filled them)
+                "basis": None if options.method != "lanczos" else ("full" if rows is None or block_run
+                                                                    else "thick-restart"),
                 "basis_rows": rows,
                 "restarts": restarts,
                 "order": "largest algebraic first" if options.method == "lanczos"
@@ -278,7 +288,7 @@ class LmaxProbe:
                 # how the true residuals were taken: Lanczos' (warm or cold, block or thick-restarted)
                 # from the products it took, kept as their coefficients in the basis (no extra product)
                 "residuals_from": ("each iteration's product" if options.method == "power"
-                                   else "products taken" if rows is None and (warm is not None or options.starts > 1)
+                                   else "products taken" if block_run or (rows is None and warm is not None)
                                    else "one more product per Ritz vector"),
                 "memory": memory,
             },
