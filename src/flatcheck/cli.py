@@ -20,11 +20,11 @@ from typer.core import TyperGroup
 from . import commands
 from .commands import kit
 from .commands.coerce import plain_coercion
+from .errors import interrupted
 
 # called once a command is built, its modules imported: the process entry point (entry.main)
 # turns the garbage collector back on here; a CLI runner in a test process adds nothing
 WHEN_BUILT: list[Any] = []
-from .errors import interrupted
 
 
 class _Commands(TyperGroup):

@@ -56,6 +56,9 @@ def main() -> None:
         code = _library_not_loaded(exc)
     except SystemExit as exc:  # a sys.exit() anywhere in a command
         code = exc.code
+    except BaseException:  # what main() does not handle goes on as it came, the collector as it was
+        imports_done()
+        raise
     # on the way out: a second Ctrl-C must not turn the message or the interpreter's
     # shutdown into a traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)

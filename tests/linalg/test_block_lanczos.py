@@ -148,3 +148,33 @@ def test_a_block_that_fills_its_rows_goes_on_thick_restarted_from_its_best_vecto
     roomy, none = block_lanczos_top_restarted(Dense(H), 1, rows=100, generator=torch.Generator().manual_seed(0),
                                               tol=1e-10, max_iter=200)
     assert roomy.method == "block lanczos" and none == 0 and roomy.stop_reason == "converged"
+
+
+@pytest.mark.parametrize("block,max_iter", [(2, 9), (2, 11), (3, 7), (3, 10)])
+def test_a_last_block_cut_short_keeps_its_residuals_true(block, max_iter):
+    """The last step has room for fewer rows than the block: the leftovers it cannot take stay
+    outside the basis, added to the residuals by the triangle inequality, so every reported
+    residual is at least the true one and the truth lies within every bound."""
+    H = hessian(*small_problem("cnn", 4))
+    r = block_lanczos_top(Dense(H), 2, generator=torch.Generator().manual_seed(1), tol=1e-14, max_iter=max_iter,
+                          block=block)
+    assert r.matvecs == max_iter
+    scale = torch.linalg.matrix_norm(H, 2).item()
+    truth = torch.linalg.eigvalsh(H).flip(0)
+    for y, v, res, b, want in zip(r.vectors, r.values, r.residuals, r.bounds, truth.tolist()):
+        assert v == pytest.approx((y @ H @ y).item(), abs=1e3 * EPS * scale)
+        assert res >= (H @ y - v * y).norm().item() - 1e3 * EPS * scale
+        assert abs(v - want) <= b.value + 64 * EPS * scale
+
+
+def test_a_handover_reports_one_run_of_progress():
+    from flatcheck.linalg.block_lanczos import block_lanczos_top_restarted
+
+    H = hessian(*small_problem("cnn", 2))
+    seen = []
+    r, _ = block_lanczos_top_restarted(Dense(H), 1, rows=6, generator=torch.Generator().manual_seed(0), tol=1e-10,
+                                       max_iter=200, progress=lambda d, t, **kw: seen.append((d, t)))
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and done[-1] == r.matvecs
+    # the end (done == total) is reported once, at the end
+    assert [i for i, (d, t) in enumerate(seen) if d == t] == [len(seen) - 1]

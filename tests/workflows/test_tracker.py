@@ -589,3 +589,26 @@ def test_records_no_file_takes_stay_in_memory_and_it_is_said(tmp_path, monkeypat
     assert line == (f"flatcheck track: out {out}: removed while the tracker ran; no file takes its records (beside "
                     "it, the temporary folder, the working directory); this run's records (1) are kept in memory "
                     "alone, as tracker.records")
+
+
+def test_a_warm_start_without_the_vector_below_goes_on_from_the_top_ones():
+    """A call that carried only the top k vectors (--max-iter k leaves no vector below) starts
+    the next from them by one-vector Lanczos, not the block (which takes no start)."""
+    case = make_case("mlp", n=23, batch_size=23)
+    tracker = flatcheck.Tracker(case.model, (case.X, case.Y), probes="lmax", every=1, out=None, strict=True,
+                                options={"lmax": {"max_iter": 1}}, quiet=True)
+    train(case, tracker, 3, lr=0.05)
+    assert [r["status"] for r in tracker.records] == ["ok"] * 3
+
+
+def test_a_records_file_whose_folder_became_a_file_is_no_longer_named(tmp_path):
+    from flatcheck.workflows.results_io import HeldOutput
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    held = HeldOutput(folder / "track.jsonl", "out")
+    assert held.still_named()
+    (folder / "track.jsonl").unlink()
+    folder.rmdir()
+    folder.write_text("not a folder")  # stat of runs/track.jsonl now raises NotADirectoryError
+    assert not held.still_named()

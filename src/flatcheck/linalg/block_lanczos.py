@@ -110,11 +110,15 @@ class BlockLanczos(Lanczos):
                 extra.append(d)
             norm = torch.linalg.vector_norm(w).item()
             self.scale = max(self.scale, norm)
-            if norm > breakdown_threshold(self.op.dtype) * self.scale and self.size + len(accepted) < self.op.dim:
+            # a row the next step has no room for is not taken: the earlier products' coefficients
+            # on it would otherwise be read as coefficients on the next step's rows (once the basis
+            # is full, every row is kept: they extend C for the residuals, and no step follows)
+            room = self.full or self.size + len(accepted) < self.capacity
+            if norm > breakdown_threshold(self.op.dtype) * self.scale and room and self.size + len(accepted) < self.op.dim:
                 accepted.append(w / norm)
                 extra.append(norm)
                 self.outside.append(0.0)
-            else:  # round-off, or the whole space: outside the basis, added to residuals by the triangle inequality
+            else:  # round-off, the whole space, or no room: outside the basis, added to residuals by the triangle inequality
                 self.outside.append(norm)
             self.columns.append(np.concatenate([c, np.asarray(extra)]))
         self.pending = accepted
@@ -150,7 +154,7 @@ class BlockLanczos(Lanczos):
 def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: float = 1e-6,
                       max_iter: int | None = None, progress: Progress | None = None,
                       should_stop: StopTest | None = None, carry_next: bool = False,
-                      block: int = BLOCK) -> EigenResult:
+                      block: int = BLOCK, goes_on: int | None = None) -> EigenResult:
     """The k largest (algebraic) eigenvalues of a symmetric operator by block Lanczos from
     `block` Gaussian start vectors.
 
@@ -161,7 +165,9 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     products' measured round-off; "max_iter" at `max_iter` products (basis rows); "budget"
     when `should_stop` says so after a step with at least k Ritz values; "invariant" when the
     Krylov space closes with nothing left to restart from. `carry_next`: also return the Ritz
-    vector below the top k (`next_vector`: a Tracker's next warm block)."""
+    vector below the top k (`next_vector`: a Tracker's next warm block). `goes_on`: the cap on
+    products of the whole run when another solver goes on from this one at `max_iter`
+    (block_lanczos_top_restarted): its progress totals run to that, and its end is not reported."""
     dim = op.dim
     k = min(k, dim)
     block = max(1, min(block, dim))
@@ -170,7 +176,7 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     lz = BlockLanczos(op, gaussian(block, dim, generator, dtype=op.dtype, device=op.device), limit)
     # the progress line's total: the steps the bound's decay says are left, a block's rows a step;
     # before the bound has fallen once, a cold stop of one eigenvalue shows the measured prior
-    forecast = DecayForecast(limit, per_step=block, prior_steps=COLD_STEPS if k == 1 else 0)
+    forecast = DecayForecast(goes_on or limit, per_step=block, prior_steps=COLD_STEPS if k == 1 else 0)
     history: list[tuple[int, float]] = []  # (block step, worst relative bound), finite ones
     stop, steps = "max_iter", 0
     while True:
@@ -203,7 +209,7 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     Y = lz.vectors(S[:, order[:k]])
     Y = Y / torch.linalg.vector_norm(Y, dim=1, keepdim=True)
     matvecs = op.matvecs - start_matvecs
-    if progress is not None and stop != "budget":
+    if progress is not None and stop != "budget" and not (goes_on and stop == "max_iter"):
         progress(matvecs, matvecs, value=values[0])
     result = EigenResult(values=values[:k], residuals=res[:k],
                          converged=[b.value <= tol * abs(v) for b, v in zip(bounds, values)],
@@ -228,7 +234,7 @@ def block_lanczos_top_restarted(op: Operator, k: int, *, rows: int, generator: t
     # the block's working rows (its next block, the products, their leftovers) beside its basis
     # take what a restarted basis keeps for its own
     first = block_lanczos_top(op, k, generator=generator, tol=tol, max_iter=min(max_iter, max(rows - block, k + 1)),
-                              progress=progress, should_stop=should_stop, block=block)
+                              progress=progress, should_stop=should_stop, block=block, goes_on=max_iter)
     if first.stop_reason != "max_iter" or first.matvecs >= max_iter:
         return first, 0
     done = first.matvecs
@@ -244,7 +250,8 @@ def offset(progress: Progress | None, done: int) -> Progress | None:
         return None
 
     def shifted(d: int, total: int, **kw) -> None:
-        progress(d + done, total + done if total else total, **kw)
+        # a guessed total (forecast.Prior) stays marked as one
+        progress(d + done, type(total)(total + done) if total else total, **kw)
     return shifted
 
 

@@ -44,7 +44,7 @@ RESIDUAL = "|r| (residual: no gap resolved)"
 GAP_FROM_RITZ = ("the neighbouring Ritz values of the Krylov space less their residual estimates, "
                  "min_j |θ_i − θ_j| − r_j (an estimate: a Ritz value lies at or below its eigenvalue, "
                  "so an eigenvalue not yet seen makes it too large)")
-GAP_FROM_BLOCK_KRYLOV = ("the next Ritz value of a block Krylov space from two random starts, less its residual, "
+GAP_FROM_BLOCK_KRYLOV = ("the next Ritz value of a block Krylov space from random starts, less its residual, "
                          "min_j |θ_i − θ_j| − r_j (an estimate: the block resolves a near-degenerate pair, "
                          "but an eigenvalue it has not yet seen, such as a third of a cluster, makes it too large)")
 GAP_FROM_BLOCK = ("the next Ritz value of a warm block that carries the previous call's next eigenvector, "

@@ -43,7 +43,8 @@ class LmaxOptions:
     tol: float | None = option(None, "stop when every eigenvalue's error bound (r²/gap, or the residual "
                                      "‖Hq − λq‖ where no gap is resolved) ≤ TOL·|λ| [default: 1e-3 in "
                                      "float32, 1e-6 in float64]")
-    max_iter: int | None = option(None, "most Lanczos products, or power iterations per eigenvalue "
+    max_iter: int | None = option(None, "most Lanczos basis vectors (one product each; --starts 1 adds k "
+                                        "for its check), or power iterations per eigenvalue "
                                         "[default: max(300, 20k); power 1000]")
     starts: int = option(2, "Lanczos' random start vectors, taken as a block: 2 resolves a near-degenerate "
                             "top pair; 1 (one vector) takes fewer products but reports such a pair as one "
@@ -54,8 +55,8 @@ class LmaxOptions:
             raise ConfigError(f"--k must be at least 1, got {self.k}")
         if self.tol is not None and not 0 < self.tol < 1:
             raise ConfigError(f"--tol must be in (0, 1) (a relative error bound), got {self.tol}")
-        if self.starts < 1:
-            raise ConfigError(f"--starts must be at least 1, got {self.starts}")
+        if not 1 <= self.starts <= MAX_STARTS:
+            raise ConfigError(f"--starts must be between 1 and {MAX_STARTS}, got {self.starts}")
         if self.max_iter is not None and self.max_iter < max(1, self.k if self.method == "lanczos" else 1):
             raise ConfigError(f"--max-iter must be at least --k ({self.k}) for lanczos and ≥ 1 for power, "
                               f"got {self.max_iter}")
@@ -76,6 +77,12 @@ def check_k_fits(k: int, parameters: int) -> None:
     if k > parameters:
         raise ConfigError(f"--k {k} is more than the {parameters:,} probed parameters (a matrix of that size "
                           f"has {parameters:,} eigenvalues); use --k ≤ {parameters:,} or widen --params")
+
+
+# a block's working vectors (its rows, their products and leftovers) grow with it, beside the
+# basis the memory plan counts: more starts than this cost memory no plan holds, for no gain
+# (two resolve a pair; a cluster of more is rare at the top)
+MAX_STARTS = 8
 
 
 @dataclass(frozen=True)
@@ -159,7 +166,7 @@ class LmaxProbe:
         progress = progress_reporter(ctx, desc)
         # cold: block Lanczos from --starts random vectors (2: resolves a near-degenerate top pair
         # that a one-vector Krylov space reports as one eigenvalue with too small a bound)
-        solve = power_top if options.method == "power" else lanczos_top if options.starts == 1 else block_lanczos_top
+        solve = power_top if options.method == "power" else block_lanczos_top if options.starts > 1 else lanczos_top
         # a Tracker keeps the last eigenvectors and the next one (ctx.warm) and starts from them
         warm_key = (self.name, options.matrix, options.k)
         warm = ctx.warm.get(warm_key) if ctx.warm is not None and options.method == "lanczos" else None
@@ -184,6 +191,8 @@ class LmaxProbe:
         else:
             if ctx.warm is not None and options.method == "lanczos":
                 extra["carry_next"] = True  # the next call's block: the top k and the vector below
+            if warm is not None:  # the top k carried without the vector below: one-vector Lanczos from them
+                solve = lanczos_top
             if solve is block_lanczos_top:
                 extra["block"] = options.starts
             res = solve(op, options.k, generator=ctx.generator(), tol=tol, max_iter=max_iter, progress=progress,

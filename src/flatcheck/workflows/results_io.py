@@ -89,7 +89,7 @@ class HeldOutput:
         long scan runs, and its records would then go with the last descriptor."""
         try:
             return os.path.samestat(os.fstat(self.fd), os.stat(self.path))
-        except FileNotFoundError:
+        except OSError:  # gone, its folder now a file (NotADirectoryError), or unreadable
             return False
 
     def contents(self) -> bytes:
