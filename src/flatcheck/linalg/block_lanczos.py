@@ -263,7 +263,8 @@ def _top(lz: BlockLanczos, k: int):
     order = np.argsort(theta)[::-1]
     values, res = coefficient_residuals(lz.coefficients(), np.asarray(lz.outside), S[:, order[: k + 1]])
     below = (values[k], res[k]) if lz.size >= k + MIN_EXTRA and len(values) > k else TOO_FEW
-    bounds = ritz_bounds(values[:k], res[:k], below, round_off_floor(lz.op.dtype, lz.scale), GAP_SAFETY)
+    scale = max(lz.scale, max(abs(v) for v in values))
+    bounds = ritz_bounds(values[:k], res[:k], below, round_off_floor(lz.op.dtype, scale), GAP_SAFETY)
     return values, res, bounds, (S, order)
 
 

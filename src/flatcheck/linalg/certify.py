@@ -42,13 +42,13 @@ TOO_FEW = "too few Ritz values"  # `below` of such a space: every value falls ba
 KATO_TEMPLE = "r²/δ (Kato–Temple)"
 RESIDUAL = "|r| (residual: no gap resolved)"
 GAP_FROM_RITZ = ("the neighbouring Ritz values of the Krylov space less their residual estimates, "
-                 "min_j |θ_i − θ_j| − r_j (an estimate: a Ritz value lies at or below its eigenvalue, "
+                 "min_j |θ_i − θ_j| − r_j, halved (an estimate: a Ritz value lies at or below its eigenvalue, "
                  "so an eigenvalue not yet seen makes it too large)")
 GAP_FROM_BLOCK_KRYLOV = ("the next Ritz value of a block Krylov space from random starts, less its residual, "
-                         "min_j |θ_i − θ_j| − r_j (an estimate: the block resolves a near-degenerate pair, "
+                         "min_j |θ_i − θ_j| − r_j, halved (an estimate: the block resolves a near-degenerate pair, "
                          "but an eigenvalue it has not yet seen, such as a third of a cluster, makes it too large)")
 GAP_FROM_BLOCK = ("the next Ritz value of a warm block that carries the previous call's next eigenvector, "
-                  "less its residual, min_j |θ_i − θ_j| − r_j (an estimate: an eigenvalue neither the block "
+                  "less its residual, min_j |θ_i − θ_j| − r_j, halved (an estimate: an eigenvalue neither the block "
                   "nor its growth has seen makes it too large)")
 
 
@@ -100,9 +100,16 @@ def residual_bounds(residuals: list[float], floor: float = 0.0) -> list[Bound]:
     return [Bound(max(r, floor), RESIDUAL, None) for r in residuals]
 
 
+# units of round-off a Ritz value carries: a product's entries are sums of many rounded terms,
+# so its error is several eps·‖H‖, not one (a 75-parameter float32 MLP's λ1 was 1.0·eps·|λ| off
+# the float64 truth with a residual bound far below that: a user's report)
+ROUNDOFF_UNITS = 4
+
+
 def round_off_floor(dtype, scale: float) -> float:
-    """eps·‖H‖ (‖H‖ ≥ `scale`, the largest |α|, |β| seen): the products' own round-off."""
+    """ROUNDOFF_UNITS·eps·‖H‖ (‖H‖ ≥ `scale`: the largest |α|, |β|, Ritz value or projection
+    entry seen): the products' own round-off, below which no bound goes."""
     import torch
 
-    return torch.finfo(dtype).eps * scale
+    return ROUNDOFF_UNITS * torch.finfo(dtype).eps * scale
 

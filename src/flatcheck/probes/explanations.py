@@ -60,7 +60,7 @@ EXPLANATIONS: dict[str, Explanation] = {
         measures="The sharpest directions: the largest eigenvalues of the Hessian (or GGN) and how well each "
                  "converged.",
         definition="The k algebraically largest eigenvalues λ_1 ≥ … ≥ λ_k of H (or G; k = 1 by default, λ_max) "
-                   "by block Lanczos from two random starts with full reorthogonalisation (or power "
+                   "by block Lanczos from --starts random vectors (default 2) with full reorthogonalisation (or power "
                    "iteration), each with its residual r = ‖Hq − λq‖ and an error bound: r²/δ (Kato–Temple) "
                    "with δ the gap to the neighbouring Ritz values, or r where no gap is resolved; it stops when "
                    "every bound ≤ TOL·|λ|, or reports a stall at the dtype's noise floor. The second start is "
@@ -74,9 +74,9 @@ EXPLANATIONS: dict[str, Explanation] = {
               "sharpening), the BatchNorm mode; " + _RESCALING + ".",
         source="Lanczos 1950; MacDonald et al. 2023 (progressive sharpening and λ_max); Anonymous 2025 "
                "(its manipulation by rescaling).",
-        cost="two curvature products per block Lanczos step, as one block: typically one to a few dozen, at "
-             "most --max-iter (default max(300, 20k)); power iteration: up to --max-iter per eigenvalue "
-             "(default 1000).",
+        cost="--starts curvature products per block Lanczos step (default 2), as one block: typically one to a "
+             "few dozen, at most --max-iter (default max(300, 20k)); power iteration: up to --max-iter per "
+             "eigenvalue (default 1000).",
     ),
     "spectrum": Explanation(
         measures="The whole eigenvalue density of the Hessian (or GGN), and from it Tr(H), Tr(H²) and ‖H‖_F; the "

@@ -33,6 +33,13 @@ POWER_MAX_ITER = 1000
 DEFAULT_TOL = {torch.float32: 1e-3, torch.float64: 1e-6}
 
 
+# a block's working vectors (its rows, their products and leftovers) grow with it, beside the
+# basis the memory plan counts: more starts than this cost memory no plan holds, for no gain
+# (two resolve a pair; a cluster of more is rare at the top)
+MAX_STARTS = 8
+DEFAULT_STARTS = 2  # the fewest that resolve a near-degenerate pair (linalg/block_lanczos.py)
+
+
 @dataclass(frozen=True)
 class LmaxOptions:
     # λmax by default, as the probe's name says; the top few are one flag away (--k 5)
@@ -46,16 +53,19 @@ class LmaxOptions:
     max_iter: int | None = option(None, "most Lanczos basis vectors (one product each; --starts 1 adds k "
                                         "for its check), or power iterations per eigenvalue "
                                         "[default: max(300, 20k); power 1000]")
-    starts: int = option(2, "Lanczos' random start vectors, taken as a block: 2 resolves a near-degenerate "
-                            "top pair; 1 (one vector) takes fewer products but reports such a pair as one "
-                            "eigenvalue with too small a bound")
+    starts: int | None = option(None, "Lanczos' random start vectors (1–8), taken as a block: 2 resolves a "
+                                      "near-degenerate top pair; 1 (one vector) takes fewer products but reports "
+                                      "such a pair as one eigenvalue with too small a bound, and a repeated one "
+                                      "once (with --k ≥ 2 the next eigenvalue takes its place) [default: 2]")
 
     def __post_init__(self):
         if self.k < 1:
             raise ConfigError(f"--k must be at least 1, got {self.k}")
         if self.tol is not None and not 0 < self.tol < 1:
             raise ConfigError(f"--tol must be in (0, 1) (a relative error bound), got {self.tol}")
-        if not 1 <= self.starts <= MAX_STARTS:
+        if self.starts is not None and self.method == "power":
+            raise ConfigError("--starts is for --method lanczos: power iteration takes one vector at a time")
+        if self.starts is not None and not 1 <= self.starts <= MAX_STARTS:
             raise ConfigError(f"--starts must be between 1 and {MAX_STARTS}, got {self.starts}")
         if self.max_iter is not None and self.max_iter < max(1, self.k if self.method == "lanczos" else 1):
             raise ConfigError(f"--max-iter must be at least --k ({self.k}) for lanczos and ≥ 1 for power, "
@@ -63,6 +73,10 @@ class LmaxOptions:
 
     def resolved_tol(self, dtype: torch.dtype) -> float:
         return self.tol if self.tol is not None else DEFAULT_TOL.get(dtype, DEFAULT_TOL[torch.float32])
+
+    @property
+    def resolved_starts(self) -> int:
+        return self.starts if self.starts is not None else DEFAULT_STARTS
 
     @property
     def resolved_max_iter(self) -> int:
@@ -77,12 +91,6 @@ def check_k_fits(k: int, parameters: int) -> None:
     if k > parameters:
         raise ConfigError(f"--k {k} is more than the {parameters:,} probed parameters (a matrix of that size "
                           f"has {parameters:,} eigenvalues); use --k ≤ {parameters:,} or widen --params")
-
-
-# a block's working vectors (its rows, their products and leftovers) grow with it, beside the
-# basis the memory plan counts: more starts than this cost memory no plan holds, for no gain
-# (two resolve a pair; a cluster of more is rare at the top)
-MAX_STARTS = 8
 
 
 @dataclass(frozen=True)
@@ -166,18 +174,18 @@ class LmaxProbe:
         progress = progress_reporter(ctx, desc)
         # cold: block Lanczos from --starts random vectors (2: resolves a near-degenerate top pair
         # that a one-vector Krylov space reports as one eigenvalue with too small a bound)
-        solve = power_top if options.method == "power" else block_lanczos_top if options.starts > 1 else lanczos_top
+        solve = power_top if options.method == "power" else block_lanczos_top if options.resolved_starts > 1 else lanczos_top
         # a Tracker keeps the last eigenvectors and the next one (ctx.warm) and starts from them
         warm_key = (self.name, options.matrix, options.k)
         warm = ctx.warm.get(warm_key) if ctx.warm is not None and options.method == "lanczos" else None
         extra = {"start": warm} if warm is not None else {}
         restarts = None
-        if rows is not None and warm is None and options.method == "lanczos" and options.starts > 1:
+        if rows is not None and warm is None and options.method == "lanczos" and options.resolved_starts > 1:
             # a basis of every step does not fit, but a certified stop takes a few dozen rows: the
             # block in the rows that fit, thick-restarted from its best vectors if it fills them
             res, restarts = block_lanczos_top_restarted(op, options.k, rows=rows, generator=ctx.generator(), tol=tol,
                                                         max_iter=max_iter, progress=progress,
-                                                        should_stop=budget_stop(ctx), block=options.starts)
+                                                        should_stop=budget_stop(ctx), block=options.resolved_starts)
         elif rows is not None:
             extra = {"start": warm[:options.k]} if warm is not None else {}
             res, restarts = lanczos_top_restarted(op, options.k, rows=rows, generator=ctx.generator(), tol=tol,
@@ -194,7 +202,7 @@ class LmaxProbe:
             if warm is not None:  # the top k carried without the vector below: one-vector Lanczos from them
                 solve = lanczos_top
             if solve is block_lanczos_top:
-                extra["block"] = options.starts
+                extra["block"] = options.resolved_starts
             res = solve(op, options.k, generator=ctx.generator(), tol=tol, max_iter=max_iter, progress=progress,
                         should_stop=budget_stop(ctx), **extra)
         told_if_budget(ctx, desc, res.stop_reason)
@@ -223,8 +231,8 @@ class LmaxProbe:
         how = (f"error ≤ r²/gap for {certified}/{len(bounds)}" if certified
                else "error ≤ residual (no gap resolved)")
         how_run = (f"power {res.iterations} iterations" if options.method == "power"
-                   else f"block lanczos ({options.starts} starts) {res.iterations} steps"
-                   if res.method == "block lanczos" else f"lanczos {res.iterations} steps")
+                   else f"block lanczos ({options.resolved_starts} starts) {_steps(res.iterations)}"
+                   if res.method == "block lanczos" else f"lanczos {_steps(res.iterations)}")
         notes = (f"top-{len(res.values)}: {shown}; {how_run}, {state} at tol {tol:g} "
                  f"({how}); bn {bn_mode}")
         if options.method == "power" and res.values[0] < 0:
@@ -263,7 +271,7 @@ class LmaxProbe:
                 "method": options.method,
                 "bn_mode": bn_mode,
                 "k": options.k,
-                "starts": options.starts if options.method == "lanczos" else None,
+                "starts": options.resolved_starts if options.method == "lanczos" else None,
                 "tol": tol,
                 "max_iter": max_iter,
                 # the basis held: every step's vector (full; a block's within `basis_rows` where a
@@ -302,6 +310,10 @@ class LmaxProbe:
                 "memory": memory,
             },
         )
+
+
+def _steps(n: int) -> str:
+    return f"{n} step{'' if n == 1 else 's'}"
 
 
 def _full_basis_fits(op, steps: int, limit: int | None, k: int, given: bool) -> bool:
