@@ -26,9 +26,8 @@ PRIOR_STEPS = 2
 # the steps a cold certified stop of one eigenvalue takes at the default tol, as a prior before
 # its bound has fallen once: on a torchvision ResNet-18 at random init over 64 samples, 9 for
 # seeds 0–3 with one vector a step (10 products with the check), 8, 9, 8, 9 with a block of two
-# (16 and 18 products); 6 on the demo digits CNN (issue 30). Not a forecast of
-# this run: the line marks it as a guess (`1/~10`), and the decay's forecast replaces it at
-# the second bound.
+# (16 and 18 products); 6 on the demo digits CNN. Not a forecast of this run: the line marks
+# it as a guess (`1/~10`), and the decay's forecast replaces it at the second bound.
 COLD_STEPS = 9
 
 
