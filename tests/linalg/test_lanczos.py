@@ -175,6 +175,8 @@ def test_lmax_probe_reports_pairs_and_mode(bn_mode):
     assert r.error_bound == d["error_bounds"][0] and d["gap_from"] == GAP_FROM_BLOCK_KRYLOV
     for value, bound, want in zip(d["eigenvalues"], d["error_bounds"], eigs[:3].tolist()):
         assert bound <= TOL * abs(value) and abs(value - want) <= bound + 1e-12 * abs(want)
+    for value, bound in zip(d["eigenvalues"], d["error_bounds"]):  # the notes give every value its bound
+        assert f"{value:.6g} ± {bound:.2g}" in r.notes
     # a block of two starts: two products a step, the residuals from them (no check product)
     assert d["starts"] == 2 and r.matvecs == 2 * d["iterations"] and d["residuals_from"] == "products taken"
     one = run_probe(make_case("cnn", bn_mode=bn_mode), k=3, tol=TOL, starts=1).details

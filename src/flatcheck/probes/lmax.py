@@ -214,7 +214,8 @@ class LmaxProbe:
         relative = [r / abs(v) if v != 0 else math.inf for v, r in zip(res.values, res.residuals)]
         bounds = res.bounds
         certified = sum(b.kind == KATO_TEMPLE for b in bounds)
-        shown = ", ".join(f"{v:.6g}" for v in res.values)
+        # every value with its bound: the table's column holds λ1's alone
+        shown = ", ".join(f"{v:.6g} ± {b.value:.2g}" for v, b in zip(res.values, bounds))
         # Lanczos stalls only once its own recurrence says converged and the true residual stops
         # shrinking: the products' round-off is then the floor, and the values are as good as
         # this dtype gives (a power-iteration stall can also be two close |λ|: not noise)
