@@ -74,7 +74,7 @@ def test_a_block_that_stops_converging_goes_on_by_lanczos(monkeypatch):
     from the block's best vector; the block's products are counted in the result."""
     from flatcheck.linalg import warm_block
 
-    monkeypatch.setattr(warm_block, "_stalled", lambda history: len(history) >= 2)
+    monkeypatch.setattr(warm_block, "not_halving", lambda history, least: len(history) >= 2)
     Q, values = _spectrum(4, top=(10.0, 9.99, 9.98))
     op = Dense(Q @ torch.diag(values) @ Q.T)
     # vectors unrelated to the eigenvectors and a cluster on top: far from converged after 2 growths

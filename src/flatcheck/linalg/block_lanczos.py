@@ -58,9 +58,12 @@ class BlockLanczos(Lanczos):
     coefficients of every product in the basis, the next block's rows included."""
 
     def __init__(self, op: Operator, start: Tensor, capacity: int):
-        super().__init__(op, start[0], capacity)
         self.columns: list[np.ndarray] = []  # per product: its coefficients over the basis rows
         self.outside: list[float] = []  # per product: the norm of what no basis row holds
+        super().__init__(op, start, capacity)
+
+    def _begin(self, start: Tensor) -> None:
+        """The first block: the rows of `start` made orthonormal (no one-vector `_next` held)."""
         self.pending = self._fresh(start.reshape(start.shape[0], -1))
 
     @property
@@ -178,7 +181,7 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     # before the bound has fallen once, a cold stop of one eigenvalue shows the measured prior
     forecast = DecayForecast(goes_on or limit, per_step=block, prior_steps=COLD_STEPS if k == 1 else 0)
     history: list[tuple[int, float]] = []  # (block step, worst relative bound), finite ones
-    stop, steps = "max_iter", 0
+    stop, steps, top = "max_iter", 0, None
     while True:
         if lz.invariant and lz.size < min(k + MIN_EXTRA, dim):
             lz.restart(gaussian(block, dim, generator, dtype=op.dtype, device=op.device))
@@ -187,7 +190,8 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
             break
         lz.step()
         steps += 1
-        values, res, bounds, _ = _top(lz, k)
+        top = _top(lz, k)
+        values, res, bounds, _ = top
         worst = max(b.value / (tol * abs(v)) if v != 0 else math.inf for b, v in zip(bounds, values[:k]))
         done = op.matvecs - start_matvecs
         if progress is not None:
@@ -199,13 +203,14 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
             break
         if math.isfinite(worst):
             history.append((steps, worst))
-            if _stalled(history) and res[0] <= NOISE_FACTOR * lz.asymmetry():
+            if not_halving(history, STALL_STEPS) and res[0] <= NOISE_FACTOR * lz.asymmetry():
                 stop = "stalled"
                 break
         if should_stop is not None and lz.can_step and should_stop():
             stop = "budget"
             break
-    values, res, bounds, (S, order) = _top(lz, k)
+    # the last step's: no product since (a restart that found nothing left adds no row)
+    values, res, bounds, (S, order) = top
     Y = lz.vectors(S[:, order[:k]])
     Y = Y / torch.linalg.vector_norm(Y, dim=1, keepdim=True)
     matvecs = op.matvecs - start_matvecs
@@ -268,10 +273,10 @@ def _top(lz: BlockLanczos, k: int):
     return values, res, bounds, (S, order)
 
 
-def _stalled(history: list[tuple[int, float]]) -> bool:
-    """The worst relative bound has not fallen by STALL_FACTOR over the last STALL_STEPS block
-    steps (or half the steps taken, if more)."""
-    step, worst = history[-1]
-    span = max(STALL_STEPS, step // 2)
-    earlier = [w for s, w in history if s <= step - span]
+def not_halving(history: list[tuple[int, float]], least: int) -> bool:
+    """The worst relative bound (history: (position, bound), position growing) has not fallen
+    by STALL_FACTOR over the last `least` positions, or half the latest position if more."""
+    at, worst = history[-1]
+    span = max(least, at // 2)
+    earlier = [w for s, w in history if s <= at - span]
     return bool(earlier) and worst > STALL_FACTOR * earlier[-1]

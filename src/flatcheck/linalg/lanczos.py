@@ -82,7 +82,11 @@ class Lanczos:
         # true residual of any Ritz vector from the products already taken (see there).
         self.coeffs: list[np.ndarray] = []
         self.leftover: list[tuple[float, bool]] = []  # (norm, became the next basis vector)
-        v = start.reshape(-1).to(dtype=op.dtype, device=op.device)
+        self._begin(start)
+
+    def _begin(self, start: Tensor) -> None:
+        """The first basis vector: `start` made unit."""
+        v = start.reshape(-1).to(dtype=self.op.dtype, device=self.op.device)
         norm = torch.linalg.vector_norm(v).item()
         if not norm > 0 or not math.isfinite(norm):
             raise ValueError("Lanczos start vector is zero or not finite")

@@ -39,9 +39,9 @@ from torch import Tensor
 
 from ..errors import InputError
 from .certify import GAP_FROM_BLOCK, GAP_SAFETY, ritz_bounds, round_off_floor
-from .block_lanczos import offset
+from .block_lanczos import not_halving, offset
 from .forecast import DecayForecast
-from .lanczos import DGKS_ETA, STALL_FACTOR, WARM_MIX, EigenResult, breakdown_threshold, lanczos_top
+from .lanczos import DGKS_ETA, WARM_MIX, EigenResult, breakdown_threshold, lanczos_top
 from .random import gaussian
 from .reduce import rowsum64
 from .trace import Operator, Progress, StopTest
@@ -181,7 +181,7 @@ def block_top(op: Operator, k: int, start: Tensor, *, generator: torch.Generator
             stop = "converged"
             break
         history.append((block.size, worst))
-        if _stalled(history):
+        if not_halving(history, STALL_GROWTHS):  # over the last STALL_GROWTHS vectors, or half the basis
             # the block no longer converges (a top pair that swapped or crossed in since the last
             # call, or the products' round-off): Lanczos from its best vectors, with its own stop
             return _continue_by_lanczos(op, k, Y[:k], start_matvecs, generator=generator, tol=tol,
@@ -207,15 +207,6 @@ def block_top(op: Operator, k: int, start: Tensor, *, generator: torch.Generator
                        matvecs=op.matvecs - start_matvecs, iterations=block.size, stop_reason=stop,
                        method="lanczos", vectors=Y[:k], bounds=bounds, gap_from=GAP_FROM_BLOCK,
                        next_vector=Y[k] if Y.shape[0] > k else None)
-
-
-def _stalled(history: list[tuple[int, float]]) -> bool:
-    """The worst relative bound has not fallen by STALL_FACTOR over the last STALL_GROWTHS
-    vectors (or half the basis, if more)."""
-    size, worst = history[-1]
-    span = max(STALL_GROWTHS, size // 2)
-    earlier = [w for s, w in history if s <= size - span]
-    return bool(earlier) and worst > STALL_FACTOR * earlier[-1]
 
 
 def _continue_by_lanczos(op: Operator, k: int, best: Tensor, start_matvecs: int, *, generator: torch.Generator,
