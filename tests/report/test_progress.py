@@ -103,9 +103,27 @@ def test_plain_lines_at_each_probe_end_with_value_and_stderr():
     got = [LINE.match(line) for line in lines_of(out)]
     assert all(got), lines_of(out)
     assert [(m["desc"], bool(m["done"]), m["n"], m["total"]) for m in got] == [
-        ("trace (hutchinson)", True, "4", "4"), ("lmax (power)", True, "2", "20")]
+        ("trace (hutchinson)", True, "4", "4"), ("lmax (power)", True, "2", "2")]
     assert (got[0]["value"], got[0]["stderr"]) == ("44", "1.5")
     assert lines_of(out)[1].endswith(" · 7.25")  # a value without an error bar
+
+
+def test_an_end_line_reads_the_count_done_over_itself():
+    """A stopping rule met in a block larger than its last forecast ended "done · 72/64"
+    (Hutchinson at rtol, stranger test); one met before its forecast "done · 2/20". Done is done:
+    N/N. A budget stop keeps the total it fell short of."""
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress("trace (hutchinson)", 0, 0)
+        for done, total in ((48, 100), (72, 64)):  # the rule's forecast fell below the block's end
+            clock.now += 1
+            progress("trace (hutchinson)", done, total, value=1.656, stderr=0.078)
+        progress("lmax (lanczos)", 3, 40)  # converged at 3 of a forecast 40: ends with the run
+        progress("spectrum (SLQ)", 7, 300)
+        progress.stopped("spectrum (SLQ)", "budget")
+    assert [line.split(" · elapsed")[0] for line in lines_of(out)] == [
+        "flatcheck trace (hutchinson): done · 72/72", "flatcheck lmax (lanczos): done · 3/3",
+        "flatcheck spectrum (SLQ): stopped by the budget · 7/300"]
 
 
 def test_no_end_line_when_the_run_fails():
@@ -146,7 +164,7 @@ def test_a_single_long_unit_still_gets_lines_from_the_ticker():
     assert len(running) >= 3 and "2 ± 0.1" in running[0]
     gaps = [b - a for a, b in zip(stamps, stamps[1:-1])]  # the last line is the probe's end, due at once
     assert min(gaps) >= period, gaps  # the ticker: never more often than its period
-    assert lines[-1].startswith("flatcheck lmax (power): done · 1/3")
+    assert lines[-1].startswith("flatcheck lmax (power): done · 1/1")  # run its course: N/N
     assert threading.active_count() == 1 or all(t.name != "flatcheck-progress" for t in threading.enumerate())
 
 

@@ -209,7 +209,11 @@ class Task:
         elapsed = f"elapsed {clock_text(now - self.started)}"
         within = None if end else self.within_text()
         about = "~" if self.guess and not end else ""  # a prior's total, and the ETA from it
-        if self.known:
+        if end and not self.stop and self.done:
+            # run its course: the count done is the total, whatever the last forecast said (a
+            # stopping rule met may have forecast fewer units than the last block took, or more)
+            parts = [f"{self.done}/{self.done}", elapsed]
+        elif self.known:
             parts = [f"{self.done}/{about}{self.total}", elapsed]
         elif self.done:  # units done, the total not yet forecast
             parts = [f"{self.done}/?", elapsed]
@@ -488,7 +492,9 @@ class ProgressRenderer:
                                           task.budget_text(now)) if t)
         # an unknown total (the probe's start report) pulses until the first unit is done
         about = "~" if task.guess and eta is not None else ""  # a prior's total: a guess, as the line says
-        self._bar.update(task.bar_id, completed=task.done, total=task.total or None, eta=about + clock_text(eta),
+        # a total forecast below the count done (a stopping rule met early) is the count
+        total = max(task.total, task.done) if task.known else None
+        self._bar.update(task.bar_id, completed=task.done, total=total, eta=about + clock_text(eta),
                          estimate=estimate)
 
 
