@@ -40,6 +40,7 @@ from .models.sources import resolve_preprocess
 from .models.spec import ModelSpec, load_spec
 from .problem import Problem, model_mode
 from .probes.registry import ProbeContext, create_probe, requirements
+from .report.progress import report_probe
 from .report.result import ProbeResult, Report
 
 ProgressFn = Callable[[str, int, int], None]
@@ -259,8 +260,10 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
             raise ConfigError(
                 f"probe {request.name} needs {', '.join(missing)}, which backend {config.backend} lacks"
             )
+        report_probe(progress, request.name)
         results[request.name] = probe.run(ctx, request.options)
         _check_result(results[request.name], config)
+        report_probe(progress, request.name, results[request.name])  # every probe's end line
     return Report(meta=_meta(session, started, time.perf_counter() - t0), results=results)
 
 

@@ -361,6 +361,64 @@ def test_a_probe_that_only_started_ends_with_a_plain_done_line():
     assert lines_of(out) == ["flatcheck gap: done · elapsed 0:00:03"]
 
 
+def test_a_probe_that_reports_no_units_still_ends_with_its_line():
+    """head-trace and relative-flatness (closed forms) wrote no end line, alone or within
+    `probe` (stranger test): the run tells the display each probe's bounds (api.run), and a
+    probe that wrote no end line of its own gets one, with its headline; one that did gets no
+    second, and a stage it left short of its forecast ends with the probe, not later."""
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress.began("head-trace")
+        clock.now += 2
+        progress.ended("head-trace", 0.4685, None)
+        progress.began("lmax")
+        progress("lmax (lanczos)", 0, 0)
+        clock.now += 1
+        progress("lmax (lanczos)", 3, 40, value=2.146)  # converged before its forecast
+        clock.now += 1
+        progress.ended("lmax", 2.146, None)
+        clock.now += 5  # relative-flatness runs: lmax's end line is not this late
+        progress.began("relative-flatness")
+        progress.ended("relative-flatness", 2.846, 0.01)
+    assert lines_of(out) == ["flatcheck head-trace: done · 1/1 · elapsed 0:00:02 · 0.4685",
+                             "flatcheck lmax (lanczos): done · 3/3 · elapsed 0:00:02 · 2.146",
+                             "flatcheck relative-flatness: done · 1/1 · elapsed 0:00:00 · 2.846 ± 0.01"]
+
+
+def end_lines_of_run(names: list[str], cheap: dict) -> tuple[list[str], list[str]]:
+    """The descriptions of the end lines of one api.run of `names` on the demo model, and all lines."""
+    from flatcheck import api
+    from flatcheck.config import RunConfig, probe_requests
+
+    config = RunConfig(checkpoint=CKPT, spec=SPEC, probes=probe_requests(names, {k: v for k, v in cheap.items()
+                                                                                 if k in names}),
+                       data="digits", samples=16, batch_size=16, seed=0)
+    out = io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600) as progress:
+        api.run(config, progress)
+    return [m["desc"] for m in map(LINE.match, lines_of(out)) if m and m["done"]], lines_of(out)
+
+
+def test_closed_form_probes_end_with_their_line_within_a_run():
+    ends, lines = end_lines_of_run(["head-trace", "gini", "relative-flatness"], {})
+    assert ends == ["head-trace", "gini", "relative-flatness"], lines
+    assert all(LINE.match(line)["value"] for line in lines), lines  # each with its headline
+
+
+@pytest.mark.workflow
+def test_every_listed_probe_ends_with_a_line_within_probe():
+    from flatcheck.probes.registry import list_probes
+
+    names = list_probes()
+    cheap = {"trace": {"probes_max": 4, "block_size": 4}, "lmax": {"k": 1, "max_iter": 3},
+             "spectrum": {"lanczos_steps": 3, "starts": 2},
+             "adaptive-sharpness": {"method": "second-order", "probes_max": 4}}
+    ends, lines = end_lines_of_run(names, cheap)
+    # a probe's lines are named for it, or for its stage: "lmax (lanczos)", "decomposition: Tr(G)"
+    missing = [n for n in names if not any(d == n or d.startswith((n + " ", n + ":")) for d in ends)]
+    assert not missing, lines
+
+
 def test_a_start_report_pulses_at_a_terminal():
     with ProgressRenderer(io.StringIO(), interactive=True, clock=FakeClock()) as progress:
         progress("lmax (lanczos)", 0, 0)

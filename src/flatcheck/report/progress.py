@@ -311,6 +311,8 @@ class ProgressRenderer:
         self._ticker: threading.Thread | None = None
         self._bar: Any = None
         self._listening: Any = None
+        self._ends = 0  # end lines written: a probe that added none gets one (ended)
+        self._probe: tuple[str, float, int] | None = None  # the probe running: (name, began, _ends then)
 
     # -- context ------------------------------------------------------------------------------
     def __enter__(self) -> "ProgressRenderer":
@@ -424,6 +426,28 @@ class ProgressRenderer:
             if self._bar is None and not task.finished:
                 self._finish(task, self.clock())
 
+    # -- a probe's bounds (api.run) ----------------------------------------------------------------
+    def began(self, probe: str) -> None:
+        """Probe `probe` begins: its end line is owed from here."""
+        with self._lock:
+            self._probe = (probe, self.clock(), self._ends)
+
+    def ended(self, probe: str, value: float | None, stderr: float | None) -> None:
+        """Probe `probe` ended with this headline. Off a terminal its last stage, if it stopped
+        short of its total, ends now, and a probe that wrote no end line of its own gets one:
+        a closed form (head-trace, relative-flatness) reports no units, yet the guide promises
+        a line at each probe's end; its one computation is its one unit (1/1)."""
+        with self._lock:
+            now, began, self._probe = self.clock(), self._probe, None
+            if self._bar is not None:
+                return
+            if self.current is not None and not self.current.finished:
+                self._finish(self.current, now)
+            if began is not None and began[0] == probe and began[2] == self._ends:
+                task = Task(probe, started=began[1])
+                task.update(now, 1, 1, value, stderr)
+                self._finish(task, now)
+
     # -- what several runs in one renderer need (scan) --------------------------------------------
     def stage(self, text: str) -> None:
         """A new stage before any probe reports (a scan's next model loading): the ticker says
@@ -447,6 +471,7 @@ class ProgressRenderer:
     # -- plain lines ----------------------------------------------------------------------------
     def _finish(self, task: Task, now: float) -> None:
         task.finished = True
+        self._ends += 1
         self._write(task.line(now, end=True), now)
 
     def _write(self, text: str, now: float) -> None:
@@ -530,6 +555,20 @@ def report_stop(listener: Any, desc: str, reason: str) -> None:
     hook = getattr(listener, "stopped", None)
     if hook is not None:
         hook(desc, reason)
+
+
+def report_probe(listener: Any, probe: str, result: Any = None) -> None:
+    """Tell a progress listener that `probe` begins (no `result`) or ended with `result` (its
+    ProbeResult), where it can hear it (ProgressRenderer.began/ended): the run's one place that
+    knows every probe's bounds, so that each ends with a line whether or not it counts units."""
+    if result is None:
+        hook = getattr(listener, "began", None)
+        if hook is not None:
+            hook(probe)
+        return
+    hook = getattr(listener, "ended", None)
+    if hook is not None:
+        hook(probe, result.value, result.stderr)
 
 
 def counted(progress: Callable[..., None] | None) -> Callable[..., None] | None:
