@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -198,3 +199,54 @@ def test_a_batch_read_at_once_is_the_samples_read_one_by_one(pre, batched, dtype
     for a, b in zip(whole, single, strict=True):
         assert a.x.dtype == b.x.dtype == dtype and a.x.shape == b.x.shape and a.x.is_contiguous()
         assert torch.equal(a.x.view(bits), b.x.view(bits)) and a.y.dtype == b.y.dtype and torch.equal(a.y, b.y)
+
+
+def _npz_pair(tmp_path):
+    """x in float64 (values float32 cannot hold) saved as-is and as its float32 copy."""
+    rng = np.random.default_rng(3)
+    x, y = rng.random((10, 4)), rng.integers(0, 3, 10)
+    np.savez(tmp_path / "d64.npz", x=x, y=y)
+    np.savez(tmp_path / "d32.npz", x=x.astype(np.float32), y=y)
+    return x
+
+
+def _npz_set(tmp_path, name, dtype, pre=Preprocess(), one_by_one=False):
+    data = create_dataset(f"npz:{tmp_path / name}", preprocess=pre)
+    return SampleSet(OneByOne(data) if one_by_one else data, samples=None, batch_size=4, dtype=dtype)
+
+
+@pytest.mark.parametrize("one_by_one", [False, True])
+@pytest.mark.parametrize("pre", [Preprocess(), Preprocess(input_size=(4,), mean=(0.3,), std=(0.7,))])
+def test_float64_data_reaches_a_float64_run_unrounded(tmp_path, pre, one_by_one):
+    x = torch.from_numpy(_npz_pair(tmp_path))
+    want = x if pre.mean is None else (x - 0.3) / 0.7  # the spec's normalisation, in float64
+    samples = _npz_set(tmp_path, "d64.npz", torch.float64, pre, one_by_one)
+    assert torch.equal(torch.cat([b.x for b in samples]), want)
+    assert "rounded" not in samples.describe()
+
+
+def test_a_float32_run_rounds_float64_data_and_says_so(tmp_path):
+    x = _npz_pair(tmp_path)
+    samples = _npz_set(tmp_path, "d64.npz", torch.float32)
+    assert torch.equal(torch.cat([b.x for b in samples]), torch.from_numpy(x.astype(np.float32)))
+    assert samples.describe()["rounded"].startswith("float64 inputs → float32")
+    assert "rounded" not in _npz_set(tmp_path, "d32.npz", torch.float32).describe()
+
+
+def test_the_fingerprint_tells_float64_data_from_its_float32_copy_where_they_are_measured_apart(tmp_path):
+    _npz_pair(tmp_path)
+    fp = {(name, dtype): _npz_set(tmp_path, name, dtype).fingerprint
+          for name in ("d64.npz", "d32.npz") for dtype in (torch.float32, torch.float64)}
+    assert fp["d64.npz", torch.float64] != fp["d32.npz", torch.float64]
+    assert fp["d64.npz", torch.float64] == _npz_set(tmp_path, "d64.npz", torch.float64).fingerprint  # a rerun
+    # a float32 run measures both as the same float32 values; float32 data reads alike in any run,
+    # so its baselines keep their fingerprint
+    assert fp["d64.npz", torch.float32] == fp["d32.npz", torch.float32] == fp["d32.npz", torch.float64]
+
+
+def test_uint8_pixels_are_divided_in_float32_in_a_float64_run(tmp_path):
+    """As torchvision's to_tensor and flatcheck.measure divide them: the values models are trained on."""
+    u8 = np.random.default_rng(4).integers(0, 256, (6, 3, 2, 2), dtype=np.uint8)
+    np.savez(tmp_path / "u8.npz", x=u8, y=np.zeros(6, dtype=np.int64))
+    samples = _npz_set(tmp_path, "u8.npz", torch.float64)
+    assert torch.equal(torch.cat([b.x for b in samples]), torch.from_numpy(u8).float().div(255).double())

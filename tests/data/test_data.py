@@ -353,7 +353,7 @@ def test_npz_float_vectors_and_test_split(tmp_path):
     f = tmp_path / "v.npz"
     np.savez(f, x=x, y=np.arange(4), x_test=xt, y_test=np.array([7, 0]))
     train, test = create_dataset(f"npz:{f}"), create_dataset(f"npz:{f}", split="test")
-    assert train.sample_shape == (3,) and torch.equal(train[3][0], torch.tensor(x[3], dtype=torch.float32))
+    assert train.sample_shape == (3,) and torch.equal(train[3][0], torch.tensor(x[3]))  # float64 too
     assert len(test) == 2 and test[0][1] == 7
     assert train.num_classes == test.num_classes == 8
 

@@ -59,6 +59,7 @@ class SampleSet:
         self.split: str = getattr(dataset, "split", "?")
         self.device = torch.device(device)
         self.dtype = dtype
+        self.rounded = False  # float64 inputs read as float32 (a float32 run): the report says so
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"{setting('batch_size')} must be an integer >= 1, got {batch_size!r}")
         available = len(dataset)  # type: ignore[arg-type]
@@ -130,6 +131,8 @@ class SampleSet:
             **({"channels": conv} if (conv := getattr(self.dataset, "channel_conversion", None)) else {}),
             # images resized to the spec's input size ("32×32 → 224×224, bilinear")
             **({"resized": size} if (size := getattr(self.dataset, "resize", None)) else {}),
+            # float64 inputs measured as their float32 rounding (the fingerprint is of what was measured)
+            **({"rounded": "float64 inputs → float32 (--dtype float64 keeps them)"} if self.rounded else {}),
         }
 
     def __repr__(self) -> str:
@@ -174,15 +177,19 @@ class SampleSet:
 
     def _as_read(self, x: Tensor) -> Tensor:
         # float64 inputs of a float64 run stay float64: read through float32 they would be
-        # rounded, and the run would measure another loss than the caller's (flatcheck.measure)
+        # rounded, and the run would measure another loss than the caller's (flatcheck.measure).
+        # A float32 run computes in float32 throughout, so it rounds them (and describe says so).
+        # The fingerprint is of the values read: it tells a float64 file from its float32 copy
+        # exactly where the two are measured differently, and keeps float32 data's as it was.
         read = torch.float64 if x.dtype == torch.float64 and self.dtype == torch.float64 else torch.float32
+        self.rounded = self.rounded or (x.dtype == torch.float64 and read == torch.float32)
         return x.to(read).contiguous()
 
     def _to_device(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         return x.to(device=self.device, dtype=self.dtype), y.to(device=self.device)
 
     def _check_finite(self, k: int, x: Tensor) -> None:
-        # x is the float32 read, the narrowest dtype a run uses, so finite here is finite on the device
+        # x is as read, in the run's dtype or float32 (narrower), so finite here is finite on the device
         bad = ~torch.isfinite(x.flatten(1)).all(1)
         if bool(bad.any()):
             row = int(bad.nonzero()[0])

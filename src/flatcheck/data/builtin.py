@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 
 from flatcheck.data.catalogue import DataSource, MissingSplitError, register_dataset
 from flatcheck.data.roots import ROOT_HELP, download_hint, missing_files
+from flatcheck.data.transform import sample_dtype
 from flatcheck.errors import DataError, InternalError
 
 _ROOT_HELP = ROOT_HELP
@@ -40,15 +41,15 @@ class ArrayDataset(Dataset):
         return len(self.x)
 
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
-        x = self.x[index].to(torch.float32)
+        x = self.x[index].to(sample_dtype(self.x))
         if self.divisor is not None:
             x = x.div(self.divisor)
         return x, int(self.y[index])
 
     def items(self, start: int, stop: int) -> tuple[Tensor, Tensor]:
-        """Samples start … stop − 1 at once, each as __getitem__ gives it: (B, …) float32 and
-        (B,) int64 labels, new tensors (not views of the data set's)."""
-        x = self.x[start:stop].to(torch.float32, copy=True)
+        """Samples start … stop − 1 at once, each as __getitem__ gives it: (B, …) float32 (float64
+        for float64 samples) and (B,) int64 labels, new tensors (not views of the data set's)."""
+        x = self.x[start:stop].to(sample_dtype(self.x), copy=True)
         if self.divisor is not None:
             x = x.div(self.divisor)
         return x, self.y[start:stop].clone()
@@ -426,7 +427,8 @@ def _npz_images(arr: np.ndarray, where: str) -> tuple[Tensor, float | None]:
     if arr.dtype == np.uint8:
         divisor = 255.0
     elif np.issubdtype(arr.dtype, np.floating):
-        arr, divisor = arr.astype(np.float32, copy=False), None
+        # float64 stays float64 (ArrayDataset); float16 widens exactly to float32
+        arr, divisor = (arr if arr.dtype == np.float64 else arr.astype(np.float32, copy=False)), None
         _check_unit_range(arr, where)
     else:
         raise DataError(f"{where}: must be uint8 (0..255) or float (0..1), got {arr.dtype}")

@@ -54,6 +54,14 @@ def _spec(size: tuple[int, ...]) -> str:
     return "[" + ",".join(str(d) for d in size) + "]"
 
 
+def sample_dtype(x: Tensor) -> torch.dtype:
+    """The dtype samples held as `x` are read and prepared in: float64 kept, so that a float64 run
+    measures the stored values (SampleSet rounds them in a float32 run); anything else float32.
+    Integer pixels are thus divided in float32, as torchvision's to_tensor does: the values
+    models are trained on, and the ones flatcheck.measure gives the same pixels."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def apply_preprocess(x: Tensor, pre: Preprocess, *, source: str) -> Tensor:
     """Resize/flatten/normalise one sample to `pre`; DataError (one line) when it cannot fit.
 
@@ -61,7 +69,7 @@ def apply_preprocess(x: Tensor, pre: Preprocess, *, source: str) -> Tensor:
     that names mean/std but no size still means the model was trained on normalised data.
     It happens before flattening so that a per-channel mean works for a flat (MLP) target.
     """
-    x = x.to(torch.float32)
+    x = x.to(sample_dtype(x))
     size = tuple(pre.input_size) if pre.input_size is not None else None
     if size is not None and len(size) == 3:
         x = _fit_image(x, size, pre.interpolation, source)
@@ -121,7 +129,7 @@ def apply_preprocess_batch(x: Tensor, pre: Preprocess, *, source: str) -> Tensor
     elementwise: the caller prepares the samples one by one."""
     if not elementwise(pre, tuple(x.shape[1:])):
         return None
-    x = _normalise(x.to(torch.float32), pre, source, batched=True)
+    x = _normalise(x.to(sample_dtype(x)), pre, source, batched=True)
     if pre.input_size is not None and len(pre.input_size) == 1:
         x = x.reshape(x.shape[0], -1)
     return x.contiguous()
@@ -132,8 +140,8 @@ def _normalise(x: Tensor, pre: Preprocess, source: str, batched: bool = False) -
     if pre.mean is None and pre.std is None:
         return x
     one = x[0] if batched else x  # what the checks read: a sample's shape
-    mean = torch.tensor(pre.mean if pre.mean is not None else (0.0,), dtype=torch.float32)
-    std = torch.tensor(pre.std if pre.std is not None else (1.0,), dtype=torch.float32)
+    mean = torch.tensor(pre.mean if pre.mean is not None else (0.0,), dtype=x.dtype)
+    std = torch.tensor(pre.std if pre.std is not None else (1.0,), dtype=x.dtype)
     if (std == 0).any():
         raise DataError(f"data '{source}': spec std {list(pre.std or ())} contains 0")
     for name, v in (("mean", mean), ("std", std)):
