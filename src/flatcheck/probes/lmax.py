@@ -122,6 +122,12 @@ class LmaxGating(Gating):
         return why
 
 
+def finer_dtype(dtype: torch.dtype) -> str | None:
+    """The flag of a dtype that resolves more than `dtype`, for a note's advice; None in float64,
+    the finest there is: a note does not advise the dtype its run already used."""
+    return None if dtype == torch.float64 else "--dtype float64"
+
+
 @register_probe
 class LmaxProbe:
     """Top-k eigenvalues, largest algebraic first (on an indefinite Hessian "top" means the most
@@ -238,15 +244,16 @@ class LmaxProbe:
                  f"({how}); bn {bn_mode}")
         if options.method == "power" and res.values[0] < 0:
             notes += "; power iteration found the largest |λ|, which is negative: use --method lanczos for λmax"
+        finer = finer_dtype(op.dtype)
         if res.stop_reason == "budget":
             notes += f"; stopped by --budget after {res.matvecs} products"
         elif to_noise:
-            notes += "; --dtype float64 resolves them further"
+            notes += f"; {finer} resolves them further" if finer else ""
         elif res.stop_reason == "stalled":
-            notes += (f"; error bounds stalled at {worst_bound:.2g}·|λ|: use --dtype float64, "
-                      f"or --tol {worst_bound * 2:.0e}")
+            notes += (f"; error bounds stalled at {worst_bound:.2g}·|λ|: use {finer + ', or ' if finer else ''}"
+                      f"--tol {worst_bound * 2:.0e}")
         elif not all(res.converged):
-            notes += f"; raise --max-iter (now {max_iter}) or --tol, or use --dtype float64"
+            notes += f"; raise --max-iter (now {max_iter}) or --tol{', or use ' + finer if finer else ''}"
         block_run = res.method == "block lanczos"
         if rows is not None:
             limit = "--max-memory" if ctx.memory_allowance is not None else "the default limit, half the free memory"

@@ -40,6 +40,7 @@ from ..backends.base import GGNVp, Hvp, Outputs
 from .gating import Gating
 from .registry import ProbeContext, register_probe
 from .kit import option
+from .lmax import finer_dtype
 from ._memory import memory_note
 from .spectrum import (budget_cut, budget_unresolved, check_slq_options, lanczos_steps_option, mean_stderr,
                        plan_slq, reorth_note, reorth_option, run_slq, starts_option, stop_reason)
@@ -206,7 +207,8 @@ class RankProbe:
         off_zero = max(abs(m.location) for m in masses)
         bracket = null_share_bracket(degeneracy, closed and off_zero <= roundoff,
                                      batch_bound if ggn else None,
-                                     lumped=off_zero if closed and off_zero > roundoff else None)
+                                     lumped=off_zero if closed and off_zero > roundoff else None,
+                                     finer=finer_dtype(op.dtype))
         stderr = max(statistical, bracket.half_width)
 
         cut = budget_cut(result, options.lanczos_steps)
@@ -310,7 +312,7 @@ class Bracket:
 
 
 def null_share_bracket(degeneracy: float, exact: bool, rank_floor: float | None,
-                       lumped: float | None = None) -> Bracket:
+                       lumped: float | None = None, finer: str | None = None) -> Bracket:
     """Where the null space's share (P − rank)/P lies, given the origin weight D.
 
     D is its upper end (module docstring: each weight is at least μ_v({0})). SLQ gives no
@@ -320,14 +322,15 @@ def null_share_bracket(degeneracy: float, exact: bool, rank_floor: float | None,
     its origin node at 0 within round-off (the rule is then exact), else a rank bound that
     holds whatever the spectrum (G: the batch bound), else 0. `lumped`: the origin node's
     distance from 0 when the spaces closed at the breakdown threshold but off 0 (float32 on
-    a spectrum that decays below √eps·‖G‖). Statistics can put D below the rank bound; the
+    a spectrum that decays below √eps·‖G‖); `finer`, the flag of a dtype that resolves more
+    (lmax.finer_dtype; None in float64). Statistics can put D below the rank bound; the
     bracket is then empty."""
     if exact:
         return Bracket(degeneracy, degeneracy, "exact: every start's Krylov space closed at 0")
     why = ("" if lumped is None else
            f"the Krylov spaces closed at the breakdown threshold with the origin node at λ ≈ {lumped:.3g}, above "
-           "round-off, so it holds eigenvalues too small to resolve in this dtype (--dtype float64 resolves "
-           "smaller ones); ")
+           f"round-off, so it holds eigenvalues too small to resolve in this dtype"
+           f"{f' ({finer} resolves smaller ones)' if finer else ''}; ")
     if rank_floor is not None and rank_floor > 0:
         return Bracket(min(rank_floor, degeneracy), degeneracy, why + "low end: the batch bound")
     return Bracket(0.0, degeneracy, why + "no lower bound: SLQ cannot tell eigenvalues below its resolution from 0")
