@@ -7,6 +7,7 @@ of its torchvision counterpart, since no data set can be downloaded in tests.
 from __future__ import annotations
 
 import pickle
+import shutil
 import struct
 from pathlib import Path
 
@@ -719,3 +720,17 @@ def test_a_root_lacking_the_sets_files_is_told_early_in_the_sources_words(tmp_pa
         create_dataset(name, root=tmp_path, split=split, preprocess=GREY, num_classes=10)
     assert missing_root(name, str(tmp_path), split) == str(said.value)
     assert argv_data_problem(["--data", name, "--data-root", str(tmp_path), f"--split={split}"]) == str(said.value)
+
+
+@pytest.mark.parametrize("split, where", [("train", "train"), ("test", "test"), ("test", "train")])
+def test_a_class_folder_link_that_leads_nowhere_is_refused(tmp_path, split, where):
+    """`ln -s nowhere train/broken` beside c0, c1 was skipped: exit 0, and the labels of classes
+    after it would shift once the drive it points to is mounted again."""
+    _image_folder(tmp_path)
+    shutil.copytree(tmp_path / "train", tmp_path / "test")
+    (tmp_path / where / "broken").symlink_to(tmp_path / "unmounted" / "broken")
+    with pytest.raises(DataError) as info:
+        create_dataset(f"imagefolder:{tmp_path}", split=split, preprocess=GREY)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"imagefolder:{tmp_path}: {tmp_path / where / 'broken'} ")
+    assert f"link to {tmp_path / 'unmounted' / 'broken'}, which does not exist; expected a class folder" in message

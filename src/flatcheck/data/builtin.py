@@ -306,8 +306,20 @@ def _hidden(name: str) -> bool:
     return name.startswith(".")
 
 
-def _class_folders(folder: Path) -> list[str]:
-    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not _hidden(e.name))
+def _class_folders(folder: Path, where: str) -> list[str]:
+    """The class folders' names, sorted: the labels. A link that leads nowhere is refused rather
+    than skipped: it is most likely a class folder on a drive not mounted, and dropping it would
+    shift the label of every class after it."""
+    names = []
+    for e in os.scandir(folder):
+        if _hidden(e.name):
+            continue
+        if e.is_dir():
+            names.append(e.name)
+        elif e.is_symlink() and not os.path.exists(e.path):
+            raise DataError(f"{where}: {e.path} is a link to {os.readlink(e.path)}, which does not exist; "
+                            "expected a class folder of images there: mount or fix its target, or remove the link")
+    return sorted(names)
 
 
 class _FolderLinks:
@@ -399,8 +411,8 @@ def imagefolder(*, path: str, split: str, input_size: tuple[int, ...] | None = N
     try:
         for split_dir in {folder, label_dir} - {base}:
             links.check(split_dir, record=False)  # test/ linked to train/ would measure train as test
-        class_to_idx = {c: i for i, c in enumerate(_class_folders(label_dir))}
-        files = {c: _image_files(folder / c, links) for c in _class_folders(folder)}
+        class_to_idx = {c: i for i, c in enumerate(_class_folders(label_dir, where))}
+        files = {c: _image_files(folder / c, links) for c in _class_folders(folder, where)}
     except OSError as exc:
         raise DataError(f"{where}: {_first_line(exc)}") from None
     unknown = [c for c in files if c not in class_to_idx]
