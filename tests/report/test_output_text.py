@@ -118,6 +118,18 @@ def test_a_value_its_probe_does_not_stand_behind_is_marked_in_the_table():
     assert "unresolved" not in printed(lambda c: render(Report(meta=META, results={"lmax": done}), c), width=160)
 
 
+@pytest.mark.parametrize("dof, rough", [(1, True), (4, True), (5, False), (None, False)])
+def test_a_stderr_on_few_degrees_of_freedom_is_marked_rough_in_the_table(dof, rough):
+    """spectrum's default 2 starts printed ‖H‖_F "1.187 ± 0.19" where the exact value is 2.155
+    (stranger test): a ± on dof 1 looks as precise as one on dof 100. The JSON carried the dof;
+    the table now says it where it is below ROUGH_DOF."""
+    few = ProbeResult(probe="spectrum", value=1.187, stderr=0.19, dof=dof, matvecs=118, seconds=1.0, seed=0,
+                      label="‖H‖_F (SLQ)")
+    text = printed(lambda c: render(Report(meta=META, results={"spectrum": few}), c), width=160)
+    assert "1.187 ± 0.19" in text
+    assert (f"(rough ±: dof {dof})" in text) == rough, text
+
+
 def test_layer_shares_kept_for_a_resolved_total():
     clear = trace_result(10.0, 0.5, {"conv1": (6.0, 0.4), "head": (4.0, 0.3)})
     text = printed(layers_table(clear))

@@ -43,7 +43,7 @@ from .kit import option
 from .lmax import finer_dtype
 from ._memory import memory_note
 from .spectrum import (budget_cut, budget_unresolved, check_slq_options, lanczos_steps_option, mean_stderr,
-                       plan_slq, reorth_note, reorth_option, run_slq, starts_option, stop_reason)
+                       plan_slq, reorth_note, reorth_option, rough_note, run_slq, starts_option, stop_reason)
 
 NEURON_RULE = (
     "Σ N_l = Σ out_features of every Linear + Σ out_channels of every Conv (one neuron per channel, "
@@ -225,6 +225,7 @@ class RankProbe:
                  f"at λ ≈ {location:.3g} (resolution {resolution:.3g}); paper bound "
                  f"{_fmt_bound(paper_bound)}, batch bound {batch_bound:.4g}{'' if ggn else ' (for G)'}; "
                  f"{options.starts} starts × {max(r.steps for r in result.rules)} steps; bn {bn_mode}")
+        notes += rough_note(len(result.rules))
         if unresolved is not None:
             notes += f"; UNRESOLVED: {unresolved}"
         notes += memory_note(memory) + reorth_note(memory)

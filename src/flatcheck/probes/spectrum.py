@@ -87,6 +87,21 @@ def budget_cut(result: SLQ, asked: int) -> str | None:
     return f"--budget cut the Lanczos rules to {span} of {min(asked, result.dim)} steps"
 
 
+def rough_note(starts: int) -> str:
+    """The note of a ± over so few start vectors that the table marks it rough (report/render.
+    ROUGH_DOF), with how many make it usable; "" from there on. The default stays 2 starts
+    (dof 1) for its cost: each start is --lanczos-steps products."""
+    from ..report.render import ROUGH_DOF
+
+    if starts - 1 >= ROUGH_DOF:
+        return ""
+    # not "--starts 6 suffices": a quadratic form of a matrix that one eigenvalue dominates is
+    # skewed (most starts miss that direction), so a few starts under-read the mean and its
+    # spread alike, and dof alone does not make the ± usable
+    return (f"; the ± rest on {starts} starts (dof {starts - 1}) and are rough: raise --starts (20, say) "
+            f"for a usable error bar")
+
+
 def budget_unresolved(result: SLQ, asked: int, lost: str) -> str | None:
     """details.unresolved_reason of an SLQ probe whose rules --budget cut (budget_cut), or None
     when it cut none. A rule cut short has fewer nodes than asked for, and what its nodes place
@@ -232,6 +247,7 @@ class SpectrumProbe:
             dtype = str(op.dtype).removeprefix("torch.")
             notes += (f"; {invariant} start(s) closed their Krylov space early (to √eps·‖{symbol}‖ in {dtype}: "
                       "nodes closer than that merge; Tr and Tr² are not affected)")
+        notes += rough_note(len(result.rules))
         if unresolved is not None:
             notes += f"; UNRESOLVED: {unresolved}"
         notes += memory_note(memory) + reorth_note(memory)

@@ -43,15 +43,28 @@ def fmt_estimate(value: float | None, stderr: float | None) -> str:
     return f"0 within noise: {text}" if within_noise(value, stderr) else text
 
 
+# a standard error on fewer degrees of freedom than this is marked rough in a table. At dof 4 the
+# two-sided 95 % t quantile is 2.78 (1.42 × the normal's 1.96; 12.7 at dof 1) and the standard
+# error's own relative spread, about 1/√(2·dof), is 35 % (71 % at dof 1): a reader who doubles
+# "± se" takes a much tighter interval than the data give. From dof 5 (2.57, 32 %) the usual
+# reading is roughly right for a symmetric spread (a skewed one needs more, which the probes'
+# notes say). Spectrum and rank default to 2 starts (dof 1): cost, not precision
+ROUGH_DOF = 5
+
+
 def fmt_result(value: float | None, stderr: float | None, resolved: bool = True,
-               error_bound: float | None = None) -> str:
+               error_bound: float | None = None, dof: int | None = None) -> str:
     """A probe's headline in a table: fmt_estimate, with the bound of a value an iteration
-    stopped within its tolerance, and marked when the probe does not stand behind it (an lmax
-    short of its tolerance, a per-sample mean the budget cut), which the notes explain; a bare
-    number there would read as a result."""
+    stopped within its tolerance, marked rough when its standard error rests on fewer than
+    ROUGH_DOF degrees of freedom (`dof`, as the JSON carries it; None: a normal one), and
+    marked when the probe does not stand behind it (an lmax short of its tolerance, a
+    per-sample mean the budget cut), which the notes explain; a bare number there would read
+    as a result."""
     text = fmt_estimate(value, stderr)
     if stderr is None and error_bound is not None:
         text += f" (within {fmt(error_bound, 2)})"
+    if stderr is not None and dof is not None and dof < ROUGH_DOF:
+        text += f" (rough ±: dof {dof})"
     return text if resolved else f"{text} (unresolved)"
 
 
@@ -77,7 +90,7 @@ def summary_table(report: Report) -> Table:
     table.add_column("matvecs", justify="right")
     table.add_column("seconds", justify="right")
     for r in report.results.values():
-        table.add_row(r.probe, r.label, fmt_result(r.value, r.stderr, r.resolved, r.error_bound), str(r.matvecs), f"{r.seconds:.2f}")
+        table.add_row(r.probe, r.label, fmt_result(r.value, r.stderr, r.resolved, r.error_bound, r.dof), str(r.matvecs), f"{r.seconds:.2f}")
     return table
 
 
