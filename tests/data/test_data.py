@@ -734,3 +734,23 @@ def test_a_class_folder_link_that_leads_nowhere_is_refused(tmp_path, split, wher
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"imagefolder:{tmp_path}: {tmp_path / where / 'broken'} ")
     assert f"link to {tmp_path / 'unmounted' / 'broken'}, which does not exist; expected a class folder" in message
+
+
+def test_flat_samples_against_an_image_size_are_told_how_to_give_a_flat_one(tmp_path):
+    """`--input-size 4` is read as 3,4,4, and the error for 4-value samples said only that they are
+    not (C,H,W) images; it now names the flat size that reads them, and how to give it."""
+    from flatcheck.models.resolve import parse_input_size
+
+    x = np.random.default_rng(5).random((6, 4))
+    f = tmp_path / "flat.npz"
+    np.savez(f, x=x, y=np.arange(6) % 3)
+    with pytest.raises(DataError) as e:
+        create_dataset(f"npz:{f}", preprocess=Preprocess(input_size=parse_input_size("4")))
+    assert str(e.value) == (f"data 'npz:{f}' gives samples of shape (4); spec input_size [3,4,4] needs (C,H,W) "
+                            "images; flat samples need input_size [4] (--set 'input_size=[4]'; a lone --input-size "
+                            "S means 3,S,S)")
+    flat = create_dataset(f"npz:{f}", preprocess=Preprocess(input_size=(4,)))  # the size it names reads them
+    assert torch.equal(flat[5][0], torch.from_numpy(x[5]))
+    with pytest.raises(DataError) as e:  # images are not told to be flattened
+        apply_preprocess(torch.zeros(4, 4), Preprocess(input_size=(3, 4, 4)), source="t")
+    assert "flat" not in str(e.value)

@@ -166,7 +166,8 @@ MODEL_OPTIONS: list[tuple[str, Any, Any]] = [
     ("random_init", Annotated[bool, typer.Option("--random-init", help="no CHECKPOINT: measure the model as "
                               "built, with random weights")], False),
     ("num_classes", Annotated[Optional[int], typer.Option("--num-classes", help="spec field num_classes")], None),
-    ("input_size", Annotated[Optional[str], typer.Option("--input-size", help="spec field input_size: S or C,H,W")],
+    ("input_size", Annotated[Optional[str], typer.Option("--input-size", help="spec field input_size: S (= 3,S,S) "
+                                                             "or C,H,W; a flat D: --set 'input_size=[D]'")],
      None),
     ("mean", Annotated[Optional[str], typer.Option("--mean", help="spec field mean, per channel: 0.5,0.5,0.5")],
      None),

@@ -45,8 +45,9 @@ def scan_cmd(
                                                         "NAME/model.safetensors pretrained weights")] = None,
     model_kwargs: Annotated[Optional[list[str]], typer.Option("--model-kwargs", help="KEY=VALUE for the timm "
                                                               "constructor, repeatable (e.g. img_size=64)")] = None,
-    input_size: Annotated[Optional[str], typer.Option("--input-size", help="override timm's data config: S or "
-                                                      "C,H,W (use with e.g. --model-kwargs img_size=S)")] = None,
+    input_size: Annotated[Optional[str], typer.Option("--input-size", help="override timm's data config: S (= 3,S,S) "
+                                                      "or C,H,W (use with e.g. --model-kwargs img_size=S); a flat D: "
+                                                      "--set 'input_size=[D]'")] = None,
     probes: Annotated[Optional[str], typer.Option("--probes", help="comma-separated probe names [default: "
                                                   "trace,gini, or the preset's]", show_default=False)] = None,
     preset: Annotated[Optional[str], typer.Option("--preset", help="a paper's protocol: mls-vs-sharpness (Chen et "

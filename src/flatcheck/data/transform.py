@@ -89,8 +89,12 @@ def apply_preprocess(x: Tensor, pre: Preprocess, *, source: str) -> Tensor:
 def _fit_image(x: Tensor, size: tuple[int, ...], mode: str, source: str) -> Tensor:
     c, h, w = size
     if x.dim() != 3:
+        # a lone --input-size S means 3,S,S (an RGB image), so a flat size has to be given as a list
+        flat = (f"; flat samples need input_size [{x.numel()}] (--set 'input_size=[{x.numel()}]'; a lone "
+                "--input-size S means 3,S,S)" if x.dim() == 1 else "")
         raise DataError(
             f"data '{source}' gives samples of shape {_shape(x)}; spec input_size {_spec(size)} needs (C,H,W) images"
+            + flat
         )
     if x.shape[0] != c:
         if channel_conversion(x.shape[0], c) is None:
