@@ -380,9 +380,25 @@ def test_a_probe_that_reports_no_units_still_ends_with_its_line():
         clock.now += 5  # relative-flatness runs: lmax's end line is not this late
         progress.began("relative-flatness")
         progress.ended("relative-flatness", 2.846, 0.01)
+        # a count of samples has no running value: the probe's headline completes its line,
+        # not a part's ("decomposition: Tr(G)"), which it would mislabel
+        progress.began("jacobian")
+        progress("jacobian (exact)", 0, 0)
+        progress("jacobian (exact)", 16, 16)
+        clock.now += 1
+        progress.ended("jacobian", 41.86, None)
+        progress.began("decomposition")
+        progress("decomposition", 0, 0)
+        progress("decomposition", 16, 16)
+        progress("decomposition: Tr(G)", 0, 0)
+        progress("decomposition: Tr(G)", 1, 1)
+        progress.ended("decomposition", 0.5, None)
     assert lines_of(out) == ["flatcheck head-trace: done · 1/1 · elapsed 0:00:02 · 0.4685",
                              "flatcheck lmax (lanczos): done · 3/3 · elapsed 0:00:02 · 2.146",
-                             "flatcheck relative-flatness: done · 1/1 · elapsed 0:00:00 · 2.846 ± 0.01"]
+                             "flatcheck relative-flatness: done · 1/1 · elapsed 0:00:00 · 2.846 ± 0.01",
+                             "flatcheck jacobian (exact): done · 16/16 · elapsed 0:00:00 · 41.86",
+                             "flatcheck decomposition: done · 16/16 · elapsed 0:00:00",
+                             "flatcheck decomposition: Tr(G): done · 1/1 · elapsed 0:00:00"]
 
 
 def end_lines_of_run(names: list[str], cheap: dict) -> tuple[list[str], list[str]]:
@@ -399,9 +415,9 @@ def end_lines_of_run(names: list[str], cheap: dict) -> tuple[list[str], list[str
     return [m["desc"] for m in map(LINE.match, lines_of(out)) if m and m["done"]], lines_of(out)
 
 
-def test_closed_form_probes_end_with_their_line_within_a_run():
-    ends, lines = end_lines_of_run(["head-trace", "gini", "relative-flatness"], {})
-    assert ends == ["head-trace", "gini", "relative-flatness"], lines
+def test_closed_form_and_sample_count_probes_end_with_their_headline_within_a_run():
+    ends, lines = end_lines_of_run(["head-trace", "gini", "relative-flatness", "jacobian"], {})
+    assert ends == ["head-trace", "gini", "relative-flatness", "jacobian (exact)"], lines
     assert all(LINE.match(line)["value"] for line in lines), lines  # each with its headline
 
 

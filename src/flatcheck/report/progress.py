@@ -313,6 +313,9 @@ class ProgressRenderer:
         self._listening: Any = None
         self._ends = 0  # end lines written: a probe that added none gets one (ended)
         self._probe: tuple[str, float, int] | None = None  # the probe running: (name, began, _ends then)
+        # a stage's end line without a value, held until its probe ends (ended): the probe's
+        # headline completes it. (task, when it finished)
+        self._held: tuple[Task, float] | None = None
 
     # -- context ------------------------------------------------------------------------------
     def __enter__(self) -> "ProgressRenderer":
@@ -341,6 +344,7 @@ class ProgressRenderer:
             self._bar.stop()
         if exc_type is None and not self.interactive:
             with self._lock:  # probes that stopped before their total (a stopping rule) end here
+                self._flush()
                 for task in self.tasks.values():
                     if not task.finished:
                         self._finish(task, self.clock())
@@ -430,19 +434,29 @@ class ProgressRenderer:
     def began(self, probe: str) -> None:
         """Probe `probe` begins: its end line is owed from here."""
         with self._lock:
+            self._flush()  # a probe that failed and was caught (no ended) still ends its stage
             self._probe = (probe, self.clock(), self._ends)
 
     def ended(self, probe: str, value: float | None, stderr: float | None) -> None:
         """Probe `probe` ended with this headline. Off a terminal its last stage, if it stopped
         short of its total, ends now, and a probe that wrote no end line of its own gets one:
         a closed form (head-trace, relative-flatness) reports no units, yet the guide promises
-        a line at each probe's end; its one computation is its one unit (1/1)."""
+        a line at each probe's end; its one computation is its one unit (1/1). The probe's last
+        line, if it had no value (a count of samples or products), carries the headline."""
         with self._lock:
-            now, began, self._probe = self.clock(), self._probe, None
+            now, began = self.clock(), self._probe
             if self._bar is not None:
+                self._probe = None
                 return
             if self.current is not None and not self.current.finished:
                 self._finish(self.current, now)
+            self._probe = None
+            held = None if self._held is None else self._held[0]
+            # the probe's own line ("jacobian (exact)"), not a part's ("decomposition: Tr(G)"),
+            # whose line the headline would mislabel
+            if held is not None and held.value is None and held.desc.split(" (")[0] == probe:
+                held.value, held.stderr = value, stderr
+            self._flush()
             if began is not None and began[0] == probe and began[2] == self._ends:
                 task = Task(probe, started=began[1])
                 task.update(now, 1, 1, value, stderr)
@@ -472,9 +486,21 @@ class ProgressRenderer:
     def _finish(self, task: Task, now: float) -> None:
         task.finished = True
         self._ends += 1
+        self._flush()  # a stage held before this one was not its probe's last
+        if self._probe is not None and task.value is None:
+            self._held = (task, now)  # its probe's headline completes it (ended)
+            return
         self._write(task.line(now, end=True), now)
 
+    def _flush(self) -> None:
+        """Write the held end line, as it stands."""
+        if self._held is not None:
+            task, when = self._held
+            self._held = None
+            self._write(task.line(when, end=True), when)
+
     def _write(self, text: str, now: float) -> None:
+        self._flush()  # any line after a held one: it was no probe's last stage, and comes first
         self.stream.write(text + "\n")
         self.stream.flush()
         self._last_line = now
