@@ -52,9 +52,15 @@ def test_a_misspelt_field_of_a_probe_the_baseline_holds_is_bad_input_not_skipped
     base = {"trace": ProbeResult(probe="trace", value=1.0, stderr=0.1, matvecs=8, seconds=0.0).to_dict()}
     with pytest.raises(InputError, match="field 'trace.valu' is not in the baseline's trace result"):
         check_baseline(cfg, Baseline(base, {}, "base.json"), {}, seed=0)
-    # a probe the baseline does not hold at all (added since) is still skipped
-    cfg2 = parse_gate_config({"rules": [{"field": "gini.value", "max_increase": "10%"}]})
-    check_baseline(cfg2, Baseline(base, {}, "base.json"), {}, seed=0)
+    # a probe the baseline does not hold at all (added since) is still skipped, beside one it decides
+    cfg2 = parse_gate_config({"rules": [{"field": "gini.value", "max_increase": "10%"},
+                                        {"field": "trace.value", "max_increase": "200%"}]})
+    skipped = check_baseline(cfg2, Baseline(base, {}, "base.json"), {}, seed=0)
+    assert [b.name for b in skipped] == ["gini.value max_increase 10%"]
+    # and a baseline that decides no relative rule at all is refused (test_gate_coverage)
+    cfg3 = parse_gate_config({"rules": [{"field": "gini.value", "max_increase": "10%"}]})
+    with pytest.raises(InputError, match="a report of trace only, with no gini result"):
+        check_baseline(cfg3, Baseline(base, {}, "base.json"), {}, seed=0)
 
 
 def test_a_rule_on_no_probe_or_on_a_field_the_result_lacks_names_the_gate_file():

@@ -36,7 +36,7 @@ def gate_cmd(
     if budget is not None:
         raise ConfigError("gate takes no --budget: a budget stops probes where the machine's speed says, so an "
                           "unchanged model could get another verdict; the gate file's probe counts set the cost")
-    from ..workflows.gate import load_baseline, load_gate_config, run_gate
+    from ..workflows.gate import check_coverage, load_baseline, load_gate_config, run_gate
     from ..report.io import check_writable
 
     gate = load_gate_config(config)
@@ -49,6 +49,8 @@ def gate_cmd(
         rule = next(b.name for b in gate.bounds if b.relative)
         raise ConfigError(f"{config}: rule '{rule}' compares with a baseline; pass --baseline REPORT.json "
                           "(or --no-baseline to skip such rules)")
+    if base is not None:
+        check_coverage(gate, base)  # a report of other probes: refused before the model loads
     for target, flag in ((junit, "--junit"), (summary, "--summary")):
         if target is not None:
             check_writable(target, flag)

@@ -35,6 +35,8 @@ def _verdict(c) -> str:
 
 def rules_table(outcome) -> Table:
     status = "[green]PASSED[/]" if outcome.passed else "[bold red]FAILED[/]"
+    skipped = outcome.skip_words()
+    status += f" · [yellow]{skipped}[/]" if skipped else ""
     table = Table(title=f"gate {status} · confidence {outcome.confidence:g}", title_justify="left")
     for col, just in (("rule", "left"), ("value ± stderr", "right"), ("CI", "right"), ("threshold", "right"),
                       ("verdict", "left"), ("note", "left")):
@@ -65,6 +67,8 @@ def junit_xml(outcome, suite: str = "flatcheck gate") -> str:
                       errors="0", skipped=str(skipped), time=seconds)
     ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(outcome.checks)), failures=str(failures),
                        errors="0", skipped=str(skipped), time=seconds)
+    # the verdict in words: a pass with relative rules left undecided says so
+    ET.SubElement(ET.SubElement(ts, "properties"), "property", name="verdict", value=outcome.verdict)
     for c in outcome.checks:
         tc = ET.SubElement(ts, "testcase", classname=f"flatcheck.gate.{c.bound.probe}", name=c.bound.name, time="0")
         detail = (f"value {fmt_pm(c.value, c.value_stderr)}, CI {_ci(c)}, threshold {fmt(c.threshold)}"
@@ -96,7 +100,9 @@ def markdown(outcome, title: str = "flatcheck gate") -> str:
     """GitHub's step summary is shared by every step of a job and the gate appends to it: the
     heading names the checkpoint (file and sha256 prefix) and the baseline, and each rule
     shows the baseline's value, so that runs appended one after another are told apart."""
-    head = "✅ passed" if outcome.passed else "❌ failed"
+    skipped = outcome.skip_words()
+    head = ("❌ failed" if not outcome.passed else "⚠️ passed" if skipped else "✅ passed") \
+        + (f", {skipped}" if skipped else "")
     against = f" vs {outcome.baseline}" if outcome.baseline else " (no baseline)"
     lines = [f"### {title}: {head} · {checkpoint_words(outcome.report.meta)}{against}", "",
              _tally(outcome) + f" · confidence {outcome.confidence:g}", "",

@@ -27,7 +27,9 @@ more" means the same thing for negative values); the test is on v − T.
 A baseline is checked before any probe runs (`check_baseline`): it must hold results, each
 filed under its own probe's key, every value a rule reads must be a finite number, it must come from the same model and data
 (unless allowed), and its own error must leave the rule decidable at all.
-A rule on a probe the baseline does not hold (a probe added since) is skipped, not failed; a
+A rule on a probe the baseline does not hold (a probe added since) is skipped, not failed, and
+said (a warning, and the verdict counts it: "PASSED · 1 of 2 relative rules skipped"); a
+baseline that holds none of the relative rules' probes decides nothing and is refused; a
 field the baseline's result of that probe lacks is a misspelt rule (exit 2, before any probe
 runs). A value its probe does not stand behind (an iteration short of its own tolerance,
 `unresolved`) gets no verdict: exit 2, in the baseline or in the current run.
@@ -40,13 +42,13 @@ package names no probe.
 """
 
 from .baseline import IDENTITY, Baseline, foreign_fields, load_baseline
-from .checks import check_baseline
+from .checks import check_baseline, check_coverage
 from .config import BOUNDS, POLICIES, Bound, GateConfig, load_gate_config, parse_gate_config
 from .run import GateOutcome, decide_with_reruns, effort_option, follow_baseline, raise_effort, run_gate
 from .statistics import Pairing, error_bound, pairing, quantile
 from .verdicts import Check, decide, evaluate, unresolved
 
 __all__ = ["BOUNDS", "IDENTITY", "POLICIES", "Baseline", "Bound", "Check", "GateConfig", "GateOutcome", "Pairing",
-           "check_baseline", "decide", "decide_with_reruns", "effort_option", "error_bound", "evaluate",
-           "follow_baseline", "foreign_fields", "load_baseline", "load_gate_config", "pairing", "parse_gate_config",
-           "quantile", "raise_effort", "run_gate", "unresolved"]
+           "check_baseline", "check_coverage", "decide", "decide_with_reruns", "effort_option", "error_bound",
+           "evaluate", "follow_baseline", "foreign_fields", "load_baseline", "load_gate_config", "pairing",
+           "parse_gate_config", "quantile", "raise_effort", "run_gate", "unresolved"]

@@ -1,7 +1,9 @@
 """Everything about a baseline that would make a verdict indefensible, checked before any probe
 runs: another model or data set, a record that is not its key's probe's, a value a rule needs
 that is not a finite number or that its probe does not stand behind, another quantity, and an
-error so wide that no run could decide the rule."""
+error so wide that no run could decide the rule; and a report that holds none of the probes the
+relative rules compare (another command's report, another gate file's), which would decide
+nothing and let every relative rule be skipped."""
 
 from __future__ import annotations
 
@@ -17,9 +19,29 @@ from .statistics import dof as dof_of, error_bound, other_draws, quantile, slope
 from .verdicts import baseline_number, unresolved
 
 
+def check_coverage(gate: GateConfig, baseline: Baseline) -> list[Bound]:
+    """The relative rules the baseline cannot decide, because it holds no result of their probe
+    (a probe added since it was made: they are skipped, and said so). A baseline that decides
+    none of them is refused: a report of other probes, pointed at by mistake, would otherwise
+    turn every relative rule off and let the gate pass. Which command wrote the report does
+    not matter, only what it holds: reports share one format, and a single probe's command
+    (its --json) is as good a baseline for that probe's rules as a gate's own --json."""
+    relative = [b for b in gate.bounds if b.relative]
+    lacking = [b for b in relative if b.probe not in baseline.results]
+    if relative and len(lacking) == len(relative):
+        needed = " or ".join(dict.fromkeys(b.probe for b in relative))
+        held = ", ".join(sorted(baseline.results))
+        raise InputError(f"{baseline.where}: a report of {held} only, with no {needed} result: it decides no "
+                         f"relative rule (the gate file has {len(relative)}); give the --json of a run of those "
+                         "probes (the last release's gate run with this file), or --no-baseline to skip them")
+    return lacking
+
+
 def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[str, Any], *, seed: int,
-                   confidence: float | None = None, allow_foreign: bool = False) -> None:
-    """Refuse (exit 2, one line) a baseline no verdict could be defended on (see the module)."""
+                   confidence: float | None = None, allow_foreign: bool = False) -> list[Bound]:
+    """Refuse (exit 2, one line) a baseline no verdict could be defended on (see the module).
+    Returns the relative rules it cannot decide (their probe added since: skipped)."""
+    skipped = check_coverage(gate, baseline)
     if not allow_foreign:
         diff = foreign_fields(baseline.meta, current_meta)
         if diff:
@@ -48,6 +70,7 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
             _check_probe_values(bound, result, b, s_b, baseline)
         _check_decidable(bound, b, s_b, baseline, seed, level, gate)
         _check_bounded(bound, b, baseline)
+    return skipped
 
 
 def _check_same_quantity(bound: Bound, result: Mapping[str, Any], gate: GateConfig, where: str,

@@ -106,6 +106,28 @@ class GateOutcome:
     def exit_code(self) -> int:
         return 0 if self.passed else 1
 
+    @property
+    def skipped_relative(self) -> list[Check]:
+        """Relative rules left undecided (no baseline, or a baseline without their probe)."""
+        return [c for c in self.checks if c.bound.relative and c.verdict == "skipped"]
+
+    def skip_words(self) -> str:
+        """`2 of 4 relative rules skipped (baseline has no PROBE result)`, "" when none was: a
+        pass with rules undecided is not a plain pass, and every output says so beside it."""
+        skipped = self.skipped_relative
+        if not skipped:
+            return ""
+        relative = sum(c.bound.relative for c in self.checks)
+        probes = ", ".join(dict.fromkeys(c.bound.probe for c in skipped))
+        why = "--no-baseline" if all(c.message.startswith("no baseline") for c in skipped) \
+            else f"baseline has no {probes} result"
+        return f"{len(skipped)} of {relative} relative rule{'s' if relative != 1 else ''} skipped ({why})"
+
+    @property
+    def verdict(self) -> str:
+        """PASSED or FAILED, and the skipped relative rules if any."""
+        return " · ".join(w for w in ("PASSED" if self.passed else "FAILED", self.skip_words()) if w)
+
     def counts(self) -> dict[str, int]:
         out = {"pass": 0, "fail": 0, "inconclusive": 0, "skipped": 0}
         for c in self.checks:
@@ -115,8 +137,10 @@ class GateOutcome:
     def to_dict(self) -> dict[str, Any]:
         # the report's own keys stay at the top, so a gate's JSON can be the next --baseline
         return {**self.report.to_dict(),
-                "gate": {"passed": self.passed, "confidence": self.confidence, "config": self.source,
-                         "counts": self.counts(), "checks": [c.to_dict() for c in self.checks]}}
+                "gate": {"passed": self.passed, "verdict": self.verdict, "confidence": self.confidence,
+                         "config": self.source, "counts": self.counts(),
+                         "skipped_relative": [c.bound.name for c in self.skipped_relative],
+                         "checks": [c.to_dict() for c in self.checks]}}
 
     def render(self, console) -> None:
         from ...report.gate_formats import rules_table
@@ -171,6 +195,7 @@ def run_gate(config, gate: GateConfig, *, baseline: Baseline | None = None, conf
     """Run the gate's probes on one model (RunConfig), decide, rerun where asked. Without a
     baseline, relative rules are skipped (the caller asked for that: --no-baseline)."""
     import datetime
+    import warnings
 
     from ... import api
     from ...config import ProbeRequest
@@ -181,8 +206,11 @@ def run_gate(config, gate: GateConfig, *, baseline: Baseline | None = None, conf
     session = api.open_session(config)
     if baseline is not None:
         now = datetime.datetime.now(datetime.timezone.utc)
-        check_baseline(gate, baseline, api._meta(session, now, 0.0), seed=config.seed, confidence=confidence,
-                       allow_foreign=allow_foreign)
+        skipped = check_baseline(gate, baseline, api._meta(session, now, 0.0), seed=config.seed,
+                                 confidence=confidence, allow_foreign=allow_foreign)
+        for bound in skipped:  # before the run: a CI log shows it even if the job is cut short
+            warnings.warn(f"rule {bound.name} is skipped: {baseline.where} has no {bound.probe} result (a probe "
+                          "added since it was made); remake the baseline to decide it")
     report = api.run(config, progress, session)
     options = {r.name: r.options for r in config.probes}
 
