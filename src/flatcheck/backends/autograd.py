@@ -176,6 +176,20 @@ class AutogradBackend:
                              "differentiate twice, so Hessian-vector products cannot be made; the Hessian "
                              "trace's total can (flatcheck trace --no-layers), and so can GGN products") from None
 
+    def gradient_lead(self) -> Tensor | None:
+        """The first batch's loss gradient (GradientLead), read off its first-order graph: the
+        graph Hessian products backpropagate through, which a one-batch sample set keeps for
+        them (a larger one builds batch 0's once more)."""
+        out = torch.zeros(self.problem.layout.dim, dtype=self.problem.dtype, device=self.problem.device)
+        parts = self.problem.layout.unflatten(out)
+        with self._mode():
+            for index, outputs in self._graphs(self._passes(0)):
+                for j, g in zip(index, outputs):
+                    parts[j].copy_(g.detach())
+                break
+        norm = torch.linalg.vector_norm(out).item()
+        return out if norm > 0 and torch.isfinite(out).all() else None
+
     # -- products ------------------------------------------------------------------------
     def hvp(self, V: Tensor) -> Tensor:
         layout = self.problem.layout

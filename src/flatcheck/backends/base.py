@@ -106,6 +106,16 @@ class LimitMemory(Protocol):
 
 
 @runtime_checkable
+class GradientLead(Protocol):
+    def gradient_lead(self) -> Tensor | None:
+        """The loss gradient over the first batch, (P,), from the graph the Hessian products
+        keep (no pass beyond the one the first product makes where that batch is the only
+        one); None where the loss has no gradient there. A start direction for eigensolvers,
+        not a result: one batch stands for the whole set."""
+        ...
+
+
+@runtime_checkable
 class HvpFailure(Protocol):
     # why Hessian-vector products failed on this model (an op without a second derivative),
     # once one did; None: none has. A backend that has it lets a probe switch to a route
@@ -113,8 +123,8 @@ class HvpFailure(Protocol):
     hvp_error: str | None
 
 
-# the products a probe may require (probes.registry.requirements); LimitMemory and HvpFailure
-# change how a probe plans, never whether it can run
+# the products a probe may require (probes.registry.requirements); LimitMemory, HvpFailure and
+# GradientLead change how a probe plans or starts, never whether it can run
 CAPABILITIES: tuple[type, ...] = (Hvp, GGNVp, Outputs, HvpSums, Vhv, ExactGGN)
 
 
