@@ -178,3 +178,19 @@ def test_a_handover_reports_one_run_of_progress():
     assert done == sorted(done) and done[-1] == r.matvecs
     # the end (done == total) is reported once, at the end
     assert [i for i, (d, t) in enumerate(seen) if d == t] == [len(seen) - 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_all_finite_finds_any_non_finite_entry(dtype):
+    """linalg.reduce.all_finite against torch.isfinite: a NaN, either infinity, or a pair of
+    infinities that cancel in a sum, anywhere; and finite entries whose sum overflows."""
+    from flatcheck.linalg.reduce import all_finite
+
+    block = torch.randn(2, 1000, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    assert all_finite(block)
+    for bad in ([float("nan")], [float("inf")], [-float("inf")], [float("inf"), -float("inf")]):
+        b = block.clone()
+        b[1, 10:10 + len(bad)] = torch.tensor(bad, dtype=dtype)
+        assert not all_finite(b) and not bool(torch.isfinite(b).all())
+    huge = torch.full((1, 4), torch.finfo(dtype).max, dtype=dtype)
+    assert all_finite(huge)

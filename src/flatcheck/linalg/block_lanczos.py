@@ -39,6 +39,7 @@ from .forecast import COLD_STEPS, DecayForecast
 from .lanczos import (STALL_FACTOR, EigenResult, Lanczos, breakdown_threshold,
                       coefficient_residuals, default_max_iter)
 from .random import gaussian
+from .reduce import all_finite
 from .trace import Operator, Progress, StopTest
 
 BLOCK = 2  # start vectors: the fewest that resolve a near-degenerate pair
@@ -64,6 +65,7 @@ class BlockLanczos(Lanczos):
 
     def _begin(self, start: Tensor) -> None:
         """The first block: the rows of `start` made orthonormal (no one-vector `_next` held)."""
+        self._previous_first = 0  # the first row of the last block stepped
         self.pending = self._fresh(start.reshape(start.shape[0], -1))
 
     @property
@@ -94,11 +96,21 @@ class BlockLanczos(Lanczos):
         for q in V:
             self._append(q)
         HV = self.op.matmat(V)
-        if not bool(torch.isfinite(HV).all()):
+        if not all_finite(HV):
             raise InputError("curvature products are not finite (overflow?); try --dtype float64")
+        # a product's large parts lie on its own block's rows and the block before (the
+        # block-tridiagonal recurrence): taken off those few rows first, they leave the pass over
+        # the whole basis nothing large to cancel, so its second pass (DGKS) is seldom needed
+        local = range(self._previous_first, self.size)
+        self._previous_first = first
         leftovers, coeffs = [], []
         for w in HV:
-            w, c = self._project_out(w)
+            known = {}
+            for row in local:
+                q = self._row(row)
+                known[row] = torch.dot(q, w).item()
+                w.sub_(q, alpha=known[row])
+            w, c = self._project_out(w, known)
             leftovers.append(w)
             coeffs.append(c.to(torch.float64).cpu().numpy())
         self.scale = max(self.scale, max(float(np.abs(c[first:]).max()) for c in coeffs))
@@ -157,7 +169,7 @@ class BlockLanczos(Lanczos):
 def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: float = 1e-6,
                       max_iter: int | None = None, progress: Progress | None = None,
                       should_stop: StopTest | None = None, carry_next: bool = False,
-                      block: int = BLOCK, goes_on: int | None = None) -> EigenResult:
+                      block: int = BLOCK, goes_on: int | None = None, lead: Tensor | None = None) -> EigenResult:
     """The k largest (algebraic) eigenvalues of a symmetric operator by block Lanczos from
     `block` Gaussian start vectors.
 
@@ -170,13 +182,14 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     Krylov space closes with nothing left to restart from. `carry_next`: also return the Ritz
     vector below the top k (`next_vector`: a Tracker's next warm block). `goes_on`: the cap on
     products of the whole run when another solver goes on from this one at `max_iter`
-    (block_lanczos_top_restarted): its progress totals run to that, and its end is not reported."""
+    (block_lanczos_top_restarted): its progress totals run to that, and its end is not reported.
+    `lead`: a direction that replaces the first random start (start_block)."""
     dim = op.dim
     k = min(k, dim)
     block = max(1, min(block, dim))
     limit = min(max_iter if max_iter is not None else default_max_iter(k), dim)
     start_matvecs = op.matvecs
-    lz = BlockLanczos(op, gaussian(block, dim, generator, dtype=op.dtype, device=op.device), limit)
+    lz = BlockLanczos(op, start_block(block, dim, generator, op, lead), limit)
     # the progress line's total: the steps the bound's decay says are left, a block's rows a step;
     # before the bound has fallen once, a cold stop of one eigenvalue shows the measured prior
     forecast = DecayForecast(goes_on or limit, per_step=block, prior_steps=COLD_STEPS if k == 1 else 0)
@@ -228,7 +241,8 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
 
 def block_lanczos_top_restarted(op: Operator, k: int, *, rows: int, generator: torch.Generator, tol: float,
                                 max_iter: int, progress: Progress | None = None,
-                                should_stop: StopTest | None = None, block: int = BLOCK) -> tuple[EigenResult, int]:
+                                should_stop: StopTest | None = None, block: int = BLOCK,
+                                lead: Tensor | None = None) -> tuple[EigenResult, int]:
     """block_lanczos_top in a basis of at most `rows` vectors (what memory holds), and the number
     of restarts. Where the block fills its basis short of its stop, the one-vector thick-restarted
     recurrence (linalg/thick_restart.py) goes on from the block's top Ritz vectors, every
@@ -239,7 +253,7 @@ def block_lanczos_top_restarted(op: Operator, k: int, *, rows: int, generator: t
     # the block's working rows (its next block, the products, their leftovers) beside its basis
     # take what a restarted basis keeps for its own
     first = block_lanczos_top(op, k, generator=generator, tol=tol, max_iter=min(max_iter, max(rows - block, k + 1)),
-                              progress=progress, should_stop=should_stop, block=block, goes_on=max_iter)
+                              progress=progress, should_stop=should_stop, block=block, goes_on=max_iter, lead=lead)
     if first.stop_reason != "max_iter" or first.matvecs >= max_iter:
         return first, 0
     done = first.matvecs
@@ -271,6 +285,21 @@ def _top(lz: BlockLanczos, k: int):
     scale = max(lz.scale, max(abs(v) for v in values))
     bounds = ritz_bounds(values[:k], res[:k], below, round_off_floor(lz.op.dtype, scale), GAP_SAFETY)
     return values, res, bounds, (S, order)
+
+
+def start_block(block: int, dim: int, generator: torch.Generator, op: Operator, lead: Tensor | None) -> Tensor:
+    """`block` Gaussian rows, the first replaced by `lead` (a direction expected to lie near the
+    top eigenvectors) where one is given and the block has room for a random row besides it.
+    The random rows are what the certified stop's coverage rests on: with probability one they
+    hold a part of every eigenvector, a near-degenerate partner of λ1 included, whatever the
+    lead holds (tests/linalg/test_certify.py measures it with the loss gradient as the lead)."""
+    rows = gaussian(block, dim, generator, dtype=op.dtype, device=op.device)
+    if lead is not None and block > 1:
+        lead = lead.reshape(-1).to(dtype=op.dtype, device=op.device)
+        norm = torch.linalg.vector_norm(lead).item()
+        if norm > 0 and math.isfinite(norm):
+            rows[0] = lead / norm
+    return rows
 
 
 def not_halving(history: list[tuple[int, float]], least: int) -> bool:

@@ -20,3 +20,11 @@ def rowsum64(block: Tensor) -> Tensor:
     for i in range(0, block.shape[1], _COLUMNS):
         out += block[:, i : i + _COLUMNS].sum(1, dtype=torch.float64)
     return out
+
+
+def all_finite(block: Tensor) -> bool:
+    """Whether every entry of `block` is finite, without a bool copy of it in the common case:
+    a NaN or an infinity anywhere makes the float64 sums non-finite, and a finite sum leaves
+    none; only a non-finite sum (one, or an overflow of finite entries) is checked entry by entry."""
+    sums = rowsum64(block.reshape(block.shape[0], -1) if block.dim() > 1 else block.reshape(1, -1))
+    return bool(torch.isfinite(sums).all()) or bool(torch.isfinite(block).all())

@@ -43,7 +43,7 @@ from .block_lanczos import not_halving, offset
 from .forecast import DecayForecast
 from .lanczos import DGKS_ETA, WARM_MIX, EigenResult, breakdown_threshold, lanczos_top
 from .random import gaussian
-from .reduce import rowsum64
+from .reduce import all_finite, rowsum64
 from .trace import Operator, Progress, StopTest
 
 # the block's gap estimate is divided by this (certify.ritz_bounds' safety)
@@ -95,7 +95,7 @@ class Block:
             return
         V = torch.stack(vectors)
         HV = self.op.matmat(V)
-        if not bool(torch.isfinite(HV).all()):
+        if not all_finite(HV):
             raise InputError("curvature products are not finite (overflow?); try --dtype float64")
         self.W += list(V)
         self.HW += list(HV)
