@@ -91,7 +91,10 @@ EXPLANATIONS: dict[str, Explanation] = {
         small="mass near zero: most directions are flat (see `flatcheck explain rank`).",
         moves="the same as trace and lmax; the density's resolution depends on --lanczos-steps and --sigma.",
         source="Ghorbani et al. 2019 and Granziol 2020, App. B (stochastic Lanczos quadrature).",
-        cost="--starts × --lanczos-steps curvature products (default 2 × 100 = 200); memory: the Lanczos basis, "
+        cost="--starts × --lanczos-steps curvature products (default 2 × 100 = 200). The ± of Tr, Tr² and "
+             "‖H‖_F rests on --starts − 1 degrees of freedom: the default's is rough (the table says so), and a "
+             "matrix one eigenvalue dominates skews a few starts low; --starts 20 gives a usable one. Memory: the "
+             "Lanczos basis, "
              "--lanczos-steps × P numbers, or two vectors with --reorth none (auto: when the basis does not fit "
              "--max-memory). Under --budget a start may stop short of its steps: the result is then unresolved, "
              "with its nodes and its unbiased Tr and Tr² but no smoothed density (too few nodes to place "
