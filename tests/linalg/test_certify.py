@@ -48,7 +48,7 @@ def _coverage(arch: str, runs, solve=block_lanczos_top, lead: bool = False) -> t
         H = _case(arch, seed)
         truth = torch.linalg.eigvalsh(H).flip(0)
         slack = ROUNDOFF * truth.abs().max().item()
-        extra = {"lead": _gradient(arch, seed)} if lead else {}
+        extra = {"lead": lambda: _gradient(arch, seed)} if lead else {}
         for tol, k in runs:
             r = solve(Dense(H), k, generator=torch.Generator().manual_seed(seed), tol=tol, **extra)
             assert r.stop_reason in ("converged", "invariant")

@@ -30,7 +30,7 @@ from ..errors import ModelError, first_line
 from ..linalg.reduce import rowsum64
 from ..losses import apply_output_hessian, per_sample_loss
 from ..problem import Problem, model_mode
-from .base import BackendSpec, GGNTrace
+from .base import BackendSpec, GGNTrace, usable_lead
 from .registry import register_backend
 
 
@@ -177,18 +177,18 @@ class AutogradBackend:
                              "trace's total can (flatcheck trace --no-layers), and so can GGN products") from None
 
     def gradient_lead(self) -> Tensor | None:
-        """The first batch's loss gradient (GradientLead), read off its first-order graph: the
-        graph Hessian products backpropagate through, which a one-batch sample set keeps for
-        them (a larger one builds batch 0's once more)."""
+        """GradientLead, read off the first batch's first-order graph: the graph Hessian products
+        backpropagate through, which a one-batch sample set keeps for them (a larger one builds
+        batch 0's once more). A batch whose loss is linear in every parameter has no graph and
+        is passed over for the next."""
         out = torch.zeros(self.problem.layout.dim, dtype=self.problem.dtype, device=self.problem.device)
         parts = self.problem.layout.unflatten(out)
         with self._mode():
-            for index, outputs in self._graphs(self._passes(0)):
+            for index, outputs in self._graphs(self._passes(1)):
                 for j, g in zip(index, outputs):
                     parts[j].copy_(g.detach())
                 break
-        norm = torch.linalg.vector_norm(out).item()
-        return out if norm > 0 and torch.isfinite(out).all() else None
+        return usable_lead(out)
 
     # -- products ------------------------------------------------------------------------
     def hvp(self, V: Tensor) -> Tensor:

@@ -108,11 +108,17 @@ class LimitMemory(Protocol):
 @runtime_checkable
 class GradientLead(Protocol):
     def gradient_lead(self) -> Tensor | None:
-        """The loss gradient over the first batch, (P,), from the graph the Hessian products
-        keep (no pass beyond the one the first product makes where that batch is the only
-        one); None where the loss has no gradient there. A start direction for eigensolvers,
-        not a result: one batch stands for the whole set."""
+        """The first batch's weighted share of the loss gradient, (P,) (0 in parameters the loss
+        is linear in); None where it is zero or not finite. A start direction for eigensolvers,
+        not a result: one batch stands for the whole set. Every backend that has it gives the
+        same vector to summation order, so a seed starts lmax alike on each."""
         ...
+
+
+def usable_lead(v: Tensor) -> Tensor | None:
+    """v as a GradientLead returns it: None where it is zero or not finite."""
+    norm = torch.linalg.vector_norm(v).item()
+    return v if norm > 0 and norm == norm and norm != float("inf") else None
 
 
 @runtime_checkable

@@ -1,4 +1,4 @@
-"""Block Lanczos from BLOCK random vectors: the top-k eigenpairs that a cold `lmax` reports.
+"""Block Lanczos from BLOCK start vectors: the top-k eigenpairs that a cold `lmax` reports.
 
 Why a block. A one-vector Krylov space cannot tell a near-degenerate top pair from one
 eigenvalue until its polynomial separates them: the Ritz vector is then a mixture of both
@@ -6,10 +6,11 @@ eigenvectors, its Ritz value lies between them, and the next Ritz value, which t
 Kato–Temple gap is estimated from (linalg/certify.py), follows λ3, not the λ2 the space has
 not resolved. The bound r²/δ is then too small by as much as λ1 − λ2 allows (on the demo CNN's
 training run, 8.6× at a pair 0.76 % apart; tests/linalg/test_certify.py's twin: λ1 outside its
-bound for 12 of 50 seeds at tol 1e-3). A block of two random starts carries two independent
-directions into the pair, so both of its eigenvalues rise together (block Krylov convergence
+bound for 12 of 50 seeds at tol 1e-3). A block of two starts, at least one of them random,
+carries two independent directions into the pair, so both of its eigenvalues rise together (block Krylov convergence
 goes with the gap to λ_{p+1}: Golub & Underwood 1977; Saad 2011, ch. 6), the second Ritz value
-follows λ2, and the gap is the honest one. A cluster of more than BLOCK eigenvalues inside the
+follows λ2, and the gap is the honest one (lmax's first start is the loss gradient where the
+backend gives it, start_block; the random one is what the argument needs). A cluster of more than BLOCK eigenvalues inside the
 gap can still hide one; the tests measure how often the truth lies within the bound.
 
 The price is products: the top Ritz value converges about as a one-vector Krylov space of half
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -109,7 +111,8 @@ class BlockLanczos(Lanczos):
             for row in local:
                 q = self._row(row)
                 known[row] = torch.dot(q, w).item()
-                w.sub_(q, alpha=known[row])
+                # the first subtraction makes a new tensor, so the operator's result is not edited
+                w = torch.sub(w, q, alpha=known[row]) if len(known) == 1 else w.sub_(q, alpha=known[row])
             w, c = self._project_out(w, known)
             leftovers.append(w)
             coeffs.append(c.to(torch.float64).cpu().numpy())
@@ -169,7 +172,8 @@ class BlockLanczos(Lanczos):
 def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: float = 1e-6,
                       max_iter: int | None = None, progress: Progress | None = None,
                       should_stop: StopTest | None = None, carry_next: bool = False,
-                      block: int = BLOCK, goes_on: int | None = None, lead: Tensor | None = None) -> EigenResult:
+                      block: int = BLOCK, goes_on: int | None = None,
+                      lead: Callable[[], Tensor | None] | None = None) -> EigenResult:
     """The k largest (algebraic) eigenvalues of a symmetric operator by block Lanczos from
     `block` Gaussian start vectors.
 
@@ -183,13 +187,17 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     vector below the top k (`next_vector`: a Tracker's next warm block). `goes_on`: the cap on
     products of the whole run when another solver goes on from this one at `max_iter`
     (block_lanczos_top_restarted): its progress totals run to that, and its end is not reported.
-    `lead`: a direction that replaces the first random start (start_block)."""
+    `lead`: what gives a direction to replace the first random start (start_block), called
+    once, so that the vector is not held past the start block; `EigenResult.lead` says whether
+    one was taken."""
     dim = op.dim
     k = min(k, dim)
     block = max(1, min(block, dim))
     limit = min(max_iter if max_iter is not None else default_max_iter(k), dim)
     start_matvecs = op.matvecs
-    lz = BlockLanczos(op, start_block(block, dim, generator, op, lead), limit)
+    start, led = start_block(block, dim, generator, op, lead)
+    lz = BlockLanczos(op, start, limit)
+    del start
     # the progress line's total: the steps the bound's decay says are left, a block's rows a step;
     # before the bound has fallen once, a cold stop of one eigenvalue shows the measured prior
     forecast = DecayForecast(goes_on or limit, per_step=block, prior_steps=COLD_STEPS if k == 1 else 0)
@@ -232,7 +240,7 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     result = EigenResult(values=values[:k], residuals=res[:k],
                          converged=[b.value <= tol * abs(v) for b, v in zip(bounds, values)],
                          matvecs=matvecs, iterations=steps, stop_reason=stop, method="block lanczos",
-                         vectors=Y, bounds=bounds, gap_from=GAP_FROM_BLOCK_KRYLOV)
+                         vectors=Y, bounds=bounds, gap_from=GAP_FROM_BLOCK_KRYLOV, lead=led)
     if carry_next and order.size > k:  # no product: a combination of the basis
         nxt = lz.vectors(S[:, order[k:k + 1]])[0]
         result = replace(result, next_vector=nxt / torch.linalg.vector_norm(nxt))
@@ -242,7 +250,7 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
 def block_lanczos_top_restarted(op: Operator, k: int, *, rows: int, generator: torch.Generator, tol: float,
                                 max_iter: int, progress: Progress | None = None,
                                 should_stop: StopTest | None = None, block: int = BLOCK,
-                                lead: Tensor | None = None) -> tuple[EigenResult, int]:
+                                lead: Callable[[], Tensor | None] | None = None) -> tuple[EigenResult, int]:
     """block_lanczos_top in a basis of at most `rows` vectors (what memory holds), and the number
     of restarts. Where the block fills its basis short of its stop, the one-vector thick-restarted
     recurrence (linalg/thick_restart.py) goes on from the block's top Ritz vectors, every
@@ -260,7 +268,7 @@ def block_lanczos_top_restarted(op: Operator, k: int, *, rows: int, generator: t
     res, restarts = lanczos_top_restarted(op, k, rows=max(rows, min_rows(k)), generator=generator, tol=tol,
                                           max_iter=max_iter - done, progress=offset(progress, done),
                                           should_stop=should_stop, start=first.vectors)
-    return replace(res, matvecs=res.matvecs + done), restarts
+    return replace(res, matvecs=res.matvecs + done, lead=first.lead), restarts
 
 
 def offset(progress: Progress | None, done: int) -> Progress | None:
@@ -287,19 +295,24 @@ def _top(lz: BlockLanczos, k: int):
     return values, res, bounds, (S, order)
 
 
-def start_block(block: int, dim: int, generator: torch.Generator, op: Operator, lead: Tensor | None) -> Tensor:
-    """`block` Gaussian rows, the first replaced by `lead` (a direction expected to lie near the
-    top eigenvectors) where one is given and the block has room for a random row besides it.
-    The random rows are what the certified stop's coverage rests on: with probability one they
-    hold a part of every eigenvector, a near-degenerate partner of λ1 included, whatever the
-    lead holds (tests/linalg/test_certify.py measures it with the loss gradient as the lead)."""
+def start_block(block: int, dim: int, generator: torch.Generator, op: Operator,
+                lead: Callable[[], Tensor | None] | None) -> tuple[Tensor, bool]:
+    """`block` Gaussian rows, the first replaced by the direction `lead()` gives (one expected to
+    lie near the top eigenvectors) where there is one and the block has room for a random row
+    besides it; and whether it was taken. The random rows are what the certified stop's
+    coverage rests on: with probability one they hold a part of every eigenvector, a
+    near-degenerate partner of λ1 included, whatever the lead holds (tests/linalg/
+    test_certify.py measures it with the loss gradient as the lead)."""
     rows = gaussian(block, dim, generator, dtype=op.dtype, device=op.device)
-    if lead is not None and block > 1:
-        lead = lead.reshape(-1).to(dtype=op.dtype, device=op.device)
-        norm = torch.linalg.vector_norm(lead).item()
-        if norm > 0 and math.isfinite(norm):
-            rows[0] = lead / norm
-    return rows
+    given = lead() if lead is not None and block > 1 else None
+    if given is None:
+        return rows, False
+    given = given.reshape(-1).to(dtype=op.dtype, device=op.device)
+    norm = torch.linalg.vector_norm(given).item()
+    if not (norm > 0 and math.isfinite(norm)):
+        return rows, False
+    rows[0] = given / norm
+    return rows, True
 
 
 def not_halving(history: list[tuple[int, float]], least: int) -> bool:

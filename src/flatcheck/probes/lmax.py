@@ -191,7 +191,7 @@ class LmaxProbe:
         restarts = None
         # a cold block's first start: the loss gradient, where the backend has it at no extra
         # product (operators.CurvatureOperator.lead); the other starts stay random
-        lead = op.lead() if warm is None and options.method == "lanczos" and options.resolved_starts > 1 else None
+        lead = op.lead if warm is None and options.method == "lanczos" and options.resolved_starts > 1 else None
         if rows is not None and warm is None and options.method == "lanczos" and options.resolved_starts > 1:
             # a basis of every step does not fit, but a certified stop takes a few dozen rows: the
             # block in the rows that fit, thick-restarted from its best vectors if it fills them
@@ -293,7 +293,7 @@ class LmaxProbe:
                 "start_vectors": ("warm: the last tracked step's eigenvectors" if warm is not None
                                   else None if options.method != "lanczos"
                                   else f"the loss gradient (first batch) and {options.resolved_starts - 1} random"
-                                  if lead is not None else f"{options.resolved_starts} random"),
+                                  if res.lead else f"{options.resolved_starts} random"),
                 "tol": tol,
                 "max_iter": max_iter,
                 # the basis held: every step's vector (full; a block's within `basis_rows` where a
