@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .backends.base import Backend, GradientLead, HvpSums, Vhv
+from .backends.base import Backend, HvpSums, Vhv
 from .problem import ParamLayout
 from .errors import ConfigError
 
@@ -38,17 +38,6 @@ class CurvatureOperator:
         """(k, P) → (k, P)."""
         self.matvecs += V.shape[0]
         return self._product(V)
-
-    def lead(self) -> Tensor | None:
-        """A start direction near the top eigenvectors for an eigensolver: the loss gradient of
-        the first batch where the backend reads it off the Hessian's own graph (GradientLead),
-        else None. During training the gradient lies largely in the top eigenspace of the
-        Hessian (Gur-Ari, Roberts & Dyer 2018), so a Krylov space grown from it reaches λ1 in
-        fewer products than one from a random vector alone. The GGN's products build another
-        graph, so it gets none."""
-        if self.matrix != "hessian" or not isinstance(self.backend, GradientLead):
-            return None
-        return self.backend.gradient_lead()
 
     @property
     def streams_quadratic(self) -> bool:

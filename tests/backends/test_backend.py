@@ -260,37 +260,3 @@ def test_a_sharded_backend_has_the_capabilities_of_the_one_it_shards(monkeypatch
     for b in (ref, fn):
         assert _rel(b.hvp(V), V @ H) < 1e3 * EPS and _rel(b.ggn_vp(V), V @ G) < 1e3 * EPS
         assert abs(b.ggn_trace().per_param.sum().item() - G.trace().item()) <= 1e3 * EPS * G.trace().item()
-
-
-@pytest.mark.parametrize("name", ["autograd", "func"])
-@pytest.mark.parametrize("n,batch_size", [(16, 16), (23, 10)])
-def test_gradient_lead_is_the_first_batchs_part_of_the_loss_gradient(n, batch_size, name):
-    """GradientLead: the first batch's weighted share of the whole-set loss gradient, equal to
-    one taken directly by autograd on every backend that has it (so a seed starts lmax alike
-    on each); autograd reads a one-batch set's off the graph the Hessian products keep (no
-    second forward)."""
-    from flatcheck.losses import per_sample_loss
-
-    case = make_case("cnn", n=n, batch_size=batch_size)
-    backend = case.backend(name)
-    first = next(iter(case.problem.samples))
-    model = case.model.eval()
-    loss = per_sample_loss(model(first.x), first.y, case.problem.loss).mean() * first.weight
-    truth = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, case.problem.layout.params(model))])
-    calls = _forwards(case.model)
-    lead = backend.gradient_lead()
-    assert lead.shape == truth.shape
-    assert _rel(lead, truth) < 1e3 * EPS
-    if name == "autograd":
-        V = torch.randn(1, lead.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-        backend.hvp(V)
-        assert calls[0] == (1 if n == batch_size else 1 + case.problem.samples.num_batches)
-
-
-def test_the_hessian_operator_leads_with_the_gradient_and_the_ggn_does_not():
-    from flatcheck.operators import CurvatureOperator
-
-    case = make_case("mlp", n=12, batch_size=12)
-    backend = case.backend("autograd")
-    assert CurvatureOperator(backend, "hessian").lead() is not None
-    assert CurvatureOperator(backend, "ggn").lead() is None

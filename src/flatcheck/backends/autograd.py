@@ -30,7 +30,7 @@ from ..errors import ModelError, first_line
 from ..linalg.reduce import rowsum64
 from ..losses import apply_output_hessian, per_sample_loss
 from ..problem import Problem, model_mode
-from .base import BackendSpec, GGNTrace, usable_lead
+from .base import BackendSpec, GGNTrace
 from .registry import register_backend
 
 
@@ -175,20 +175,6 @@ class AutogradBackend:
             raise ModelError(f"the model uses {missing.group(1).removesuffix('_backward')}, which torch cannot "
                              "differentiate twice, so Hessian-vector products cannot be made; the Hessian "
                              "trace's total can (flatcheck trace --no-layers), and so can GGN products") from None
-
-    def gradient_lead(self) -> Tensor | None:
-        """GradientLead, read off the first batch's first-order graph: the graph Hessian products
-        backpropagate through, which a one-batch sample set keeps for them (a larger one builds
-        batch 0's once more). A batch whose loss is linear in every parameter has no graph and
-        is passed over for the next."""
-        out = torch.zeros(self.problem.layout.dim, dtype=self.problem.dtype, device=self.problem.device)
-        parts = self.problem.layout.unflatten(out)
-        with self._mode():
-            for index, outputs in self._graphs(self._passes(1)):
-                for j, g in zip(index, outputs):
-                    parts[j].copy_(g.detach())
-                break
-        return usable_lead(out)
 
     # -- products ------------------------------------------------------------------------
     def hvp(self, V: Tensor) -> Tensor:

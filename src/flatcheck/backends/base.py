@@ -106,22 +106,6 @@ class LimitMemory(Protocol):
 
 
 @runtime_checkable
-class GradientLead(Protocol):
-    def gradient_lead(self) -> Tensor | None:
-        """The first batch's weighted share of the loss gradient, (P,) (0 in parameters the loss
-        is linear in); None where it is zero or not finite. A start direction for eigensolvers,
-        not a result: one batch stands for the whole set. Every backend that has it gives the
-        same vector to summation order, so a seed starts lmax alike on each."""
-        ...
-
-
-def usable_lead(v: Tensor) -> Tensor | None:
-    """v as a GradientLead returns it: None where it is zero or not finite."""
-    norm = torch.linalg.vector_norm(v).item()
-    return v if norm > 0 and norm == norm and norm != float("inf") else None
-
-
-@runtime_checkable
 class HvpFailure(Protocol):
     # why Hessian-vector products failed on this model (an op without a second derivative),
     # once one did; None: none has. A backend that has it lets a probe switch to a route
@@ -129,8 +113,8 @@ class HvpFailure(Protocol):
     hvp_error: str | None
 
 
-# the products a probe may require (probes.registry.requirements); LimitMemory, HvpFailure and
-# GradientLead change how a probe plans or starts, never whether it can run
+# the products a probe may require (probes.registry.requirements); LimitMemory and HvpFailure
+# change how a probe plans, never whether it can run
 CAPABILITIES: tuple[type, ...] = (Hvp, GGNVp, Outputs, HvpSums, Vhv, ExactGGN)
 
 

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .ranks import ensure_process_group
 from ..problem import Problem
-from .base import Backend, BackendSpec, ExactGGN, GGNTrace, GradientLead, HvpSums, Vhv, usable_lead
+from .base import Backend, BackendSpec, ExactGGN, GGNTrace, HvpSums, Vhv
 from .registry import Make, register_wrapper
 
 
@@ -101,17 +101,7 @@ class _ExactGGN:
 
 
 # each optional capability of the sharded backend, and what adds it
-class _GradientLead:
-    def gradient_lead(self) -> Tensor | None:
-        """Rank 0's (it holds batch 0: rank r takes batches r, r+K, …), sent to every rank, so
-        all start from one vector, the one a single process would."""
-        lead = self._local.gradient_lead() if self.rank == 0 else None
-        layout = self.problem.layout
-        t = lead if lead is not None else torch.zeros(layout.dim, dtype=self.problem.dtype, device=self.problem.device)
-        return usable_lead(self._sum(t))
-
-
-_CAPABILITIES = ((HvpSums, _HvpSums), (Vhv, _Vhv), (ExactGGN, _ExactGGN), (GradientLead, _GradientLead))
+_CAPABILITIES = ((HvpSums, _HvpSums), (Vhv, _Vhv), (ExactGGN, _ExactGGN))
 _CLASSES: dict[tuple[type, ...], type] = {}
 
 

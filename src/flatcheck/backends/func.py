@@ -34,7 +34,7 @@ from ..errors import ConfigError, first_line
 from ..losses import apply_output_hessian, per_sample_loss
 from .autograd import AutogradBackend
 from ..problem import Problem, model_mode
-from .base import BackendSpec, GGNTrace, usable_lead
+from .base import BackendSpec, GGNTrace
 from .registry import register_backend
 
 DEFAULT_CHUNK = 16
@@ -114,23 +114,6 @@ class FuncBackend:
                 self.chunk = max(1, self.chunk // 2)
                 torch.cuda.empty_cache()
                 warnings.warn(f"func backend: CUDA out of memory; retrying with {self.chunk} vectors per pass")
-
-    def gradient_lead(self) -> Tensor | None:
-        """GradientLead, as the autograd backend gives it: the first batch's weighted share of
-        the loss gradient, by torch.func.grad."""
-        if self._reference is not None:
-            return self._reference.gradient_lead()
-        problem = self.problem
-        params, frozen = problem.split_params()
-        with self._mode():
-            batch = next(iter(micro_batches(problem.samples, self.batch_plan)))
-
-            def loss(p):
-                logits = functional_call(problem.model, (p, frozen), (batch.x,))
-                return per_sample_loss(logits, batch.y, problem.loss).mean() * batch.weight
-
-            g = grad(loss)(params)
-        return usable_lead(torch.cat([g[name].detach().reshape(-1) for name in problem.layout.names]))
 
     def hvp(self, V: Tensor) -> Tensor:
         if self._reference is not None:

@@ -1,4 +1,4 @@
-"""Block Lanczos from BLOCK start vectors: the top-k eigenpairs that a cold `lmax` reports.
+"""Block Lanczos from BLOCK random vectors: the top-k eigenpairs that a cold `lmax` reports.
 
 Why a block. A one-vector Krylov space cannot tell a near-degenerate top pair from one
 eigenvalue until its polynomial separates them: the Ritz vector is then a mixture of both
@@ -6,11 +6,10 @@ eigenvectors, its Ritz value lies between them, and the next Ritz value, which t
 Kato–Temple gap is estimated from (linalg/certify.py), follows λ3, not the λ2 the space has
 not resolved. The bound r²/δ is then too small by as much as λ1 − λ2 allows (on the demo CNN's
 training run, 8.6× at a pair 0.76 % apart; tests/linalg/test_certify.py's twin: λ1 outside its
-bound for 12 of 50 seeds at tol 1e-3). A block of two starts, at least one of them random,
-carries two independent directions into the pair, so both of its eigenvalues rise together (block Krylov convergence
+bound for 12 of 50 seeds at tol 1e-3). A block of two random starts carries two independent
+directions into the pair, so both of its eigenvalues rise together (block Krylov convergence
 goes with the gap to λ_{p+1}: Golub & Underwood 1977; Saad 2011, ch. 6), the second Ritz value
-follows λ2, and the gap is the honest one (lmax's first start is the loss gradient where the
-backend gives it, start_block; the random one is what the argument needs). A cluster of more than BLOCK eigenvalues inside the
+follows λ2, and the gap is the honest one. A cluster of more than BLOCK eigenvalues inside the
 gap can still hide one; the tests measure how often the truth lies within the bound.
 
 The price is products: the top Ritz value converges about as a one-vector Krylov space of half
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Callable
 
 import numpy as np
 import torch
@@ -172,8 +170,7 @@ class BlockLanczos(Lanczos):
 def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: float = 1e-6,
                       max_iter: int | None = None, progress: Progress | None = None,
                       should_stop: StopTest | None = None, carry_next: bool = False,
-                      block: int = BLOCK, goes_on: int | None = None,
-                      lead: Callable[[], Tensor | None] | None = None) -> EigenResult:
+                      block: int = BLOCK, goes_on: int | None = None) -> EigenResult:
     """The k largest (algebraic) eigenvalues of a symmetric operator by block Lanczos from
     `block` Gaussian start vectors.
 
@@ -186,18 +183,13 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     Krylov space closes with nothing left to restart from. `carry_next`: also return the Ritz
     vector below the top k (`next_vector`: a Tracker's next warm block). `goes_on`: the cap on
     products of the whole run when another solver goes on from this one at `max_iter`
-    (block_lanczos_top_restarted): its progress totals run to that, and its end is not reported.
-    `lead`: what gives a direction to replace the first random start (start_block), called
-    once, so that the vector is not held past the start block; `EigenResult.lead` says whether
-    one was taken."""
+    (block_lanczos_top_restarted): its progress totals run to that, and its end is not reported."""
     dim = op.dim
     k = min(k, dim)
     block = max(1, min(block, dim))
     limit = min(max_iter if max_iter is not None else default_max_iter(k), dim)
     start_matvecs = op.matvecs
-    start, led = start_block(block, dim, generator, op, lead)
-    lz = BlockLanczos(op, start, limit)
-    del start
+    lz = BlockLanczos(op, gaussian(block, dim, generator, dtype=op.dtype, device=op.device), limit)
     # the progress line's total: the steps the bound's decay says are left, a block's rows a step;
     # before the bound has fallen once, a cold stop of one eigenvalue shows the measured prior
     forecast = DecayForecast(goes_on or limit, per_step=block, prior_steps=COLD_STEPS if k == 1 else 0)
@@ -240,7 +232,7 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     result = EigenResult(values=values[:k], residuals=res[:k],
                          converged=[b.value <= tol * abs(v) for b, v in zip(bounds, values)],
                          matvecs=matvecs, iterations=steps, stop_reason=stop, method="block lanczos",
-                         vectors=Y, bounds=bounds, gap_from=GAP_FROM_BLOCK_KRYLOV, lead=led)
+                         vectors=Y, bounds=bounds, gap_from=GAP_FROM_BLOCK_KRYLOV)
     if carry_next and order.size > k:  # no product: a combination of the basis
         nxt = lz.vectors(S[:, order[k:k + 1]])[0]
         result = replace(result, next_vector=nxt / torch.linalg.vector_norm(nxt))
@@ -249,8 +241,7 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
 
 def block_lanczos_top_restarted(op: Operator, k: int, *, rows: int, generator: torch.Generator, tol: float,
                                 max_iter: int, progress: Progress | None = None,
-                                should_stop: StopTest | None = None, block: int = BLOCK,
-                                lead: Callable[[], Tensor | None] | None = None) -> tuple[EigenResult, int]:
+                                should_stop: StopTest | None = None, block: int = BLOCK) -> tuple[EigenResult, int]:
     """block_lanczos_top in a basis of at most `rows` vectors (what memory holds), and the number
     of restarts. Where the block fills its basis short of its stop, the one-vector thick-restarted
     recurrence (linalg/thick_restart.py) goes on from the block's top Ritz vectors, every
@@ -261,14 +252,14 @@ def block_lanczos_top_restarted(op: Operator, k: int, *, rows: int, generator: t
     # the block's working rows (its next block, the products, their leftovers) beside its basis
     # take what a restarted basis keeps for its own
     first = block_lanczos_top(op, k, generator=generator, tol=tol, max_iter=min(max_iter, max(rows - block, k + 1)),
-                              progress=progress, should_stop=should_stop, block=block, goes_on=max_iter, lead=lead)
+                              progress=progress, should_stop=should_stop, block=block, goes_on=max_iter)
     if first.stop_reason != "max_iter" or first.matvecs >= max_iter:
         return first, 0
     done = first.matvecs
     res, restarts = lanczos_top_restarted(op, k, rows=max(rows, min_rows(k)), generator=generator, tol=tol,
                                           max_iter=max_iter - done, progress=offset(progress, done),
                                           should_stop=should_stop, start=first.vectors)
-    return replace(res, matvecs=res.matvecs + done, lead=first.lead), restarts
+    return replace(res, matvecs=res.matvecs + done), restarts
 
 
 def offset(progress: Progress | None, done: int) -> Progress | None:
@@ -293,26 +284,6 @@ def _top(lz: BlockLanczos, k: int):
     scale = max(lz.scale, max(abs(v) for v in values))
     bounds = ritz_bounds(values[:k], res[:k], below, round_off_floor(lz.op.dtype, scale), GAP_SAFETY)
     return values, res, bounds, (S, order)
-
-
-def start_block(block: int, dim: int, generator: torch.Generator, op: Operator,
-                lead: Callable[[], Tensor | None] | None) -> tuple[Tensor, bool]:
-    """`block` Gaussian rows, the first replaced by the direction `lead()` gives (one expected to
-    lie near the top eigenvectors) where there is one and the block has room for a random row
-    besides it; and whether it was taken. The random rows are what the certified stop's
-    coverage rests on: with probability one they hold a part of every eigenvector, a
-    near-degenerate partner of λ1 included, whatever the lead holds (tests/linalg/
-    test_certify.py measures it with the loss gradient as the lead)."""
-    rows = gaussian(block, dim, generator, dtype=op.dtype, device=op.device)
-    given = lead() if lead is not None and block > 1 else None
-    if given is None:
-        return rows, False
-    given = given.reshape(-1).to(dtype=op.dtype, device=op.device)
-    norm = torch.linalg.vector_norm(given).item()
-    if not (norm > 0 and math.isfinite(norm)):
-        return rows, False
-    rows[0] = given / norm
-    return rows, True
 
 
 def not_halving(history: list[tuple[int, float]], least: int) -> bool:

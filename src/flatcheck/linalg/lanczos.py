@@ -286,9 +286,6 @@ class EigenResult:
     # the unit Ritz vector just below the top k (lanczos_top(carry_next=True)): a Tracker's next
     # warm block carries it as its gap vector (linalg/warm_block.py)
     next_vector: Tensor | None = None
-    # the cold start's first vector was a given direction (block_lanczos.start_block: the loss
-    # gradient), not a random one
-    lead: bool = False
 
 
 def lanczos_top(

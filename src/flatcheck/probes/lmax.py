@@ -53,8 +53,7 @@ class LmaxOptions:
     max_iter: int | None = option(None, "most Lanczos basis vectors (one product each; --starts 1 adds k "
                                         "for its check), or power iterations per eigenvalue "
                                         "[default: max(300, 20k); power 1000]")
-    starts: int | None = option(None, "Lanczos' start vectors (1–8), taken as a block (the first the loss "
-                                      "gradient where the backend gives it, the rest random): 2 resolves a "
+    starts: int | None = option(None, "Lanczos' random start vectors (1–8), taken as a block: 2 resolves a "
                                       "near-degenerate top pair; 1 (one vector) takes fewer products but reports "
                                       "such a pair as one eigenvalue with too small a bound, and a repeated one "
                                       "once (with --k ≥ 2 the next eigenvalue takes its place) [default: 2]")
@@ -134,10 +133,8 @@ class LmaxProbe:
     """Top-k eigenvalues, largest algebraic first (on an indefinite Hessian "top" means the most
     positive, not the largest in magnitude).
 
-    Block Lanczos from two starts with full reorthogonalisation (default;
-    linalg/block_lanczos.py): the first batch's loss gradient, which lies largely in the top
-    eigenspace (Gur-Ari, Roberts & Dyer 2018), and a random vector, on which the coverage of the
-    bound rests (`details.start_vectors`). It stops when every one of the k Ritz values has its error bound ≤
+    Block Lanczos from two random starts with full reorthogonalisation (default;
+    linalg/block_lanczos.py) stops when every one of the k Ritz values has its error bound ≤
     tol·|λ|: r²/δ (Kato–Temple), with r the residual ‖Hq − λq‖ (exact from the products kept)
     and δ the gap to the neighbouring Ritz values, or r itself where no gap is resolved
     (linalg/certify.py); `error_bound` is λ1's. The second start resolves a near-degenerate
@@ -147,7 +144,7 @@ class LmaxProbe:
     iteration (the seeds' method; deflated for k > 1) sees no gap, so its bound is the
     residual, and it converges to the largest |λ|, which can be a negative eigenvalue of H:
     the notes say so when it happens. The value is λ1; there is no standard error (the
-    result is deterministic given the seed, which sets the random start vectors).
+    result is deterministic given the seed, which sets the random start vector).
     """
 
     name: ClassVar[str] = "lmax"
@@ -189,16 +186,12 @@ class LmaxProbe:
         warm = ctx.warm.get(warm_key) if ctx.warm is not None and options.method == "lanczos" else None
         extra = {"start": warm} if warm is not None else {}
         restarts = None
-        # a cold block's first start: the loss gradient, where the backend has it at no extra
-        # product (operators.CurvatureOperator.lead); the other starts stay random
-        lead = op.lead if warm is None and options.method == "lanczos" and options.resolved_starts > 1 else None
         if rows is not None and warm is None and options.method == "lanczos" and options.resolved_starts > 1:
             # a basis of every step does not fit, but a certified stop takes a few dozen rows: the
             # block in the rows that fit, thick-restarted from its best vectors if it fills them
             res, restarts = block_lanczos_top_restarted(op, options.k, rows=rows, generator=ctx.generator(), tol=tol,
                                                         max_iter=max_iter, progress=progress,
-                                                        should_stop=budget_stop(ctx), block=options.resolved_starts,
-                                                        lead=lead)
+                                                        should_stop=budget_stop(ctx), block=options.resolved_starts)
         elif rows is not None:
             extra = {"start": warm[:options.k]} if warm is not None else {}
             res, restarts = lanczos_top_restarted(op, options.k, rows=rows, generator=ctx.generator(), tol=tol,
@@ -216,7 +209,6 @@ class LmaxProbe:
                 solve = lanczos_top
             if solve is block_lanczos_top:
                 extra["block"] = options.resolved_starts
-                extra["lead"] = lead
             res = solve(op, options.k, generator=ctx.generator(), tol=tol, max_iter=max_iter, progress=progress,
                         should_stop=budget_stop(ctx), **extra)
         told_if_budget(ctx, desc, res.stop_reason)
@@ -288,12 +280,6 @@ class LmaxProbe:
                 "bn_mode": bn_mode,
                 "k": options.k,
                 "starts": options.resolved_starts if options.method == "lanczos" else None,
-                # what the cold Krylov space grew from: the first batch's loss gradient in place of one
-                # random start where the backend gave it, else random vectors only
-                "start_vectors": ("warm: the last tracked step's eigenvectors" if warm is not None
-                                  else None if options.method != "lanczos"
-                                  else f"the loss gradient (first batch) and {options.resolved_starts - 1} random"
-                                  if res.lead else f"{options.resolved_starts} random"),
                 "tol": tol,
                 "max_iter": max_iter,
                 # the basis held: every step's vector (full; a block's within `basis_rows` where a
