@@ -65,7 +65,6 @@ class BlockLanczos(Lanczos):
 
     def _begin(self, start: Tensor) -> None:
         """The first block: the rows of `start` made orthonormal (no one-vector `_next` held)."""
-        self._previous_first = 0  # the first row of the last block stepped
         self.pending = self._fresh(start.reshape(start.shape[0], -1))
 
     @property
@@ -98,20 +97,9 @@ class BlockLanczos(Lanczos):
         HV = self.op.matmat(V)
         if not all_finite(HV):
             raise InputError("curvature products are not finite (overflow?); try --dtype float64")
-        # a product's large parts lie on its own block's rows and the block before (the
-        # block-tridiagonal recurrence): taken off those few rows first, they leave the pass over
-        # the whole basis nothing large to cancel, so its second pass (DGKS) is seldom needed
-        local = range(self._previous_first, self.size)
-        self._previous_first = first
         leftovers, coeffs = [], []
         for w in HV:
-            known = {}
-            for row in local:
-                q = self._row(row)
-                known[row] = torch.dot(q, w).item()
-                # the first subtraction makes a new tensor, so the operator's result is not edited
-                w = torch.sub(w, q, alpha=known[row]) if len(known) == 1 else w.sub_(q, alpha=known[row])
-            w, c = self._project_out(w, known)
+            w, c = self._project_out(w)
             leftovers.append(w)
             coeffs.append(c.to(torch.float64).cpu().numpy())
         self.scale = max(self.scale, max(float(np.abs(c[first:]).max()) for c in coeffs))
