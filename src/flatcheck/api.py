@@ -40,7 +40,7 @@ from .models.sources import resolve_preprocess
 from .models.spec import ModelSpec, load_spec
 from .problem import Problem, model_mode
 from .probes.registry import ProbeContext, create_probe, requirements
-from .report.progress import report_probe
+from .report.progress_hooks import report_probe
 from .report.result import ProbeResult, Report
 
 ProgressFn = Callable[[str, int, int], None]

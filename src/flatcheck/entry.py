@@ -120,7 +120,7 @@ def _reader_gone() -> int:
 def _say_what_loads() -> None:
     """The first line on stderr, within a second of the start: importing torch and building
     the command take seconds before the run's own progress can say anything."""
-    from .report.progress import starting_line
+    from .report.starting import starting_line
 
     line = starting_line(sys.argv)
     if line is not None:
@@ -132,7 +132,7 @@ def _missing_checkpoint(argv: list[str]) -> str | None:
     """The checkpoint-not-found message (models/checkpoint.py's own words) when a command that
     takes a checkpoint names as its first argument one that is not there, or a folder; None
     otherwise, and the command's own checks decide."""
-    from .report.progress import run_commands
+    from .report.starting import run_commands
 
     # scan takes its models by name (--timm, --weights-dir): a positional there is typer's to refuse
     if len(argv) < 3 or argv[1] not in run_commands() - {"scan"}:
@@ -148,7 +148,7 @@ def _missing_checkpoint(argv: list[str]) -> str | None:
 def _missing_data_root(argv: list[str]) -> str | None:
     """A named data set that reads under a data root, given none (data.roots), for a command
     that loads a model; None otherwise."""
-    from .report.progress import run_commands
+    from .report.starting import run_commands
 
     if len(argv) < 2 or argv[1] not in run_commands():
         return None

@@ -178,7 +178,7 @@ def test_a_missing_checkpoint_is_refused_before_torch_is_imported(tmp_path, make
 
 def test_the_early_check_knows_every_checkpoint_suffix_the_loader_reads():
     from flatcheck.models.checkpoint import SAFETENSORS_EXTS, TORCH_EXTS
-    from flatcheck.report.progress import CHECKPOINT_SUFFIXES
+    from flatcheck.report.starting import CHECKPOINT_SUFFIXES
 
     assert set(CHECKPOINT_SUFFIXES) == set(SAFETENSORS_EXTS + TORCH_EXTS)
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from flatcheck.linalg.forecast import Prior
-from flatcheck.report.progress import PREFIX, ProgressRenderer, Task, starting_line
+from flatcheck.report.progress import PREFIX, ProgressRenderer, Task
+from flatcheck.report.starting import starting_line
 from tests.support.clock import FakeClock, lines_of
 from tests.support.proc import HANG_GUARD
 
@@ -601,6 +602,6 @@ def test_run_commands_are_the_registered_probes_and_the_multi_probe_commands():
     """The probes package also holds the registry, the gating protocol, the catalogue and the
     shared kit: none of them is a command that loads a model."""
     from flatcheck.probes.registry import list_probes
-    from flatcheck.report.progress import run_commands
+    from flatcheck.report.starting import run_commands
 
     assert run_commands() == set(list_probes()) | {"probe", "gate", "scan", "invariance", "track"}

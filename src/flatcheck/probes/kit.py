@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..losses import per_sample_loss
-from ..report.progress import report_budget, report_stop
+from ..report.progress_hooks import report_budget, report_stop
 
 if TYPE_CHECKING:  # the registry imports nothing from here at run time either way
     from .registry import ProbeContext

@@ -15,7 +15,7 @@ from ..linalg.memory import gib
 from ..linalg.slq import SLQ, density, slq
 from ..operators import CurvatureOperator
 from ..report.plots import check_plot_target, plot_density, plot_nodes
-from ..report.progress import counted, report_stop
+from ..report.progress_hooks import counted, report_stop
 from ..report.result import ProbeResult
 from .kit import option, progress_reporter
 from ._memory import limit_products, memory_note, probe_limit

@@ -35,7 +35,6 @@ the run's own progress can tell) is shown as one: `1/~10 · … · ETA ~0:00:27`
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import sys
@@ -564,85 +563,3 @@ def _rich_progress(stream: TextIO, clock: Callable[[], float]) -> Any:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), Elapsed(),
                     TextColumn("ETA {task.fields[eta]}"), TextColumn("{task.fields[estimate]}"),
                     console=Console(file=stream), transient=True)
-
-
-def report_budget(listener: Any, desc: str, seconds: float) -> None:
-    """Tell a progress listener that `desc` has `seconds` of --budget left, where it can hear
-    it (ProgressRenderer.budget); a plain callback is left alone."""
-    hook = getattr(listener, "budget", None)
-    if hook is not None:
-        hook(desc, seconds)
-
-
-def report_stop(listener: Any, desc: str, reason: str) -> None:
-    """Tell a progress listener that `desc` stopped short of its total because of `reason`,
-    where it can say so (ProgressRenderer.stopped); a plain callback (a user's, a scan's
-    forwarder) has no such method and is left alone, its signature unchanged."""
-    hook = getattr(listener, "stopped", None)
-    if hook is not None:
-        hook(desc, reason)
-
-
-def report_probe(listener: Any, probe: str, result: Any = None) -> None:
-    """Tell a progress listener that `probe` begins (no `result`) or ended with `result` (its
-    ProbeResult), where it can hear it (ProgressRenderer.began/ended): the run's one place that
-    knows every probe's bounds, so that each ends with a line whether or not it counts units."""
-    if result is None:
-        hook = getattr(listener, "began", None)
-        if hook is not None:
-            hook(probe)
-        return
-    hook = getattr(listener, "ended", None)
-    if hook is not None:
-        hook(probe, result.value, result.stderr)
-
-
-def counted(progress: Callable[..., None] | None) -> Callable[..., None] | None:
-    """`progress` with `done` replaced by the number of reports so far, for an estimator that
-    reports once per product but numbers its reports by plan (SLQ: start × steps + step), so
-    that a start cut short by --budget does not make the count jump."""
-    if progress is None:
-        return None
-    calls = [0]
-
-    def report(done: int, total: int, **estimate: Any) -> None:
-        calls[0] += 1
-        progress(calls[0], total, **estimate)
-
-    return report
-
-
-# what a checkpoint's file name ends with (models/checkpoint.py reads these)
-CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
-
-
-def starting_line(argv: list[str]) -> str | None:
-    """The first line of a run command, written before anything heavy is imported (entry.py):
-    what is being loaded. None for commands that load no model (help, list-probes, report …),
-    under --quiet, and on ranks other than 0."""
-    if len(argv) < 2 or any(a in ("-q", "--quiet", "-h", "--help") for a in argv[1:]):
-        return None
-    if os.environ.get("RANK", "0") != "0":
-        return None
-    command = argv[1]
-    if command not in run_commands():
-        return None
-    models = [a for a in argv[2:] if a.lower().endswith(CHECKPOINT_SUFFIXES)]
-    what = ", ".join(models[:3]) + (" …" if len(models) > 3 else "") if models else "the model"
-    return f"{PREFIX} {command}: starting · importing torch, then loading {what} and the data"
-
-
-@functools.cache  # read on every start (entry's early checks, then the progress line): once is enough
-def run_commands() -> frozenset[str]:
-    """Commands that load a model: every probe's own command and the multi-probe commands. A
-    probe's command is named for the module that registers it, found by its `@register_probe`
-    line so that nothing is imported (the package also holds the registry, the gating protocol,
-    the catalogue and the probes' shared kit, which are no commands)."""
-    folder = os.path.join(os.path.dirname(os.path.dirname(__file__)), "probes")
-    names = set()
-    for f in os.listdir(folder):
-        if f.endswith(".py") and not f.startswith("_"):
-            with open(os.path.join(folder, f), encoding="utf-8") as fh:
-                if any(line.startswith("@register_probe") for line in fh):
-                    names.add(f[:-3].replace("_", "-"))
-    return frozenset(names | {"probe", "gate", "scan", "invariance", "track"})
