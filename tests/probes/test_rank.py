@@ -266,8 +266,8 @@ def test_float32_breakdown_above_round_off_is_not_exact(seed):
 @pytest.mark.parametrize("dtype, advised", [(torch.float32, True), (torch.bfloat16, True), (torch.float64, False)])
 def test_a_lumped_origin_advises_float64_only_where_the_run_is_not(dtype, advised):
     """`rank … --dtype float64` said "(--dtype float64 resolves smaller ones)" (stranger test):
-    the run's dtype decides whether a finer one exists (lmax.finer_dtype, as rank passes it)."""
-    from flatcheck.probes.lmax import finer_dtype
+    the run's dtype decides whether a finer one exists (kit.finer_dtype, as rank passes it)."""
+    from flatcheck.probes.kit import finer_dtype
     from flatcheck.probes.rank import null_share_bracket
 
     source = null_share_bracket(0.3, False, None, lumped=4.5e-9, finer=finer_dtype(dtype)).source

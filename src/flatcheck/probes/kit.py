@@ -73,6 +73,12 @@ def layers_field(options_cls: type) -> str | None:
 Progress = Callable[..., None]  # (done, total, *, value=None, stderr=None)
 
 
+def finer_dtype(dtype: torch.dtype) -> str | None:
+    """The flag of a dtype that resolves more than `dtype`, for a note's advice; None in float64,
+    the finest there is: a note does not advise the dtype its run already used."""
+    return None if dtype == torch.float64 else "--dtype float64"
+
+
 def progress_reporter(ctx: "ProbeContext", desc: str, scale: float = 1.0) -> Progress | None:
     """The callback an estimator calls after each unit of work, forwarding to the context's
     renderer under this description; None when nothing listens (the estimators skip it then).

@@ -19,7 +19,7 @@ from ..linalg.power import power_top
 from ..linalg.warm_block import block_top
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
-from .kit import budget_stop, option, progress_reporter, told_if_budget
+from .kit import budget_stop, finer_dtype, option, progress_reporter, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import GGNVp, Hvp, LimitMemory
 from .gating import Gating, number
@@ -120,12 +120,6 @@ class LmaxGating(Gating):
             return (f"{result.get('probe', probe)} did not converge{shown} after {result.get('matvecs')} products; "
                     f"raise probes.{result.get('probe', probe)}.max_iter or tol in the gate file")
         return why
-
-
-def finer_dtype(dtype: torch.dtype) -> str | None:
-    """The flag of a dtype that resolves more than `dtype`, for a note's advice; None in float64,
-    the finest there is: a note does not advise the dtype its run already used."""
-    return None if dtype == torch.float64 else "--dtype float64"
 
 
 @register_probe

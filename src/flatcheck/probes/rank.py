@@ -39,8 +39,7 @@ from ..report.result import ProbeResult
 from ..backends.base import GGNVp, Hvp, Outputs
 from .gating import Gating
 from .registry import ProbeContext, register_probe
-from .kit import option
-from .lmax import finer_dtype
+from .kit import finer_dtype, option
 from ._memory import memory_note
 from .spectrum import (budget_cut, budget_unresolved, check_slq_options, lanczos_steps_option, mean_stderr,
                        plan_slq, reorth_note, reorth_option, rough_note, run_slq, starts_option, stop_reason)
@@ -324,7 +323,7 @@ def null_share_bracket(degeneracy: float, exact: bool, rank_floor: float | None,
     holds whatever the spectrum (G: the batch bound), else 0. `lumped`: the origin node's
     distance from 0 when the spaces closed at the breakdown threshold but off 0 (float32 on
     a spectrum that decays below √eps·‖G‖); `finer`, the flag of a dtype that resolves more
-    (lmax.finer_dtype; None in float64). Statistics can put D below the rank bound; the
+    (kit.finer_dtype; None in float64). Statistics can put D below the rank bound; the
     bracket is then empty."""
     if exact:
         return Bracket(degeneracy, degeneracy, "exact: every start's Krylov space closed at 0")

@@ -119,8 +119,7 @@ class GateOutcome:
             return ""
         relative = sum(c.bound.relative for c in self.checks)
         probes = ", ".join(dict.fromkeys(c.bound.probe for c in skipped))
-        why = "--no-baseline" if all(c.message.startswith("no baseline") for c in skipped) \
-            else f"baseline has no {probes} result"
+        why = f"baseline has no {probes} result" if self.baseline else "--no-baseline"
         return f"{len(skipped)} of {relative} relative rule{'s' if relative != 1 else ''} skipped ({why})"
 
     @property
