@@ -66,6 +66,8 @@ class BlockLanczos(Lanczos):
     def _begin(self, start: Tensor) -> None:
         """The first block: the rows of `start` made orthonormal (no one-vector `_next` held)."""
         self.pending = self._fresh(start.reshape(start.shape[0], -1))
+        self._pending_block: Tensor | None = None  # the pending rows as one (k, P) tensor, when they are
+        self._previous_first = 0  # the last step's first basis row
 
     @property
     def can_step(self) -> bool:
@@ -90,27 +92,30 @@ class BlockLanczos(Lanczos):
     def step(self) -> None:
         if not self.can_step:
             raise RuntimeError("block Lanczos cannot step: invariant subspace found or at capacity")
-        V = torch.stack(self.pending[: self.capacity - self.size])
+        rows = self.pending[: self.capacity - self.size]
+        # the pending rows are usually the rows of the last step's leftovers, one tensor already
+        V = self._pending_block if len(rows) == len(self.pending) and self._pending_block is not None else torch.stack(rows)
         first = self.size
         for q in V:
             self._append(q)
         HV = self.op.matmat(V)
         if not all_finite(HV):
             raise InputError("curvature products are not finite (overflow?); try --dtype float64")
-        leftovers, coeffs = [], []
-        for w in HV:
-            w, c = self._project_out(w)
-            leftovers.append(w)
-            coeffs.append(c.to(torch.float64).cpu().numpy())
-        self.scale = max(self.scale, max(float(np.abs(c[first:]).max()) for c in coeffs))
-        # the next block: the leftovers made orthonormal (modified Gram–Schmidt); each product's
-        # column gets its leftover's coefficients on the rows accepted so far
+        # V is in the basis now: the block it came from takes the leftovers (no new P-sized rows)
+        work = self._pending_block if V is self._pending_block else None
+        # the block's own rows and the last block's hold most of HV (block Lanczos' three terms)
+        W, C = self._project_rows(HV, into=work, recent=self.size - self._previous_first)
+        self._previous_first = first
+        coeffs = list(C.to(torch.float64).cpu().numpy())
+        self.scale = max(self.scale, float(np.abs(C[:, first:].to(torch.float64).cpu().numpy()).max()))
+        # the next block: the leftovers made orthonormal in place (modified Gram–Schmidt); each
+        # product's column gets its leftover's coefficients on the rows accepted so far
         accepted: list[Tensor] = []
-        for w, c in zip(leftovers, coeffs):
+        for w, c in zip(W, coeffs):
             extra = []
             for q in accepted:
                 d = torch.dot(q, w).item()
-                w = w - d * q
+                w.sub_(q, alpha=d)
                 extra.append(d)
             norm = torch.linalg.vector_norm(w).item()
             self.scale = max(self.scale, norm)
@@ -119,12 +124,13 @@ class BlockLanczos(Lanczos):
             # is full, every row is kept: they extend C for the residuals, and no step follows)
             room = self.full or self.size + len(accepted) < self.capacity
             if norm > breakdown_threshold(self.op.dtype) * self.scale and room and self.size + len(accepted) < self.op.dim:
-                accepted.append(w / norm)
+                accepted.append(w.div_(norm))
                 extra.append(norm)
                 self.outside.append(0.0)
             else:  # round-off, the whole space, or no room: outside the basis, added to residuals by the triangle inequality
                 self.outside.append(norm)
             self.columns.append(np.concatenate([c, np.asarray(extra)]))
+        self._pending_block = W if len(accepted) == W.shape[0] else None
         self.pending = accepted
         self.invariant = not accepted
 
@@ -133,6 +139,7 @@ class BlockLanczos(Lanczos):
         if self.full:
             return False
         self.pending = self._fresh(v.reshape(-1, self.op.dim))
+        self._pending_block = None
         self.invariant = not self.pending
         return bool(self.pending)
 

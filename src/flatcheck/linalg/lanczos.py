@@ -106,37 +106,70 @@ class Lanczos:
     def _project_out(self, w: Tensor, known: dict[int, float] | None = None) -> tuple[Tensor, Tensor]:
         """w less its part in the basis, and that part's coefficients. `known`: coefficients
         already removed from w by the caller (row → coefficient), added to the returned ones.
-
-        A Gram–Schmidt pass reads the whole basis twice, which at a hundred rows of an
-        11M-parameter model costs as much as the product itself, so the second pass ("twice is
-        enough", Kahan–Parlett) is taken only when the first removed more than 1 − DGKS_ETA of
-        w's norm (Daniel, Gragg, Kaufman & Stewart 1976): only then can cancellation have left
-        w's round-off component in the basis above round-off."""
-        total = torch.zeros(self.size, dtype=w.dtype, device=w.device)
+        w itself is left as it was."""
+        W, C = self._project_rows(w.unsqueeze(0), into=None)
+        total = C[0]
         for row, coef in (known or {}).items():
             total[row] += coef
+        return W[0], total
+
+    def _project_rows(self, W: Tensor, *, into: Tensor | None, recent: int = 0) -> tuple[Tensor, Tensor]:
+        """The rows of W (k, P) less their parts in the basis, written into `into` (W itself: in
+        place; None: a new tensor), and those parts' coefficients (k, size). `recent`: the last
+        rows of the basis, which hold most of W (a block recurrence's own terms), projected out
+        first.
+
+        All rows at once: a Gram–Schmidt pass is memory-bound, and one pass over the basis
+        serves every row of a block (one matrix product for the coefficients, one for the
+        update, written into W). A pass reads the whole basis twice, which at a hundred rows of
+        an 11M-parameter model costs as much as the product itself, so the second pass ("twice
+        is enough", Kahan–Parlett) is taken only when the first removed more than 1 − DGKS_ETA
+        of a row's norm (Daniel, Gragg, Kaufman & Stewart 1976): only then can cancellation
+        have left its round-off component in the basis above round-off. Where the recent rows
+        hold most of W, their pass first leaves the whole basis' pass only round-off drift, so
+        it seldom needs its second."""
+        total = torch.zeros(W.shape[0], self.size, dtype=W.dtype, device=W.device)
         if not self.size:
-            return w, total
-        norm = torch.linalg.vector_norm(w).item()
+            return (W if into is None else into.copy_(W)), total
+        recent = min(recent, self.size)
+        if recent:
+            W = self._gram_schmidt(W, self.size - recent, total, into)
+            into = W
+        norm = torch.linalg.vector_norm(W, dim=1)
         for _ in range(2):
-            c = torch.cat([Q @ w for Q in self._basis()])
-            # classical Gram–Schmidt: every coefficient from the same w, then all removed
-            w = w - self._combine(c.unsqueeze(0))[0]
-            total = total + c
-            after = torch.linalg.vector_norm(w).item()
-            if after > DGKS_ETA * norm:
+            W = self._gram_schmidt(W, 0, total, into)
+            into = W
+            after = torch.linalg.vector_norm(W, dim=1)
+            if bool((after > DGKS_ETA * norm).all()):
                 break
             norm = after
-        return w, total
+        return W, total
+
+    def _gram_schmidt(self, W: Tensor, first: int, total: Tensor, into: Tensor | None) -> Tensor:
+        """One classical Gram–Schmidt pass of W's rows against basis rows first … size − 1:
+        every coefficient from the same W (added to `total`), then all removed, into `into`."""
+        span = self._span(first, self.size)
+        c = torch.cat([W @ Q.T for _, Q in span], dim=1)
+        for at, Q in span:
+            part = c[:, at - first:at - first + Q.shape[0]]
+            W = torch.addmm(W, part, Q, alpha=-1, out=into) if into is not None else torch.addmm(W, part, Q, alpha=-1)
+            into = W
+        total[:, first:] += c
+        return W
 
     def _basis(self) -> list[Tensor]:
         """The basis rows q_0 … q_{size−1}, block by block (views)."""
-        out, left = [], self.size
-        for block in self.blocks:
-            if left <= 0:
-                break
-            out.append(block[:left])
-            left -= block.shape[0]
+        return [Q for _, Q in self._span(0, self.size)]
+
+    def _span(self, first: int, end: int) -> list[tuple[int, Tensor]]:
+        """Basis rows first … end − 1 as (index of the view's first row, view), block by block:
+        every block but the last holds INITIAL_ROWS rows."""
+        out = []
+        for b, block in enumerate(self.blocks):
+            lo = b * INITIAL_ROWS
+            start, stop = max(first, lo), min(end, lo + block.shape[0])
+            if start < stop:
+                out.append((start, block[start - lo:stop - lo]))
         return out
 
     def _row(self, i: int) -> Tensor:
@@ -144,11 +177,11 @@ class Lanczos:
         return self.blocks[i // INITIAL_ROWS][i % INITIAL_ROWS]
 
     def _combine(self, coeff: Tensor) -> Tensor:
-        """coeff (k, size) → coeff @ Q, (k, P), accumulated block by block."""
+        """coeff (k, size) → coeff @ Q, (k, P), accumulated block by block in one output."""
         out, start = None, 0
         for Q in self._basis():
-            part = coeff[:, start:start + Q.shape[0]] @ Q
-            out = part if out is None else out.add_(part)
+            part = coeff[:, start:start + Q.shape[0]]
+            out = part @ Q if out is None else out.addmm_(part, Q)
             start += Q.shape[0]
         return out
 
@@ -163,12 +196,14 @@ class Lanczos:
         alpha = torch.dot(q, w).item()
         # the three-term recurrence first (α q_j + β q_{j−1}: most of w), so that the
         # re-orthogonalisation's norm test sees only the round-off drift
-        known = {self.size - 1: alpha}
-        w = w - alpha * q
+        w = w - alpha * q  # a new tensor: the rest is written into it
         if self.size > 1 and self.beta[-1] != 0.0:
-            known[self.size - 2] = self.beta[-1]
-            w = w - self.beta[-1] * self._row(self.size - 2)
-        w, c = self._project_out(w, known)
+            w.sub_(self._row(self.size - 2), alpha=self.beta[-1])
+        W, C = self._project_rows(w.unsqueeze(0), into=w.unsqueeze(0))
+        w, c = W[0], C[0]
+        c[self.size - 1] += alpha
+        if self.size > 1:
+            c[self.size - 2] += self.beta[-1]
         beta = torch.linalg.vector_norm(w).item()
         self.coeffs.append(c.to(torch.float64).cpu().numpy())
         if record_step(self, alpha, beta):
@@ -177,7 +212,7 @@ class Lanczos:
             self.leftover.append((beta, False))
         else:
             self.beta_next = beta
-            self._next = w / beta
+            self._next = w.div_(beta)
             self.leftover.append((beta, True))
 
     def _append(self, q: Tensor) -> None:
