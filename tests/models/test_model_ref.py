@@ -87,7 +87,7 @@ def test_flags_override_the_spec_file_and_say_so():
     (["--set", "head"], "--set expects FIELD=VALUE"),
     (["--set", "arch.x=1"], "only kwargs, loss, checkpoint take FIELD.KEY=VALUE"),
     (["--num-classes", "0"], "--num-classes"),
-    (["--input-size", "3,8"], "--input-size expects S or C,H,W"),
+    (["--input-size", "3,8"], "got '3,8' (2 numbers): an image takes C,H,W"),
     (["--mean", "a,b"], "--mean expects comma-separated numbers"),
     (["--mean", "0.5"], "--mean is given but not --std"),
     (["--std", "0,1"], "--std: field 'std' must be"),

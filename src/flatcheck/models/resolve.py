@@ -245,7 +245,14 @@ def parse_input_size(text: str, flag: str = "--input-size") -> tuple[int, ...]:
     if len(parts) == 1:
         parts = (3, parts[0], parts[0])
     if len(parts) != 3 or min(parts) < 1:
-        raise ConfigError(f"{flag} expects S or C,H,W positive integers, got {text!r}")
+        expected = f"{flag} expects S or C,H,W positive integers, got {text!r}"
+        if len(parts) == 2 and min(parts) >= 1:
+            # H,W without C, or a flat size split in two: say what each of those is written as,
+            # as the data's own refusal does for flat samples against an image size
+            h, w = parts
+            raise ConfigError(f"{expected} (2 numbers): an image takes C,H,W (an RGB {h}×{w}: 3,{h},{w}), a lone "
+                              "S means 3,S,S, and a flat input of D values takes --set 'input_size=[D]'")
+        raise ConfigError(expected)
     return parts
 
 
