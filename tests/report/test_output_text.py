@@ -130,6 +130,17 @@ def test_a_stderr_on_few_degrees_of_freedom_is_marked_rough_in_the_table(dof, ro
     assert (f"(rough ±: dof {dof})" in text) == rough, text
 
 
+def test_the_header_says_when_float64_inputs_were_rounded():
+    """A float32 run reads float64 inputs as their float32 rounding; the JSON's data.rounded said
+    so and the table did not, so a reader of the terminal took the values for the file's own."""
+    result = ProbeResult(probe="lmax", value=13.66, stderr=None, matvecs=40, seconds=1.0, seed=0, label="λmax(H)")
+    rounded = {**META, "data": {**META["data"], "rounded": "float64 inputs → float32 (--dtype float64 keeps them)"}}
+    text = " ".join(printed(lambda c: render(Report(meta=rounded, results={"lmax": result}), c), width=200).split())
+    assert "digits/train n=64 (float64 inputs rounded to float32) ·" in text, text
+    plain = printed(lambda c: render(Report(meta=META, results={"lmax": result}), c), width=200)
+    assert "rounded" not in plain
+
+
 def test_layer_shares_kept_for_a_resolved_total():
     clear = trace_result(10.0, 0.5, {"conv1": (6.0, 0.4), "head": (4.0, 0.3)})
     text = printed(layers_table(clear))

@@ -76,6 +76,8 @@ def header(report: Report) -> str:
         f"{d['name']}/{d['split']} n={d['samples']}"
         + (f" ({d['channels']})" if d.get("channels") else "")  # a grey ↔ RGB conversion for the model
         + (f" (resized {d['resized']})" if d.get("resized") else "")  # to the spec's input size
+        # float64 inputs measured as their float32 rounding (data.rounded): the values are not the file's own
+        + (" (float64 inputs rounded to float32)" if d.get("rounded") else "")
         + f" · loss {m['model']['loss']} · bn {m['bn_mode']} · "
         f"{m['device']} {m['dtype']} · seed {m['seed']}"
     )
