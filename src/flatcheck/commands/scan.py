@@ -303,7 +303,7 @@ def _print_summary(summary, figure: dict | None = None) -> None:
     for r in summary.records:
         res = r.get("results", {})
         cells = [fmt_result(res[p]["value"], res[p]["stderr"], res[p].get("resolved", True),
-                            res[p].get("error_bound")) if p in res else "—"
+                            res[p].get("error_bound"), res[p].get("dof")) if p in res else "—"
                  for p in probes]
         for f in extra:
             probe, _, key = f.partition(".")
