@@ -34,6 +34,8 @@ from .random import gaussian
 from .reduce import rowsum64
 from .trace import Operator, Progress, StopTest
 
+# rows a product is projected on before the whole basis: the three-term recurrence's q_n, q_{n−1}
+LOCAL_ROWS = 2
 # columns of the basis recombined at a time when it restarts: the new rows are written over the
 # old ones, and only (keep × this) floats are held besides
 RESTART_COLUMNS = 1 << 20
@@ -91,18 +93,30 @@ class RestartedLanczos:
         return self.n >= self.rows
 
     def _project_out(self, w: Tensor, upto: int) -> tuple[Tensor, np.ndarray]:
-        Q = self.V[:upto]
+        """w (the caller's fresh product or draw, overwritten) less its part in rows 0 … upto − 1,
+        and that part's coefficients. The last two rows (the recurrence's own α and β terms,
+        most of a product) go first, so that the pass over the whole basis sees only drift and
+        seldom needs its second (DGKS) pass: each pass reads every row twice."""
         total = np.zeros(upto)
+        recent = min(upto, LOCAL_ROWS)
+        if recent and upto > recent:
+            w = self._pass(w, upto - recent, upto, total)
         norm = torch.linalg.vector_norm(w).item()
         for _ in range(2):
-            c = Q @ w
-            w.sub_(c @ Q)  # in place: `w` is the caller's fresh product or draw
-            total += c.double().cpu().numpy()
+            w = self._pass(w, 0, upto, total)
             after = torch.linalg.vector_norm(w).item()
             if after > DGKS_ETA * norm:
                 break
             norm = after
         return w, total
+
+    def _pass(self, w: Tensor, first: int, upto: int, total: np.ndarray) -> Tensor:
+        """One classical Gram–Schmidt pass of w against rows first … upto − 1, in place."""
+        Q = self.V[first:upto]
+        c = Q @ w
+        w.addmv_(Q.T, c, alpha=-1)
+        total[first:upto] += c.double().cpu().numpy()
+        return w
 
     def step(self) -> None:
         n = self.n
