@@ -194,3 +194,34 @@ def test_all_finite_finds_any_non_finite_entry(dtype):
         assert not all_finite(b) and not bool(torch.isfinite(b).all())
     huge = torch.full((1, 4), torch.finfo(dtype).max, dtype=dtype)
     assert all_finite(huge)
+
+
+class Overflowing(Dense):
+    """A dense operator whose products overflow to infinity from the second on."""
+
+    def matmat(self, V):
+        out = super().matmat(V)
+        if self.matvecs > V.shape[0]:
+            out[:, 0] = float("inf")
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("solver", ["block", "one vector", "restarted", "power"])
+def test_products_that_overflow_advise_float64_only_below_it(dtype, solver):
+    """Every solver's error for non-finite products names --dtype float64 as the remedy only
+    where the run was not already in float64 (there the model itself is at fault)."""
+    from flatcheck.errors import InputError
+    from flatcheck.linalg.lanczos import lanczos_top
+    from flatcheck.linalg.power import power_top
+    from flatcheck.linalg.thick_restart import lanczos_top_restarted
+
+    op = Overflowing(_spectrum_matrix(np.linspace(1.0, 10.0, 30)).to(dtype))
+    g = torch.Generator().manual_seed(0)
+    run = {"block": lambda: block_lanczos_top(op, 1, generator=g, tol=1e-9),
+           "one vector": lambda: lanczos_top(op, 1, generator=g, tol=1e-9),
+           "restarted": lambda: lanczos_top_restarted(op, 1, rows=8, generator=g, tol=1e-9, max_iter=30),
+           "power": lambda: power_top(op, 1, generator=g, tol=1e-9)}[solver]
+    with pytest.raises(InputError, match="not finite") as err:
+        run()
+    assert ("--dtype float64" in str(err.value)) == (dtype != torch.float64)

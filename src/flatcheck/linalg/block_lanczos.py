@@ -33,13 +33,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InputError
 from .certify import GAP_FROM_BLOCK_KRYLOV, MIN_EXTRA, TOO_FEW, ritz_bounds, round_off_floor
 from .forecast import COLD_STEPS, DecayForecast
 from .lanczos import (STALL_FACTOR, EigenResult, Lanczos, breakdown_threshold,
                       coefficient_residuals, default_max_iter)
 from .random import gaussian
-from .reduce import all_finite
+from .reduce import all_finite, not_finite
 from .trace import Operator, Progress, StopTest
 
 BLOCK = 2  # start vectors: the fewest that resolve a near-degenerate pair
@@ -100,7 +99,7 @@ class BlockLanczos(Lanczos):
             self._append(q)
         HV = self.op.matmat(V)
         if not all_finite(HV):
-            raise InputError("curvature products are not finite (overflow?); try --dtype float64")
+            raise not_finite(self.op.dtype)
         # V is in the basis now: the block it came from takes the leftovers (no new P-sized rows)
         work = self._pending_block if V is self._pending_block else None
         # the block's own rows and the last block's hold most of HV (block Lanczos' three terms)

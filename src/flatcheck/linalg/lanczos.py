@@ -16,11 +16,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InputError
 from .certify import GAP_FROM_RITZ, MIN_EXTRA, TOO_FEW, Bound, ritz_bounds, round_off_floor
 from .forecast import DecayForecast
 from .random import gaussian
-from .reduce import rowsum64
+from .reduce import not_finite, rowsum64
 from .trace import Operator, Progress, StopTest
 # a re-measured true residual that shrank by less than this factor has stalled
 STALL_FACTOR = 0.5
@@ -45,7 +44,7 @@ def record_step(rec, alpha: float, beta: float) -> bool:
     """Append a step's α to a recurrence `rec` (alpha, scale, size, op) and say whether its β
     closes an invariant subspace: below the breakdown threshold, or the whole space spanned."""
     if not (math.isfinite(alpha) and math.isfinite(beta)):
-        raise InputError("curvature products are not finite (overflow?); try --dtype float64")
+        raise not_finite(rec.op.dtype)
     rec.alpha.append(alpha)
     rec.scale = max(rec.scale, abs(alpha), beta)
     return beta <= breakdown_threshold(rec.op.dtype) * rec.scale or rec.size >= rec.op.dim

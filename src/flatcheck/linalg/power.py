@@ -7,11 +7,11 @@ import math
 import torch
 from torch import Tensor
 
-from ..errors import InputError
 from .certify import residual_bounds, round_off_floor
 from .forecast import DecayForecast
 from .lanczos import STALL_FACTOR, EigenResult
 from .random import gaussian
+from .reduce import not_finite
 from .trace import Operator, Progress, StopTest
 
 
@@ -61,7 +61,7 @@ def power_top(
             res = torch.linalg.vector_norm((w - lam * v).to(torch.float64)).item()
             iterations += 1
             if not math.isfinite(res):
-                raise InputError("curvature products are not finite (overflow?); try --dtype float64")
+                raise not_finite(op.dtype)
             if progress is not None:  # this pair's forecast, and as many for each pair after it
                 ahead = forecast.total(it + 1, res / (tol * abs(lam)) if lam else math.inf)
                 progress(before + it + 1, ahead and before + ahead * (k - i), value=lam)

@@ -1,9 +1,12 @@
-"""Float64 row sums of large float32 blocks without a float64 copy of the block."""
+"""Float64 row sums of large float32 blocks without a float64 copy of the block, and the error
+for products found not finite."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from ..errors import InputError
 
 _COLUMNS = 2**18  # per chunk: k·2¹⁸ float64 numbers (2 MiB per row) instead of k·P
 
@@ -28,3 +31,13 @@ def all_finite(block: Tensor) -> bool:
     none; only a non-finite sum (one, or an overflow of finite entries) is checked entry by entry."""
     sums = rowsum64(block.reshape(block.shape[0], -1) if block.dim() > 1 else block.reshape(1, -1))
     return bool(torch.isfinite(sums).all()) or bool(torch.isfinite(block).all())
+
+
+def not_finite(dtype: torch.dtype) -> InputError:
+    """The error for curvature products that are not finite: a finer dtype is advised only where
+    the run did not already use the finest (in float64 the model's loss or its derivatives are
+    NaN or overflow at these weights, which no dtype flag mends)."""
+    if dtype == torch.float64:
+        return InputError("curvature products are not finite even in float64: the loss or its derivatives "
+                          "are NaN or overflow at these weights")
+    return InputError("curvature products are not finite (overflow?); try --dtype float64")

@@ -25,13 +25,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InputError
 from .lanczos import (WORK_VECTORS, DGKS_ETA, EigenResult, breakdown_threshold, check_verdict, eigen_result,
                       bound_ratio, top_and_below, warm_vector)
 from .certify import round_off_floor
 from .forecast import DecayForecast
 from .random import gaussian
-from .reduce import rowsum64
+from .reduce import not_finite, rowsum64
 from .trace import Operator, Progress, StopTest
 
 # rows a product is projected on before the whole basis: the three-term recurrence's q_n, q_{n−1}
@@ -123,7 +122,7 @@ class RestartedLanczos:
         w = self.op.matmat(self.V[n:n + 1])[0]
         w, c = self._project_out(w, n + 1)
         if not (np.all(np.isfinite(c)) and math.isfinite(torch.linalg.vector_norm(w).item())):
-            raise InputError("curvature products are not finite (overflow?); try --dtype float64")
+            raise not_finite(self.op.dtype)
         self.T[:n + 1, n] = c
         self.T[n, :n + 1] = c
         self.beta = torch.linalg.vector_norm(w).item()

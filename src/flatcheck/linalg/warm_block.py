@@ -37,13 +37,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InputError
 from .certify import GAP_FROM_BLOCK, GAP_SAFETY, ritz_bounds, round_off_floor
 from .block_lanczos import not_halving, offset
 from .forecast import DecayForecast
 from .lanczos import DGKS_ETA, WARM_MIX, EigenResult, breakdown_threshold, lanczos_top
 from .random import gaussian
-from .reduce import all_finite, rowsum64
+from .reduce import all_finite, not_finite, rowsum64
 from .trace import Operator, Progress, StopTest
 
 # the block's gap estimate is divided by this (certify.ritz_bounds' safety)
@@ -96,7 +95,7 @@ class Block:
         V = torch.stack(vectors)
         HV = self.op.matmat(V)
         if not all_finite(HV):
-            raise InputError("curvature products are not finite (overflow?); try --dtype float64")
+            raise not_finite(self.op.dtype)
         self.W += list(V)
         self.HW += list(HV)
         n, old = self.size, self.size - len(vectors)
