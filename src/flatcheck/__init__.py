@@ -7,9 +7,7 @@ The names below are imported on first use (PEP 562), not with the package: the `
 command imports this package before it can catch Ctrl-C, and importing torch takes seconds.
 """
 
-from __future__ import annotations
-
-import importlib
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
@@ -29,10 +27,12 @@ __all__ = ["__version__", *_WHERE]
 def __getattr__(name: str) -> object:
     if name not in _WHERE:
         raise AttributeError(f"module 'flatcheck' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    value = getattr(_importlib.import_module(f".{_WHERE[name]}", __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+    # the public names are __all__'s: not the helpers this module imports, nor the submodules
+    # that importing a name binds here (flatcheck.api, flatcheck.live, ...)
+    return sorted({name for name in globals() if name.startswith("_")} | set(__all__))
