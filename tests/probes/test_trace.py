@@ -311,7 +311,7 @@ def test_same_seed_same_number_other_seed_other_number():
 def test_exact_on_hessian_is_refused():
     from flatcheck.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="--matrix ggn"):
+    with pytest.raises(ConfigError, match="estimator exact needs matrix ggn"):
         probe_requests(["trace"], {"trace": {"estimator": "exact", "matrix": "hessian"}})
 
 
@@ -337,7 +337,7 @@ def test_class_sampled_ggn_trace_is_unbiased_within_its_error(loss, bn_mode):
 def test_class_samples_needs_exact():
     from flatcheck.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="--class-samples"):
+    with pytest.raises(ConfigError, match="class_samples needs estimator exact"):
         probe_requests(["trace"], {"trace": {"class_samples": 4}})
 
 
@@ -396,3 +396,21 @@ def test_trace_result_says_which_interval_it_is(layers):
     assert math.isclose(r.stderr, d["spread_stderr"] * skew_widening(values), rel_tol=1e-9)
     g = _run(case, probes_max=10, rtol="none", matrix="ggn", parts=layers)
     assert g.details["interval"] == INTERVAL_FLOOR and g.dof is None
+
+
+@pytest.mark.parametrize("options, said, flags", [
+    ({"probes_max": -3}, "probes_max must be at least 2", "--probes-max must be at least 2"),
+    ({"estimator": "hutchpp", "rtol": 0.1}, "rtol needs estimator hutchinson", "--rtol needs --estimator hutchinson"),
+])
+def test_an_option_refusal_is_worded_in_keywords_from_python_and_in_flags_on_the_cli(options, said, flags):
+    """measure(probes={"trace": {...}}) said --probes-max, a flag the caller never wrote
+    (stranger18); the CLI says the flag."""
+    import flatcheck
+    from flatcheck.errors import ConfigError
+    from flatcheck.settings import flag_of
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    with pytest.raises(ConfigError) as caught:
+        flatcheck.measure(model, (torch.randn(8, 3), torch.randint(0, 2, (8,))), probes={"trace": options})
+    assert str(caught.value).startswith(said) and "--" not in str(caught.value)
+    assert caught.value.worded(flag_of).startswith(flags)

@@ -11,7 +11,7 @@ import torch
 
 from ..backends.base import Outputs
 from ..problem import model_mode
-from ..errors import ConfigError
+from ..errors import ConfigError, setting
 from ..linalg.memory import gib
 from ..report.result import ProbeResult
 from ._inputjac import (AUTO_MAX_CLASSES, OUTPUT_HELP, ROW_BYTES, jacobian_rows, region_mask, require_independent,
@@ -40,7 +40,7 @@ class JacobianOptions:
         if self.exclude_region is not None:
             parse_region(self.exclude_region)
         if self.projections < 2:
-            raise ConfigError(f"--projections must be at least 2 (a standard error needs two draws), got {self.projections}")
+            raise ConfigError(f"{setting('projections')} must be at least 2 (a standard error needs two draws), got {self.projections}")
         if self.lanczos_iters < 1 or not (math.isfinite(self.lanczos_tol) and self.lanczos_tol > 0):
             raise ConfigError(f"jacobian.lanczos_iters must be ≥ 1 and jacobian.lanczos_tol > 0, got "
                               f"{self.lanczos_iters} and {self.lanczos_tol}")

@@ -60,15 +60,15 @@ class LmaxOptions:
 
     def __post_init__(self):
         if self.k < 1:
-            raise ConfigError(f"--k must be at least 1, got {self.k}")
+            raise ConfigError(f"{setting('k')} must be at least 1, got {self.k}")
         if self.tol is not None and not 0 < self.tol < 1:
-            raise ConfigError(f"--tol must be in (0, 1) (a relative error bound), got {self.tol}")
+            raise ConfigError(f"{setting('tol')} must be in (0, 1) (a relative error bound), got {self.tol}")
         if self.starts is not None and self.method == "power":
-            raise ConfigError("--starts is for --method lanczos: power iteration takes one vector at a time")
+            raise ConfigError(f"{setting('starts')} is for {setting('method')} lanczos: power iteration takes one vector at a time")
         if self.starts is not None and not 1 <= self.starts <= MAX_STARTS:
-            raise ConfigError(f"--starts must be between 1 and {MAX_STARTS}, got {self.starts}")
+            raise ConfigError(f"{setting('starts')} must be between 1 and {MAX_STARTS}, got {self.starts}")
         if self.max_iter is not None and self.max_iter < max(1, self.k if self.method == "lanczos" else 1):
-            raise ConfigError(f"--max-iter must be at least --k ({self.k}) for lanczos and ≥ 1 for power, "
+            raise ConfigError(f"{setting('max_iter')} must be at least {setting('k')} ({self.k}) for lanczos and ≥ 1 for power, "
                               f"got {self.max_iter}")
 
     def resolved_tol(self, dtype: torch.dtype) -> float:
@@ -89,8 +89,8 @@ def check_k_fits(k: int, parameters: int) -> None:
     """A P×P matrix has P eigenvalues; asking for more used to return fewer, marked "NOT
     converged", after the products were spent."""
     if k > parameters:
-        raise ConfigError(f"--k {k} is more than the {parameters:,} probed parameters (a matrix of that size "
-                          f"has {parameters:,} eigenvalues); use --k ≤ {parameters:,} or widen --params")
+        raise ConfigError(f"{setting('k')} {k} is more than the {parameters:,} probed parameters (a matrix of that size "
+                          f"has {parameters:,} eigenvalues); use {setting('k')} ≤ {parameters:,} or widen {setting('params')}")
 
 
 @dataclass(frozen=True)

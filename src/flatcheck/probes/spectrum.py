@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, setting
 from ..linalg.lanczos import lanczos_bytes, plan_steps
 from ..linalg.memory import gib
 from ..linalg.slq import SLQ, density, slq
@@ -27,9 +27,9 @@ from .registry import ProbeContext, register_probe
 def check_slq_options(steps: int, starts: int) -> None:
     if steps < 2:
         # one node integrates only constants and linear functions: no Tr(H²), no shape
-        raise ConfigError(f"--lanczos-steps must be at least 2, got {steps}")
+        raise ConfigError(f"{setting('lanczos_steps')} must be at least 2, got {steps}")
     if starts < 2:
-        raise ConfigError(f"--starts must be at least 2 (a standard error needs two start vectors), got {starts}")
+        raise ConfigError(f"{setting('starts')} must be at least 2 (a standard error needs two start vectors), got {starts}")
 
 
 def run_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, starts: int, desc: str,

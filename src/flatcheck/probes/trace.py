@@ -70,26 +70,26 @@ class TraceOptions:
 
     def __post_init__(self):
         if self.estimator == "exact" and self.matrix == "hessian":
-            raise ConfigError("--estimator exact needs --matrix ggn: only the GGN trace has a closed form")
+            raise ConfigError(f"{setting('estimator')} exact needs {setting('matrix')} ggn: only the GGN trace has a closed form")
         if self.probes_max < 2:
-            raise ConfigError(f"--probes-max must be at least 2 (a standard error needs two probes), got {self.probes_max}")
+            raise ConfigError(f"{setting('probes_max')} must be at least 2 (a standard error needs two probes), got {self.probes_max}")
         if self.estimator == "hutchpp" and self.probes_max < 6:
-            raise ConfigError(f"--probes-max must be at least 6 for hutchpp, got {self.probes_max}")
+            raise ConfigError(f"{setting('probes_max')} must be at least 6 for hutchpp, got {self.probes_max}")
         if self.rtol is not None and not self.rtol > 0:
-            raise ConfigError(f"--rtol must be positive, got {self.rtol}")
+            raise ConfigError(f"{setting('rtol')} must be positive, got {self.rtol}")
         if self.rtol == DEFAULT_RTOL and self.estimator != "hutchinson":
             # the default stop belongs to Hutchinson; the others take their fixed count
             object.__setattr__(self, "rtol", None)
         if self.rtol is not None and self.estimator != "hutchinson":
             # Hutch++ spends its matvecs in three fixed thirds and the exact trace has no error:
             # neither has a running standard error to stop on
-            fixed = "takes a fixed --probes-max" if self.estimator == "hutchpp" else "has no sampling error to stop on"
-            raise ConfigError(f"--rtol needs --estimator hutchinson (it stops on the running standard error); "
+            fixed = f"takes a fixed {setting('probes_max')}" if self.estimator == "hutchpp" else "has no sampling error to stop on"
+            raise ConfigError(f"{setting('rtol')} needs {setting('estimator')} hutchinson (it stops on the running standard error); "
                               f"{self.estimator} {fixed}")
         if self.class_samples is not None and (self.estimator != "exact" or self.class_samples < 2):
-            raise ConfigError("--class-samples needs --estimator exact and a value ≥ 2 (two draws give a standard error)")
+            raise ConfigError(f"{setting('class_samples')} needs {setting('estimator')} exact and a value ≥ 2 (two draws give a standard error)")
         if self.route not in ROUTES:
-            raise ConfigError(f"--route must be one of {', '.join(ROUTES)}, got {self.route!r}")
+            raise ConfigError(f"{setting('route')} must be one of {', '.join(ROUTES)}, got {self.route!r}")
         if self.route == "tangent" and self.parts:
             raise ConfigError("--route tangent needs --no-layers: per-layer parts need Hessian-vector products")
         if self.min_probes < 2 or (self.block_size is not None and self.block_size < 1):
