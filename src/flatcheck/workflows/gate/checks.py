@@ -7,6 +7,7 @@ nothing and let every relative rule be skipped."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping
 
@@ -15,7 +16,7 @@ from ...probes.gating import gating_of
 from ..results_io import FieldMissing, as_number, keys_near, resolve_field
 from .baseline import Baseline, check_records, foreign_fields
 from .config import Bound, GateConfig
-from .statistics import dof as dof_of, error_bound, other_draws, quantile, slope as slope_of
+from .statistics import dof as dof_of, error_bound, no_probe_values, other_draws, quantile, slope as slope_of
 from .verdicts import baseline_number, unresolved
 
 
@@ -129,7 +130,8 @@ def _planned_unpaired(bound: Bound, gate: GateConfig, baseline: Baseline, seed: 
     options = gate.options(bound.probe)
     estimator, matrix = gating.planned_identity(options)
     base = baseline.results.get(bound.probe) or {}
-    return other_draws(base, seed, estimator, matrix) or gating.count_mismatch(base.get("details") or {}, options)
+    return (other_draws(base, seed, estimator, matrix, baseline.schema)
+            or gating.count_mismatch(base.get("details") or {}, options))
 
 
 def _planned_precision(bound: Bound, gate: GateConfig, baseline: Baseline) -> float:
@@ -180,7 +182,9 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
     msg = (f"{baseline.where}: rule {bound.name} cannot pass an unchanged model {how}: the baseline's "
            f"{bound.field} = {b:.6g} ± {s_b:.3g} gives an interval of ±{z * factor * s_b:.3g}, and the rule's "
            f"margin {margin:.3g} must be {need_margin}")
-    if dof is not None and margin > 0:
+    effort = gating_of(bound.probe).effort_option
+    counted = dof is not None and margin > 0 and effort is not None
+    if counted:
         m = int(dof) + 1
         # both runs at the new count: the run's error is then the baseline's (scale 1)
         both = math.sqrt(1 + slope_of(bound, b) ** 2) if unpaired else factor
@@ -188,12 +192,35 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
         # in the unit of the probe's effort option: Hutch++ spends 3 products per residual probe
         result = baseline.results.get(bound.probe) or {}
         per = result.get("matvecs", m) / m if isinstance(result.get("matvecs"), int) and result["matvecs"] else 1
-        option = gating_of(bound.probe).effort_option or "probes"
-        msg += (f"; make the baseline, and run the gate, with {option} ≥ {math.ceil(need * per)} "
+        msg += (f"; make the baseline, and run the gate, with {effort} ≥ {math.ceil(need * per)} "
                 f"(the baseline has {round(m * per)})")
+    remedies = []
     if unpaired and bound.headline:
-        msg += ", or with this gate file at this seed (flatcheck gate … --no-baseline --json) to compare paired"
+        remakes = no_probe_values(baseline.results.get(bound.probe) or {}, baseline.schema)
+        if not remakes[0] or remakes[1]:
+            # the same seed, estimator and count draw the same vectors: pairing is open to it
+            remedies.append("make the baseline with this gate file at this seed (flatcheck gate … --no-baseline "
+                            "--json) to compare paired")
+    width = _width_needed(bound, b, s_b, z, times, _planned_precision(bound, gate, baseline)) if unpaired else None
+    if width is not None:
+        remedies.append(f"widen the rule to {bound.kind} {width} % or more")
+    if unpaired:
+        remedies.append("bound the value itself with a max or min rule")
+    if remedies:
+        msg += (", or " if counted else "; ") + ", or ".join(remedies)
     raise InputError(msg)
+
+
+def _width_needed(bound: Bound, b: float, s_b: float, z: float, times: int, scale: float) -> int | None:
+    """The narrowest whole-percent margin x at which an unchanged model passes the rule
+    unpaired (x·|b| ≥ times·z·√(scale² + slope(x)²)·s_b: the slope moves with x), up to
+    1000 %; None beyond."""
+    for percent in range(max(1, math.ceil(bound.limit * 100)), 1001):
+        x = percent / 100
+        slope = slope_of(dataclasses.replace(bound, limit=x), b)
+        if x * abs(b) >= times * z * math.sqrt(scale**2 + slope**2) * s_b:
+            return percent
+    return None
 
 
 def _check_bounded(bound: Bound, b: float, baseline: Baseline) -> None:

@@ -15,6 +15,7 @@ from scipy.stats import norm, t as student_t
 from ...linalg.random import SIGN_STREAM
 from ...probes.gating import gating_of
 from ..results_io import FieldMissing, as_number, field_sibling
+from .baseline import schema_tuple
 from .config import Bound
 
 
@@ -136,12 +137,31 @@ def pairing(bound: Bound, current: Mapping[str, Any], baseline: Mapping[str, Any
     return Pairing(tuple(values[:n]), tuple(values[n:2 * n]), values[-2], values[-1], len(b_vals)), ""
 
 
-def other_draws(base: Mapping[str, Any], seed: Any, estimator: Any, matrix: Any) -> str:
+def no_probe_values(base: Mapping[str, Any], schema: Any = None) -> tuple[str, bool]:
+    """Why no run can be paired with the baseline result `base` ("" when it keeps per-probe
+    values), and whether a baseline remade by this flatcheck would be: reports kept them from
+    schema 2.0 on, so a newer report without them is of a probe that keeps none (its runs are
+    compared unpaired at every seed)."""
+    if isinstance((base.get("details") or {}).get("probe_values"), list):
+        return "", False
+    probe = base.get("probe", "the probe")
+    found = schema_tuple(schema)
+    if found is not None and found < (2, 0):
+        return f"the baseline is of schema {schema}, from before reports kept per-probe values", True
+    if found is not None:
+        return (f"{probe} keeps no per-probe values, so no two runs of it are compared probe by probe, "
+                "at any seed"), False
+    return f"the baseline's {probe} result holds no per-probe values", False
+
+
+def other_draws(base: Mapping[str, Any], seed: Any, estimator: Any, matrix: Any, schema: Any = None) -> str:
     """Why a run at `seed` with `estimator` on `matrix` draws other probe vectors than the
-    baseline result `base` did, or cannot be matched to them ("" when it draws the same)."""
+    baseline result `base` (of report schema `schema`) did, or cannot be matched to them
+    ("" when it draws the same)."""
     details = base.get("details") or {}
-    if not isinstance(details.get("probe_values"), list):
-        return "the baseline has no per-probe values (schema < 2.0 or not a sampled estimate)"
+    why = no_probe_values(base, schema)[0]
+    if why:
+        return why
     for key, now in (("estimator", estimator), ("matrix", matrix)):
         if details.get(key) != now:
             return f"{key} differs (baseline {details.get(key)}, now {now})"
