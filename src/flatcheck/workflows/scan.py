@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from . import child_process
 from .results_io import (HeldOutput, check_records_file, describe_difference, load_results, new_record, record_key,
                          repair_tail, shard_path)
-from .scan_sources import Entry, offline
+from .scan_sources import Entry, in_scan_words, offline
 
 RECORD_KIND = "flatcheck.scan"
 
@@ -331,7 +331,7 @@ def scan_one(entry: Entry, record: dict[str, Any], base: RunConfig,
         if bad:
             record.update(status="error", error=f"non-finite value from {', '.join(bad)}")
     except Exception as exc:  # any model's failure is that model's record, never the scan's end
-        record.update(status="error", error=_one_line(exc))
+        record.update(status="error", error=in_scan_words(_one_line(exc), entry.checkpoint))
         _free_device_memory()
     record["seconds"] = round(time.perf_counter() - t0, 3)
     return record

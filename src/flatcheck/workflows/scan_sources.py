@@ -145,7 +145,7 @@ def checkpoint_entries(folder: Path) -> list[Entry]:
                       {"checkpoint": str(ckpt.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
                        "spec": label}, checkpoint=ckpt)
         if found is None:
-            entry.skip_reason = f"no spec: {nothing_found(ckpt)}"
+            entry.skip_reason = in_scan_words(f"no spec: {nothing_found(ckpt)}", ckpt)
         _place(entry, ckpt)
         out.append(entry)
     return out
@@ -174,3 +174,20 @@ def parse_kwargs(items: list[str]) -> dict[str, Any]:
             raise ConfigError(f"--model-kwargs expects KEY=VALUE, got {item!r}")
         out[key.strip()] = load_yaml(value, f"--model-kwargs {item!r}", error=ConfigError)
     return out
+
+
+# a spec's loader advises the flags of a one-model command; a scan has no --spec or --model
+# and names a checkpoint's spec by the file beside it (checkpoint_entries)
+_ONE_MODEL_HINTS = ((", not given with --spec,", ""), (", or name the spec with --spec", ""),
+                    ("give one of: --spec SPEC or --model REF; ", "give one of: "))
+
+
+def in_scan_words(text: str, checkpoint: Path | None) -> str:
+    """A model's error as a scan user can act on it: the remedies a one-model command's flags
+    would be become the scan's own (--trust-package, or the spec file beside the checkpoint)."""
+    for said, meant in _ONE_MODEL_HINTS:
+        text = text.replace(said, meant)
+    if checkpoint is not None:
+        text = text.replace("(--spec or --model chooses another)",
+                            f"(a {checkpoint.stem}.yaml beside the checkpoint chooses another)")
+    return text
