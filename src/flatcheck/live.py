@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import inspect
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -44,13 +45,23 @@ def takes_settings(fn: Callable) -> Callable:
     return fn
 
 
+def refuse_unknown_keywords(call: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """An unknown keyword is refused as Python refuses one (a TypeError), in the name of the
+    public `call` rather than of the function it is handed on to, with the nearest known
+    keyword or, when none is near, the whole list."""
+    known = sorted(known)
+    for name in given:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1, cutoff=0.8)  # a typo, not a guess
+            hint = f"did you mean {near[0]!r}?" if near else f"it takes {', '.join(known)}"
+            raise TypeError(f"{call}() got an unexpected keyword argument {name!r}; {hint}")
+
+
 def given_settings(call: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     """The live settings a call gave, each with its default where not given; an unknown
     keyword is refused as Python refuses one."""
     known = live_settings()
-    for name in settings:
-        if name not in known:
-            raise TypeError(f"{call}() got an unexpected keyword argument {name!r}")
+    refuse_unknown_keywords(call, settings, known)
     return {name: settings.get(name, how.live_default) for name, how in known.items()}
 
 

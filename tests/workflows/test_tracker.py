@@ -612,3 +612,18 @@ def test_a_records_file_whose_folder_became_a_file_is_no_longer_named(tmp_path):
     folder.rmdir()
     folder.write_text("not a folder")  # stat of runs/track.jsonl now raises NotADirectoryError
     assert not held.still_named()
+
+
+def test_an_unknown_keyword_is_refused_in_the_tracker_s_name():
+    """Tracker(..., samplez=3) was refused as open_live_session()'s (stranger18)."""
+    case = make_case("mlp")
+    model, data = case.model, (case.X, case.Y)
+    with pytest.raises(TypeError, match=r"^Tracker\(\) got an unexpected keyword argument 'samplez'; "
+                                        r"did you mean 'samples'\?$"):
+        flatcheck.Tracker(model, data, out=None, samplez=3)
+    with pytest.raises(TypeError) as caught:
+        flatcheck.Tracker(model, data, out=None, progress=print)
+    said = str(caught.value)
+    assert said.startswith("Tracker() got an unexpected keyword argument 'progress'; it takes ")
+    for name in ("every", "out", "quiet", "samples", "seed", "loss", "test_data"):
+        assert name in said.split("it takes ")[1].split(", ")

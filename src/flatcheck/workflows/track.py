@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -54,7 +55,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, ModelError, first_line
-from ..live import is_finite, preserved
+from ..live import is_finite, measure, preserved, refuse_unknown_keywords
 from .results_io import HeldOutput, check_records_file, new_record, repair_tail, write_record
 
 RECORD_KIND = "flatcheck.track"
@@ -88,6 +89,9 @@ class Tracker:
                  cold_every: int | None = COLD_EVERY, quiet: bool = False, **measure_kwargs: Any):
         from ..live import open_live_session, probe_options
 
+        # what open_live_session would refuse in its own name: measure's keywords, less those a
+        # tracker takes itself or has no use for (progress: each tracked step writes its line)
+        refuse_unknown_keywords("Tracker", measure_kwargs, tracker_keywords())
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"every must be a positive integer (measure every K-th step), got {every!r}")
         if cold_every is not None and (isinstance(cold_every, bool) or not isinstance(cold_every, int)
@@ -316,6 +320,15 @@ class Tracker:
         st = os.fstat(held.fd)
         self._held_key = (st.st_dev, st.st_ino)
         _HOLDERS[self._held_key] = self
+
+
+def tracker_keywords() -> list[str]:
+    """The keywords Tracker(...) takes: its own and those it hands on to measure's session."""
+    own = [p for p in inspect.signature(Tracker.__init__).parameters if p not in ("self", "model", "data",
+                                                                                   "measure_kwargs")]
+    handed = [p.name for p in inspect.signature(measure).parameters.values()
+              if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in own and p.name != "progress"]
+    return own + handed
 
 
 def _hold(path: Path) -> HeldOutput:
