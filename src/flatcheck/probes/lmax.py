@@ -215,7 +215,8 @@ class LmaxProbe:
         bounds = res.bounds
         certified = sum(b.kind == KATO_TEMPLE for b in bounds)
         # every value with its bound: the table's column holds λ1's alone
-        shown = ", ".join(f"{v:.6g} ± {b.value:.2g}" for v, b in zip(res.values, bounds))
+        # a hard bound, not a standard error: worded as the table words it (report.render)
+        shown = ", ".join(f"{v:.6g} (within {b.value:.2g})" for v, b in zip(res.values, bounds))
         # Lanczos stalls only once its own recurrence says converged and the true residual stops
         # shrinking: the products' round-off is then the floor, and the values are as good as
         # this dtype gives (a power-iteration stall can also be two close |λ|: not noise)
