@@ -458,3 +458,29 @@ def test_what_a_live_model_is_measured_as_is_said_when_its_own_forward_differs()
     mixed[-1].double()
     with pytest.warns(UserWarning, match=r"parameters in float32 and float64; measured as a float32 copy"):
         flatcheck.measure(mixed, (case.X.float(), case.Y), probes=["gini"])
+
+
+@pytest.mark.parametrize("progress", ["stderr", print, lambda done, total: None, 1])
+def test_a_wrong_progress_is_named_before_any_work(progress):
+    """progress=print, "stderr" or True failed as a TypeError inside the first probe (stranger18)."""
+    case = make_case("mlp")
+    with pytest.raises(ConfigError, match=r"^progress must be None, True \(the command line's progress lines on "
+                                          r"stderr\) or a callable progress\(desc, done, total, \*, value=None"):
+        flatcheck.measure(case.model, None, progress=progress)  # data would be refused after it
+
+
+def test_progress_true_writes_the_clis_lines_and_a_callable_hears_every_probe(capsys):
+    case = make_case("mlp")
+    options = {"trace": {"probes_max": 6, "rtol": None}, "lmax": None}
+    heard = []
+    report = flatcheck.measure(case.model, (case.X, case.Y), probes=options,
+                               progress=lambda desc, done, total, *, value=None, stderr=None: heard.append(
+                                   (desc, done, total, value)))
+    assert capsys.readouterr().err == ""
+    last = [h for h in heard if h[0].startswith("trace")][-1]
+    assert last[1:3] == (6, 6) and last[3] == pytest.approx(report.results["trace"].value, rel=ROUNDOFF)
+    assert any(h[0].startswith("lmax") for h in heard)
+    again = flatcheck.measure(case.model, (case.X, case.Y), probes=options, progress=True)
+    err = capsys.readouterr().err
+    assert again.results["trace"].value == report.results["trace"].value  # the display changes no value
+    assert err.startswith("flatcheck trace") and "\nflatcheck lmax" in err and "6/6" in err

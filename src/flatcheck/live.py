@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
+import sys
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
@@ -70,7 +71,7 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
             probes: "str | Iterable[str] | Mapping[str, Mapping[str, Any] | None]" = ("trace",),
             options: Mapping[str, Mapping[str, Any]] | None = None, test_data: Any = None, head: str | None = None,
             num_classes: int | None = None, output_key: "str | int | None" = None,
-            progress: ProgressFn | None = None, **settings: Any) -> Report:
+            progress: "ProgressFn | bool | None" = None, **settings: Any) -> Report:
     """The probes on a model and data the caller holds: the Report the CLI prints.
 
     model: an nn.Module returning logits (batch, classes). data: a DataLoader, an (x, y) pair
@@ -85,7 +86,9 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     split, for `gap`. head: the final layer's module name (head-trace, relative-flatness; default:
     detected). output_key: which part of a forward that returns a tuple, dict or ModelOutput is the logits,
     as the spec field (None: a `logits` key or attribute, else the first tensor); such a model is measured
-    on a copy, so that the caller's own forward is not changed.
+    on a copy, so that the caller's own forward is not changed. progress: None (silent), True (the
+    command line's progress lines on stderr) or a callable progress(desc, done, total, *, value=None,
+    stderr=None), called as each probe does a unit of work (value, stderr: its running estimate, if any).
 
     The settings are the CLI's (flatcheck.settings, checked alike), with these defaults:
     samples: the first N of data (all when None); batch_size: the loader's own, else 128; device ('auto',
@@ -101,14 +104,42 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     train/eval mode, device and dtype — and so are the global CPU and CUDA random states.
     """
     settings = given_settings("measure", settings)
+    lines = _progress_lines(progress)
     _check_module(model)
     # resolved before anything touches the device: a CUDA name on a machine without CUDA is
     # the CLI's ConfigError, not torch's RuntimeError from saving that device's RNG state
     settings["device"] = _live_device(model, settings["device"])
-    with preserved(model, settings["device"]):
+    with preserved(model, settings["device"]), (lines or contextlib.nullcontext(progress)) as listener:
         session = open_live_session(model, data, loss=loss, probes=probes, options=options, test_data=test_data,
                                     head=head, num_classes=num_classes, output_key=output_key, **settings)
-        return run(session.config, progress, session)
+        return run(session.config, listener, session)
+
+
+def _progress_lines(progress: Any) -> Any:
+    """measure's progress=, checked before any work: None or False (silent), True (the CLI's
+    progress display on stderr, returned here as that display) or a callable taking what a
+    probe reports, progress(desc, done, total, *, value=None, stderr=None); a wrong one used to
+    fail deep in the first probe, as a TypeError about its call."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        from .report.progress import ProgressRenderer, period_from_env
+
+        return ProgressRenderer(sys.stderr, period=period_from_env())
+    expected = ("progress must be None, True (the command line's progress lines on stderr) or a callable "
+                "progress(desc, done, total, *, value=None, stderr=None)")
+    if not callable(progress):
+        raise ConfigError(f"{expected}, got {progress!r}")
+    try:
+        signature = inspect.signature(progress)
+    except (TypeError, ValueError):  # a callable whose signature Python cannot read is taken on trust
+        return None
+    try:
+        signature.bind("trace", 0, 0, value=None, stderr=None)
+    except TypeError as exc:
+        raise ConfigError(f"{expected}; {getattr(progress, '__name__', type(progress).__name__)} cannot take "
+                          f"that call ({exc})") from None
+    return None
 
 
 @takes_settings
