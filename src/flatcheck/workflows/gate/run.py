@@ -84,6 +84,12 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
             why = ("no effort option" if effort_option(c.bound.probe) is None
                    else "the baseline's last probe value was paired" if c.capped else f"{c.reruns} reruns")
             c.message = f"still inconclusive after {why}; counted as failed; {c.message}"
+        elif c.reruns:
+            # the verdict is the rerun's: a reader of the table or summary must not take it for
+            # the first run's, nor miss that the first run was inconclusive
+            name = effort_option(c.bound.probe)
+            c.message = (f"{c.bound.probe} rerun {c.reruns}× ({name} {getattr(options[c.bound.probe], name, '?')}) "
+                         f"after an inconclusive rule" + (f"; {c.message}" if c.message else ""))
     return checks, results
 
 
