@@ -112,7 +112,21 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     with preserved(model, settings["device"]), (lines or contextlib.nullcontext(progress)) as listener:
         session = open_live_session(model, data, loss=loss, probes=probes, options=options, test_data=test_data,
                                     head=head, num_classes=num_classes, output_key=output_key, **settings)
-        return run(session.config, listener, session)
+        report = run(session.config, listener, session)
+    _say_skipped(report)
+    return report
+
+
+def _say_skipped(report: Report) -> None:
+    """A probe the caller asked for that gave no value by design (gap without a test split, as
+    `flatcheck probe` skips it) is said on stderr: in a notebook a None in the results is easily
+    taken for a value, and its note is read by no one."""
+    import warnings
+
+    for name, result in report.results.items():
+        why = result.details.get("skipped")
+        if result.value is None and why:
+            warnings.warn(f"probe {name} gave no value, skipped: {why}", stacklevel=3)
 
 
 def _progress_lines(progress: Any) -> Any:
