@@ -33,11 +33,17 @@ def _verdict(c) -> str:
     return c.verdict
 
 
-def rules_table(outcome) -> Table:
+def rules_heading(outcome) -> str:
+    """The verdict line printed above `rules_table`, as a line of its own: a table's title
+    wraps at the table's width, not the console's."""
     status = "[green]PASSED[/]" if outcome.passed else "[bold red]FAILED[/]"
     skipped = outcome.skip_words()
     status += f" · [yellow]{skipped}[/]" if skipped else ""
-    table = Table(title=f"gate {status} · confidence {outcome.confidence:g}", title_justify="left")
+    return f"gate {status} · confidence {outcome.confidence:g}"
+
+
+def rules_table(outcome) -> Table:
+    table = Table()
     for col, just in (("rule", "left"), ("value ± stderr", "right"), ("CI", "right"), ("threshold", "right"),
                       ("verdict", "left"), ("note", "left")):
         # fold, never cut: a rule or field name cut to "gini.detai…" in an 80-column CI log

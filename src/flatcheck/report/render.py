@@ -84,7 +84,9 @@ def header(report: Report) -> str:
 
 
 def summary_table(report: Report) -> Table:
-    table = Table(title=header(report), title_justify="left", show_lines=False)
+    """The probes' headlines; `render` prints `header` above it as a line of its own (a table's
+    title wraps at the table's width, ~60 columns, whatever the console's)."""
+    table = Table(show_lines=False)
     # fold, never cut: a probe or quantity cut to "adaptive-sha…" at 80 columns is lost
     table.add_column("probe", overflow="fold")
     table.add_column("quantity", overflow="fold")
@@ -119,6 +121,7 @@ def layers_table(r: ProbeResult) -> Table | None:
 
 
 def render(report: Report, console: Console, *, layers: bool = True) -> None:
+    console.print(header(report), style="italic", highlight=False)
     console.print(summary_table(report))
     for r in report.results.values():
         if r.notes:

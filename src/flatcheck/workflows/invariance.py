@@ -78,8 +78,10 @@ class InvarianceReport:
         # not one: the column then says nothing either way
         caption = None if preserved else ("moved?: n/a — the predictions changed, so this rescaling says nothing "
                                           "about which quantities are invariant")
-        table = Table(title=header(self.original) + f" · rescaling: {self.rescaling.describe()}", title_justify="left",
-                      caption=caption, caption_justify="left")
+        # a line of its own: a table's title wraps at the table's width, not the console's
+        console.print(header(self.original) + f" · rescaling: {self.rescaling.describe()}", style="italic",
+                      highlight=False)
+        table = Table(caption=caption, caption_justify="left")
         for col in ("probe", "quantity", "original", "rescaled", "ratio", "predicted", "moved?"):
             table.add_column(col, justify="left" if col in ("probe", "quantity") else "right", overflow="fold")
         for c in self.comparisons:

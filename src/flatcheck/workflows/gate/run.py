@@ -148,8 +148,9 @@ class GateOutcome:
                          "checks": [c.to_dict() for c in self.checks]}}
 
     def render(self, console) -> None:
-        from ...report.gate_formats import rules_table
+        from ...report.gate_formats import rules_heading, rules_table
 
+        console.print(rules_heading(self), highlight=False)
         console.print(rules_table(self))
 
 
