@@ -72,3 +72,14 @@ def test_a_schema_1_baseline_says_why_and_that_remaking_it_pairs():
     msg = refusal(cfg, {"trace": record}, schema="1.0")
     assert "the baseline is of schema 1.0, from before reports kept per-probe values" in msg
     assert "to compare paired" in msg
+
+
+def test_a_decided_rule_s_note_names_the_probe_that_keeps_no_values():
+    from flatcheck.workflows.gate.verdicts import evaluate
+
+    cfg = parse_gate_config({"probes": {"adaptive-sharpness": {"method": "second-order"}},
+                             "rules": [{"field": "adaptive-sharpness.value", "max_increase": "200%"}]})
+    # the run's record as evaluate reads it (a mapping, as the report's JSON holds it)
+    (c,) = evaluate(cfg, {"adaptive-sharpness": SHARPNESS}, {"adaptive-sharpness": SHARPNESS})
+    assert c.verdict == "pass"
+    assert c.message == "unpaired: adaptive-sharpness keeps no per-probe values (this run has none)"

@@ -122,7 +122,7 @@ def pairing(bound: Bound, current: Mapping[str, Any], baseline: Mapping[str, Any
     cur, base = current.get(bound.probe) or {}, baseline.get(bound.probe) or {}
     cd, bd = cur.get("details") or {}, base.get("details") or {}
     if not isinstance(cd.get("probe_values"), list):
-        return None, "unpaired: this run kept no per-probe values"
+        return None, f"unpaired: {bound.probe} keeps no per-probe values (this run has none)"
     why = other_draws(base, cur.get("seed"), cd.get("estimator"), cd.get("matrix"))
     if why:
         return None, f"unpaired: {why}"
