@@ -168,3 +168,20 @@ def test_head_follows_the_bn_mode():
     stats = head_statistics(create_backend("autograd", case.problem), resolve_head(case.model, None))
     truth = dense_head(case.problem, "7")
     assert close(stats.weight_trace, truth["weight_trace"]) and close(stats.bias_trace, truth["bias_trace"])
+
+
+@pytest.mark.parametrize("options, said, flags", [
+    ({"verify_max": 0}, "verify_max must be a positive integer", "--verify-max must be a positive integer"),
+    ({"head": "nothing"}, "head nothing: ", "--head nothing: "),
+])
+def test_an_option_refusal_names_the_option_as_the_caller_wrote_it(options, said, flags):
+    """From Python the option's keyword, on the command line its flag (stranger18)."""
+    import flatcheck
+    from flatcheck.errors import ConfigError
+    from flatcheck.settings import flag_of
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    with pytest.raises(ConfigError) as caught:
+        flatcheck.measure(model, (torch.randn(8, 3), torch.randint(0, 2, (8,))), probes={"head-trace": options})
+    assert str(caught.value).startswith(said) and "--" not in str(caught.value)
+    assert caught.value.worded(flag_of).startswith(flags)

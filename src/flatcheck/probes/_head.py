@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..backends.base import Backend
-from ..errors import ConfigError, InputError, SpecError
+from ..errors import ConfigError, InputError, SpecError, setting
 from ..models.sources import find_head
 from ..models.spec import LossSpec, ModelSpec
 
@@ -67,9 +67,9 @@ def resolve_head(model: nn.Module, spec: ModelSpec | None, name: str | None = No
     if name is not None:
         try:
             head = find_head(model, dataclasses.replace(spec, head=name))
-        except SpecError as exc:  # the user typed --head, not the spec's field
+        except SpecError as exc:  # the user gave head (--head), not the spec's field
             detail = str(exc).split(": ", 1)[-1].replace("field 'head' names no module", "no module")
-            raise ConfigError(f"--head {name}: {detail.replace('field ', '')}") from None
+            raise ConfigError(f"{setting('head')} {name}: {detail.replace('field ', '')}") from None
     else:
         head = find_head(model, spec)
     module = dict(model.named_modules())[head]

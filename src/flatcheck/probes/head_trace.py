@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..backends import Hvp, Outputs, ParamLayout, rebuild
-from ..errors import ConfigError
+from ..errors import ConfigError, setting
 from ._head import Head, HeadStatistics, head_statistics, resolve_head
 from ..report.result import ProbeResult
 from ._head import HEAD_HELP
@@ -31,7 +31,7 @@ class HeadTraceOptions:
 
     def __post_init__(self):
         if self.verify_max < 1:
-            raise ConfigError(f"--verify-max must be a positive integer, got {self.verify_max}")
+            raise ConfigError(f"{setting('verify_max')} must be a positive integer, got {self.verify_max}")
         if self.verify_block < 1:
             raise ConfigError(f"head-trace.verify_block must be a positive integer, got {self.verify_block}")
 
