@@ -98,6 +98,11 @@ def dense(case: Case, reverse: bool = False) -> tuple[torch.Tensor, torch.Tensor
     return H.clone(), G.clone()
 
 
+def _symmetric(H: torch.Tensor) -> bool:
+    """H equals its transpose to float64 round-off of its largest entry."""
+    return bool((H - H.T).abs().max() <= 1e-10 * H.abs().max().clamp_min(1e-300))
+
+
 def _dense(case: Case, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     model, layout, problem = case.model, case.problem.layout, case.problem
     buffers = dict(model.named_buffers())
@@ -120,10 +125,12 @@ def _dense(case: Case, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
         # torch.func's second derivative through batch norm with batch statistics is off
         # by ~1.6% (torch 2.14.1, checked against finite differences on a tanh CNN), so
         # train mode uses plain autograd; eval mode the vectorised (fast) transform.
-        if problem.bn_mode == "train" or reverse:
+        # torch.func.hessian through an affine layer norm is asymmetric and wrong in its ∂²/∂w∂x
+        # block (docs/internals.md): a Hessian that comes out asymmetric is taken again by
+        # reverse-over-reverse, so no caller has to know which models need it
+        H = None if problem.bn_mode == "train" or reverse else torch.func.hessian(total_loss)(theta0)
+        if H is None or not _symmetric(H):
             H = torch.autograd.functional.hessian(total_loss, theta0, vectorize=True)
-        else:
-            H = torch.func.hessian(total_loss)(theta0)
         G = torch.zeros_like(H)
         for b in problem.samples:
             J = torch.func.jacrev(lambda t: logits_of(t, b.x))(theta0)  # (B, C, P)
