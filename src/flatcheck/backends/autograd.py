@@ -179,20 +179,29 @@ class AutogradBackend:
     # -- products ------------------------------------------------------------------------
     def hvp(self, V: Tensor) -> Tensor:
         layout = self.problem.layout
-        out = torch.zeros_like(V)
+        # not zeroed first: the first batch writes every part (its product, or zero where it has
+        # none), later ones add; a zero fill would be one more pass over (k, P) per call
+        out = torch.empty_like(V)
         rows_out = [layout.split(out[i : i + 1]) for i in range(V.shape[0])]
         rows_in = [layout.unflatten(V[i]) for i in range(V.shape[0])]
         passes = self._passes(V.shape[0])
+        written = False
         with self._mode():
             for b, (index, outputs) in enumerate(self._graphs(passes)):
-                # one backward per vector, added straight into its row of `out`: a block of
+                # one backward per vector, written straight into its row of `out`: a block of
                 # products costs no (k, P) temporaries beyond V and the result
                 for i in range(V.shape[0]):
                     for acc, piece in zip(rows_out[i], self._hv_row(index, outputs, rows_in[i])):
-                        if piece is not None:
+                        if piece is None:
+                            if not written:
+                                acc.zero_()
+                        elif written:
                             acc.add_(piece.unsqueeze(0))
+                        else:
+                            acc.copy_(piece.unsqueeze(0))
                     passes.batch(b)
-        return out
+                written = True
+        return out if written else out.zero_()
 
     def _passes(self, vectors: int) -> Passes:
         """The count of a call's passes over the batches (report.pulse), for a progress display
