@@ -130,8 +130,13 @@ def test_same_seed_same_numbers_and_second_order_independent_of_method():
     ({"noise_draws": 1}, "--noise-draws"), ({"loss": "hinge"}, "--loss"), ({"probes_max": 1}, "--probes-max"),
 ])
 def test_bad_options_name_their_flag(bad, flag):
-    with pytest.raises(ConfigError, match=flag):
+    """The CLI's words name the flag; a Python caller's name the keyword (errors.setting)."""
+    from flatcheck.settings import flag_of
+
+    with pytest.raises(ConfigError) as caught:
         parse_options("adaptive-sharpness", bad)
+    assert flag in caught.value.worded(flag_of)
+    assert str(caught.value).startswith(flag.removeprefix("--").replace("-", "_"))
 
 
 def test_loss_names_are_normalised():
@@ -192,6 +197,10 @@ def test_headline_route_is_the_monte_carlo_where_the_rounding_cannot_hold_it_up(
     d = r.details
     assert d["route"] == "monte-carlo" and f"at least {mod.ROUNDING_MARGIN:g}× the loss's rounding floor" in d["route_reason"]
     assert (r.value, r.stderr, r.dof) == (d["mc"]["value"], d["mc"]["stderr"], d["mc"]["draws"] - 1)
+    # the pilot's products are counted, and it drew its own probes
+    pilot = d["route_pilot"]
+    assert pilot["probes"] == mod.PILOT_PROBES and r.matvecs == d["second_order"]["matvecs"] + pilot["matvecs"]
+    assert pilot["value"] != d["second_order"]["value"]
     assert abs(r.value - dense_second_order(case, 1e-5)) <= Z * r.stderr
 
 
@@ -206,8 +215,8 @@ def test_headline_falls_back_to_the_second_order_form_below_the_rounding_floor(k
     truth = dense_second_order(case, 1e-8)
     floor = d["mc"]["rounding_floor"]
     assert d["route"] == "second-order"
-    assert (f"{d['second_order']['value']:.3g} is below {mod.ROUNDING_MARGIN:g}× the loss's rounding floor "
-            f"{floor:.2g}") in d["route_reason"]
+    assert (f"puts |S_ρ| at {abs(d['route_pilot']['value']):.3g}, below {mod.ROUNDING_MARGIN:g}× the loss's "
+            f"rounding floor {floor:.2g}") in d["route_reason"]
     assert floor == pytest.approx(torch.finfo(torch.float64).eps * d["mc"]["base_loss"])
     assert (r.value, r.stderr, r.dof) == (d["second_order"]["value"], d["second_order"]["stderr"],
                                           d["second_order"]["probes"] - 1)
@@ -215,14 +224,26 @@ def test_headline_falls_back_to_the_second_order_form_below_the_rounding_floor(k
     assert "headline: second-order" in r.notes
 
 
-def test_the_route_is_decided_without_the_monte_carlo_draws():
-    """Whatever the Monte Carlo draws came out as, the same second-order estimate picks the same
-    route: a route taken because the draws came out high would bias the headline upwards."""
-    second = {"value": 2e-12, "stderr": 1e-13, "probes": 50}
+def test_the_route_is_decided_by_neither_reported_estimate():
+    """Whatever the Monte Carlo draws and the second-order probes came out as, the same pilot
+    picks the same route: a route taken because the reported estimate's own draws came out high
+    (or low) biases the headline."""
+    pilot = {"value": -2e-12, "stderr": 1e-12, "probes": mod.PILOT_PROBES}
     for floor, route in ((1e-16, "monte-carlo"), (1e-13, "second-order")):
         for value, stderr in ((-3e-12, 1e-12), (0.0, 5e-12), (2e-12, 1e-14), (9e-11, 1e-12)):
             mc = {"value": value, "stderr": stderr, "draws": 16, "rounding_floor": floor}
-            assert mod.headline(mc, second, 1e-3)[1] == route
+            for second_value in (1e-15, 2e-12, 5e-11):
+                second = {"value": second_value, "stderr": 1e-13, "probes": 50}
+                assert mod.headline(mc, second, 1e-3, pilot)[1] == route
+
+
+@pytest.mark.parametrize("bad", [(float("inf"), float("nan")), (float("nan"), 1e-3), (1e-3, None)])
+def test_a_monte_carlo_part_without_a_finite_value_is_never_the_headline(bad):
+    value, stderr = bad
+    mc = {"value": value, "stderr": stderr, "draws": 16, "rounding_floor": 1e-16}
+    second = {"value": 1e-3, "stderr": 1e-5, "probes": 50}
+    part, route, why = mod.headline(mc, second, 1.0, {"value": 1e-3, "probes": mod.PILOT_PROBES})
+    assert part is second and route == "second-order" and "not finite" in why
 
 
 @pytest.mark.statistical

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..backends import Hvp, Outputs, rebuild
 from ..backends.base import Backend
-from ..errors import ConfigError, SpecError
+from ..errors import ConfigError, SpecError, setting
 from ..linalg import hutchinson
 from ..models.spec import LOSSES, LossSpec
 from ..operators import CurvatureOperator
@@ -41,12 +41,12 @@ class AdaptiveSharpnessOptions:
 
     def __post_init__(self):
         if not (math.isfinite(self.rho) and self.rho > 0):
-            raise ConfigError(f"--rho must be a positive number, got {self.rho}")
+            raise ConfigError(f"{setting('rho')} must be a positive number, got {self.rho}")
         if self.noise_draws < 2:
-            raise ConfigError(f"--noise-draws must be at least 2 (a standard error needs two draws), "
+            raise ConfigError(f"{setting('noise_draws')} must be at least 2 (a standard error needs two draws), "
                               f"got {self.noise_draws}")
         if self.probes_max < 2:
-            raise ConfigError(f"--probes-max must be at least 2 (a standard error needs two probes), "
+            raise ConfigError(f"{setting('probes_max')} must be at least 2 (a standard error needs two probes), "
                               f"got {self.probes_max}")
         if self.block_size is not None and self.block_size < 1:
             raise ConfigError(f"adaptive-sharpness.block_size must be a positive integer, got {self.block_size}")
@@ -54,7 +54,7 @@ class AdaptiveSharpnessOptions:
             try:
                 name = LossSpec(self.loss).name
             except SpecError:
-                raise ConfigError(f"--loss must be one of {', '.join(LOSSES)}, got {self.loss!r}") from None
+                raise ConfigError(f"{setting('loss')} must be one of {', '.join(LOSSES)}, got {self.loss!r}") from None
             object.__setattr__(self, "loss", name)
 
 
@@ -70,8 +70,11 @@ class AdaptiveSharpnessOptions:
 # the headline's routes (details.route), each with the `method` that takes it alone
 ROUTE_METHODS = {"monte-carlo": "mc", "second-order": "second-order"}
 # rounding floors of L that S_ρ must reach for the Monte Carlo headline: the pairs share L(w)'s
-# rounding, a bias of up to one floor, at most 1 % of the value there
+# rounding, a bias of the order of a floor (a few, through a deep forward pass), about 1 % there
 ROUNDING_MARGIN = 100.0
+# second-order probes, on a stream of their own, that decide the route and nothing else: an
+# estimate of S_ρ's order, against a margin of 100 floors, needs no more
+PILOT_PROBES = 8
 
 
 @register_probe
@@ -91,15 +94,17 @@ class AdaptiveSharpnessProbe:
     V ↦ (H (V⊙|w|))⊙|w| with Rademacher V, with its own standard error and matvecs.
     `loss` replaces the spec's loss for this probe (Chen et al. 2023 use sigmoid-mse for ViTs).
     Headline (details.route): the Monte Carlo value where the loss's rounding cannot hold it up
-    — the second-order estimate is at least ROUNDING_MARGIN rounding floors ε·|L| — else the
-    second-order form, whose Hessian products do not lose S_ρ in the rounding of two nearly
-    equal losses (on an ImageNet ViT in float32 at ρ = 5e-4 the Monte Carlo value is 0 within
-    noise). Every pair shares the rounding of L(w), a bias its standard error does not show.
-    The route is decided from the second-order estimate, whose probes are independent of the
-    Monte Carlo draws: deciding it from the Monte Carlo value itself (taking it when its
-    interval cleared zero) took it when its draws came out high, an upward selection bias
-    (+16 % over seeds on a small MLP in float64, +26 % where it was taken) and a route that
-    flipped with the seed. details.route_reason says why. Both
+    — a pilot of PILOT_PROBES second-order probes puts S_ρ at ROUNDING_MARGIN rounding floors
+    ε·|L| or more — else the second-order form, whose Hessian products do not lose S_ρ in the
+    rounding of two nearly equal losses (on an ImageNet ViT in float32 at ρ = 5e-4 the Monte
+    Carlo value is 0 within noise). Every pair shares the rounding of L(w), a bias its standard
+    error does not show. The pilot's probes are a stream of their own, shared with neither
+    estimate: a route decided by the estimate it then reports favours that estimate's draws
+    (taking the Monte Carlo value when its own interval cleared zero biased the headline by
+    +16 % over seeds on a small MLP in float64, +26 % where it was taken, and flipped with the
+    seed; deciding by the second-order estimate biases it downwards near the threshold, by 3–11 %
+    in simulation). A non-finite Monte Carlo value is never the headline. details.route_reason
+    says why and details.route_pilot holds the pilot. Both
     parts stay in details; method "mc" or "second-order" fixes the route.
     """
 
@@ -131,7 +136,13 @@ class AdaptiveSharpnessProbe:
             second = second_order(backend, options, ctx)
             details["second_order"] = second
             matvecs = second["matvecs"]
-        head, details["route"], details["route_reason"] = headline(mc, second, options.rho)
+        pilot = None
+        if options.method == "both":
+            pilot = second_order(backend, options, ctx, probes=PILOT_PROBES, stream=_PILOT_STREAM,
+                                 desc="adaptive-sharpness (route pilot)")
+            details["route_pilot"] = pilot
+            matvecs += pilot["matvecs"]
+        head, details["route"], details["route_reason"] = headline(mc, second, options.rho, pilot)
         # "budget" when --budget ended either part early; else how the headline part ended
         details["stop_reason"] = ("budget" if any(p is not None and p["stop_reason"] == "budget" for p in (mc, second))
                                   else head["stop_reason"])
@@ -157,23 +168,26 @@ class AdaptiveSharpnessProbe:
         )
 
 
-def headline(mc: dict | None, second: dict | None, rho: float) -> tuple[dict, str, str]:
-    """(headline part, route, why): the Monte Carlo part where the second-order estimate, which
-    shares none of its randomness, puts S_ρ at ROUNDING_MARGIN or more of its rounding floor."""
+def headline(mc: dict | None, second: dict | None, rho: float, pilot: dict | None = None) -> tuple[dict, str, str]:
+    """(headline part, route, why): with both parts, the Monte Carlo one where the pilot (a
+    second-order estimate sharing no randomness with either part) puts |S_ρ| at ROUNDING_MARGIN
+    or more of the Monte Carlo's rounding floor, and that part is finite."""
     if second is None:
         return mc, "monte-carlo", "method mc"
     if mc is None:
         return second, "second-order", "method second-order"
-    floor, estimate = mc.get("rounding_floor", 0.0), second["value"]
-    if not math.isfinite(estimate):
-        return mc, "monte-carlo", "the second-order estimate is not finite"
-    if abs(estimate) >= ROUNDING_MARGIN * floor:
-        return mc, "monte-carlo", (f"the second-order estimate {estimate:.3g} is at least {ROUNDING_MARGIN:g}× the "
-                                   f"loss's rounding floor {floor:.2g} at ρ = {rho:g}, which the Monte Carlo pairs "
-                                   "share (the route is decided without the Monte Carlo draws)")
-    return second, "second-order", (f"the second-order estimate {estimate:.3g} is below {ROUNDING_MARGIN:g}× the "
-                                    f"loss's rounding floor {floor:.2g} at ρ = {rho:g}: the Monte Carlo pairs share "
-                                    "that rounding of L(w), a bias their standard error does not show")
+    if not (math.isfinite(mc["value"]) and mc["stderr"] is not None and math.isfinite(mc["stderr"])):
+        return second, "second-order", "the Monte Carlo value or its standard error is not finite"
+    if pilot is None or not math.isfinite(pilot["value"]):
+        return second, "second-order", "no finite pilot estimate of S_ρ's size to decide the route by"
+    floor, size = mc.get("rounding_floor", 0.0), abs(pilot["value"])
+    if size >= ROUNDING_MARGIN * floor:
+        return mc, "monte-carlo", (f"a pilot of {pilot['probes']} second-order probes puts |S_ρ| at {size:.3g}, at least "
+                                   f"{ROUNDING_MARGIN:g}× the loss's rounding floor {floor:.2g} at ρ = {rho:g}, which the "
+                                   "Monte Carlo pairs share (the pilot shares no draw with either estimate)")
+    return second, "second-order", (f"a pilot of {pilot['probes']} second-order probes puts |S_ρ| at {size:.3g}, below "
+                                    f"{ROUNDING_MARGIN:g}× the loss's rounding floor {floor:.2g} at ρ = {rho:g}: the Monte "
+                                    "Carlo pairs share that rounding of L(w), a bias their standard error does not show")
 
 
 @contextlib.contextmanager
@@ -237,6 +251,7 @@ def _mean_se(values: list[float]) -> tuple[float, float | None]:
 
 
 _SECOND_ORDER_STREAM = 0x9E3779B9
+_PILOT_STREAM = 0x7F4A7C15
 
 
 class _ScaledOperator:
@@ -255,16 +270,19 @@ class _ScaledOperator:
         return self.op.quadratic(S, None, scale=self.scale)
 
 
-def second_order(backend: Backend, options: AdaptiveSharpnessOptions, ctx: ProbeContext) -> dict:
+def second_order(backend: Backend, options: AdaptiveSharpnessOptions, ctx: ProbeContext, *,
+                 probes: int | None = None, stream: int = _SECOND_ORDER_STREAM,
+                 desc: str = "adaptive-sharpness (second order)") -> dict:
+    """(ρ²/2)·Tr(diag|w| H diag|w|) by Hutchinson with `probes` (default: --probes-max) on the
+    stream `stream` (the second-order estimate's own, or the route pilot's)."""
     problem = backend.problem
     op = CurvatureOperator(backend, "hessian")
     scale = torch.cat([p.detach().abs().reshape(-1) for p in problem.layout.params(problem.model)])
 
     # its own stream: independent of the Monte Carlo noise, and the same whichever method runs
-    generator = torch.Generator().manual_seed(ctx.seed + _SECOND_ORDER_STREAM)
+    generator = torch.Generator().manual_seed(ctx.seed + stream)
     factor = options.rho**2 / 2
-    desc = "adaptive-sharpness (second order)"
-    est = hutchinson(_ScaledOperator(op, scale), generator=generator, max_probes=options.probes_max,
+    est = hutchinson(_ScaledOperator(op, scale), generator=generator, max_probes=probes or options.probes_max,
                      block_size=options.block_size, progress=progress_reporter(ctx, desc, scale=factor),
                      should_stop=budget_stop(ctx), time_left=time_left(ctx))
     told_if_budget(ctx, desc, est.stop_reason)

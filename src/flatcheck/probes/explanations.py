@@ -130,7 +130,8 @@ EXPLANATIONS: dict[str, Explanation] = {
               "invariant to elementwise rescalings that preserve the function, by construction.",
         source="Kwon et al. 2021; Andriushchenko et al. 2023; Chen et al. 2023, §E.2 and App. F.",
         cost="Monte Carlo: 2 × --noise-draws forward passes over the N samples (no products); second-order "
-             "form: one curvature product per Hutchinson probe, at most --probes-max (100).",
+             "form: one curvature product per Hutchinson probe, at most --probes-max (100), and with both "
+             "(the default) 8 more that decide which of the two is the headline.",
     ),
     "relative-flatness": Explanation(
         measures="Flatness of the final linear layer measured relative to its weights, so that rescaling the "
