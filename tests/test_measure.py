@@ -490,3 +490,12 @@ def test_progress_true_writes_the_clis_lines_and_a_callable_hears_every_probe(ca
     err = capsys.readouterr().err
     assert again.results["trace"].value == report.results["trace"].value  # the display changes no value
     assert err.startswith("flatcheck trace") and "\nflatcheck lmax" in err and "6/6" in err
+
+
+@pytest.mark.parametrize("quiet", [None, False])
+def test_progress_none_or_false_is_silent(quiet, capsys):
+    """progress=False is documented as silent (it was passed on as the listener and called)."""
+    case = make_case("mlp")
+    report = flatcheck.measure(case.model, (case.X, case.Y), probes={"trace": {"probes_max": 4, "rtol": None}},
+                               progress=quiet)
+    assert report.results["trace"].value is not None and capsys.readouterr().err == ""

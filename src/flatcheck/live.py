@@ -109,7 +109,7 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     # resolved before anything touches the device: a CUDA name on a machine without CUDA is
     # the CLI's ConfigError, not torch's RuntimeError from saving that device's RNG state
     settings["device"] = _live_device(model, settings["device"])
-    with preserved(model, settings["device"]), (lines or contextlib.nullcontext(progress)) as listener:
+    with preserved(model, settings["device"]), (lines or contextlib.nullcontext(progress or None)) as listener:
         session = open_live_session(model, data, loss=loss, probes=probes, options=options, test_data=test_data,
                                     head=head, num_classes=num_classes, output_key=output_key, **settings)
         report = run(session.config, listener, session)
