@@ -38,12 +38,12 @@ def refusal(cfg, results, schema="2.5", seed=0) -> str:
 @pytest.mark.parametrize("kind", ["max_increase", "max_decrease"])
 def test_a_probe_without_per_probe_values_is_told_so_and_given_a_width_that_is_accepted(kind):
     msg = refusal(gate_file(20, kind), {"adaptive-sharpness": SHARPNESS})
-    assert "adaptive-sharpness keeps no per-probe values" in msg
+    assert "the baseline's adaptive-sharpness result keeps no per-probe values" in msg
     assert "schema < 2.0" not in msg
     # remaking the baseline at this seed pairs nothing, and the probe has no `probes` option
     assert "--no-baseline --json" not in msg and "probes ≥" not in msg
     assert "max or min rule" in msg
-    width = int(re.search(rf"widen the rule to {kind} (\d+) % or more", msg).group(1))
+    width = int(re.search(rf"widen the rule to {kind}: (\d+)% or more", msg).group(1))
     base = Baseline({"adaptive-sharpness": SHARPNESS}, {**META, "schema_version": "2.5"}, "--baseline b.json")
     check_baseline(gate_file(width, kind), base, META, seed=0)  # the width named is accepted
     with pytest.raises(InputError, match="cannot pass an unchanged model unpaired"):
@@ -82,4 +82,4 @@ def test_a_decided_rule_s_note_names_the_probe_that_keeps_no_values():
     # the run's record as evaluate reads it (a mapping, as the report's JSON holds it)
     (c,) = evaluate(cfg, {"adaptive-sharpness": SHARPNESS}, {"adaptive-sharpness": SHARPNESS})
     assert c.verdict == "pass"
-    assert c.message == "unpaired: adaptive-sharpness keeps no per-probe values (this run has none)"
+    assert c.message == "unpaired: this adaptive-sharpness result keeps no per-probe values"

@@ -203,7 +203,7 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
                             "--json) to compare paired")
     width = _width_needed(bound, b, s_b, z, times, _planned_precision(bound, gate, baseline)) if unpaired else None
     if width is not None:
-        remedies.append(f"widen the rule to {bound.kind} {width} % or more")
+        remedies.append(f"widen the rule to {bound.kind}: {width}% or more")
     if unpaired:
         remedies.append("bound the value itself with a max or min rule")
     if remedies:

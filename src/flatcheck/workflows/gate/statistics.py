@@ -122,7 +122,7 @@ def pairing(bound: Bound, current: Mapping[str, Any], baseline: Mapping[str, Any
     cur, base = current.get(bound.probe) or {}, baseline.get(bound.probe) or {}
     cd, bd = cur.get("details") or {}, base.get("details") or {}
     if not isinstance(cd.get("probe_values"), list):
-        return None, f"unpaired: {bound.probe} keeps no per-probe values (this run has none)"
+        return None, f"unpaired: this {bound.probe} result keeps no per-probe values"
     why = other_draws(base, cur.get("seed"), cd.get("estimator"), cd.get("matrix"))
     if why:
         return None, f"unpaired: {why}"
@@ -149,8 +149,8 @@ def no_probe_values(base: Mapping[str, Any], schema: Any = None) -> tuple[str, b
     if found is not None and found < (2, 0):
         return f"the baseline is of schema {schema}, from before reports kept per-probe values", True
     if found is not None:
-        return (f"{probe} keeps no per-probe values, so no two runs of it are compared probe by probe, "
-                "at any seed"), False
+        return (f"the baseline's {probe} result keeps no per-probe values (its estimator keeps none), so it is "
+                "compared with no run probe by probe, at any seed"), False
     return f"the baseline's {probe} result holds no per-probe values", False
 
 
