@@ -260,3 +260,16 @@ def test_a_sharded_backend_has_the_capabilities_of_the_one_it_shards(monkeypatch
     for b in (ref, fn):
         assert _rel(b.hvp(V), V @ H) < 1e3 * EPS and _rel(b.ggn_vp(V), V @ G) < 1e3 * EPS
         assert abs(b.ggn_trace().per_param.sum().item() - G.trace().item()) <= 1e3 * EPS * G.trace().item()
+
+
+@pytest.mark.parametrize("batch_size", [23, 7])
+def test_products_fill_every_entry_of_an_unzeroed_result(monkeypatch, batch_size):
+    """hvp writes its result into torch.empty_like, which on a fresh CPU allocation is often
+    zero anyway: with NaN in it instead, over one batch and over several, every entry must
+    still be the product's."""
+    real = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: real(*a, **k).fill_(float("nan")))
+    case = make_case("mlp", n=23, batch_size=batch_size)
+    H, _ = dense(case)
+    V = torch.randn(2, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    assert _rel(case.backend().hvp(V), V @ H) < 1e3 * EPS
