@@ -94,8 +94,10 @@ class RestartedLanczos:
     def _project_out(self, w: Tensor, upto: int) -> tuple[Tensor, np.ndarray]:
         """w (the caller's fresh product or draw, overwritten) less its part in rows 0 … upto − 1,
         and that part's coefficients. The last two rows (the recurrence's own α and β terms,
-        most of a product) go first, so that the pass over the whole basis sees only drift and
-        seldom needs its second (DGKS) pass: each pass reads every row twice."""
+        most of a product between restarts) go first, so that the pass over the whole basis
+        sees only drift and seldom needs its second (DGKS) pass: each pass reads every row
+        twice. Right after a restart the product couples to every kept Ritz vector; the DGKS
+        test then takes the second pass."""
         total = np.zeros(upto)
         recent = min(upto, LOCAL_ROWS)
         if recent and upto > recent:
