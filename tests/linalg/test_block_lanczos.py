@@ -25,11 +25,20 @@ def _spectrum_matrix(values, seed: int = 0) -> torch.Tensor:
     return Q @ torch.diag(torch.tensor(values, dtype=torch.float64)) @ Q.T
 
 
-def test_residuals_from_the_coefficients_are_the_true_ones():
+@pytest.mark.parametrize("block,steps,capacity,rank", [(BLOCK, 5, 40, None), (3, 12, 40, None), (5, 9, 45, None),
+                                                      (3, 10, 37, 20)])
+def test_residuals_from_the_coefficients_are_the_true_ones(block, steps, capacity, rank):
+    """Also with blocks whose rows straddle the basis' storage blocks of INITIAL_ROWS, a basis
+    filled to its capacity, and a rank-deficient H whose Krylov space closes (rows dropped)."""
     H = hessian(*small_problem("cnn", 3))
-    lz = BlockLanczos(Dense(H), torch.randn(BLOCK, H.shape[0], generator=torch.Generator().manual_seed(0),
-                                            dtype=torch.float64), 40)
-    for _ in range(5):
+    if rank is not None:
+        w, U = torch.linalg.eigh(H)
+        H = U[:, -rank:] @ torch.diag(w[-rank:]) @ U[:, -rank:].T
+    lz = BlockLanczos(Dense(H), torch.randn(block, H.shape[0], generator=torch.Generator().manual_seed(0),
+                                            dtype=torch.float64), capacity)
+    for _ in range(steps):
+        if not lz.can_step:
+            break
         lz.step()
     theta, S = lz.ritz()
     values, res = coefficient_residuals(lz.coefficients(), np.asarray(lz.outside), S[:, -3:])
