@@ -60,7 +60,8 @@ def test_adaptive_sharpness_json():
     r = data["results"]["adaptive-sharpness"]
     d = r["details"]
     assert d["loss"] == "sigmoid_mse" and d["rho"] == 0.01 and d["method"] == "both"
-    assert d["mc"]["draws"] == 3 and d["second_order"]["probes"] == 4 and r["matvecs"] == 4
+    assert d["mc"]["draws"] == 3 and d["second_order"]["probes"] == 4 and d["route_pilot"]["probes"] == 8
+    assert r["matvecs"] == 4 + 8  # the second-order probes and the route's pilot
     head = d[{"monte-carlo": "mc", "second-order": "second_order"}[d["route"]]]  # the route that resolves it
     assert r["value"] == head["value"] and r["stderr"] == head["stderr"] and r["seed"] == 0
 
