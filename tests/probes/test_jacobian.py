@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import TensorDataset
 
 from tests.support.dense import make_case
+from flatcheck.settings import flag_of
 from flatcheck.backends import ParamLayout, create_backend
 from flatcheck.problem import Problem, model_mode
 from flatcheck.data.batches import SampleSet
@@ -101,8 +102,10 @@ def test_exclude_region_matches_dense_masked_sum():
 
 def test_bad_region_and_train_bn_refused():
     for bad in ["1,2,3", "a,b,c,d", "0,0,0,2", "-1,0,2,2"]:
-        with pytest.raises(ConfigError, match="--exclude-region"):
+        with pytest.raises(ConfigError) as caught:
             parse_options("jacobian", {"exclude_region": bad})
+        assert str(caught.value).startswith("exclude_region expects y,x,h,w")  # a Python caller's words
+        assert caught.value.worded(flag_of).startswith("--exclude-region expects y,x,h,w")  # the CLI's
     with pytest.raises(ConfigError, match="does not fit"):
         run(make_case("cnn").backend(), exclude_region="4,4,3,3")
     with pytest.raises(ConfigError, match="bn_mode train"):

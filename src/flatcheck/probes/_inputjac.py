@@ -142,13 +142,13 @@ def spectral_stats(rows: Tensor, eps: float) -> SpectralStats:
 def region_mask(x_shape: tuple[int, ...], region: tuple[int, int, int, int]) -> Tensor:
     """Boolean (H, W) mask, True outside the (y, x, h, w) region; inputs are (channels, H, W)."""
     if len(x_shape) != 3:
-        raise ConfigError(f"--exclude-region needs image inputs (channels, height, width), got shape {tuple(x_shape)}")
+        raise ConfigError(f"{setting('exclude_region')} needs image inputs (channels, height, width), got shape {tuple(x_shape)}")
     _, height, width = x_shape
     y0, x0, h, w = region
     if y0 + h > height or x0 + w > width:
-        raise ConfigError(f"--exclude-region {y0},{x0},{h},{w} does not fit inside the {height}×{width} input")
+        raise ConfigError(f"{setting('exclude_region')} {y0},{x0},{h},{w} does not fit inside the {height}×{width} input")
     if h * w >= height * width:
-        raise ConfigError("--exclude-region covers the whole input; nothing is left outside it")
+        raise ConfigError(f"{setting('exclude_region')} covers the whole input; nothing is left outside it")
     mask = torch.ones(height, width, dtype=torch.bool)
     mask[y0:y0 + h, x0:x0 + w] = False
     return mask

@@ -63,8 +63,8 @@ class AdaptiveSharpnessOptions:
         (registry.parse_options passes the names given; defaults are not the user's)."""
         unused = {"mc": ("probes_max", "block_size"), "second-order": ("noise_draws",)}.get(self.method, ())
         other = "second-order" if self.method == "mc" else "mc"
-        refuse_unused(self, given, unused, "adaptive-sharpness", f"--method {self.method}",
-                      f"it sizes the {other} estimate", "leave it out or use --method both")
+        refuse_unused(self, given, unused, "adaptive-sharpness", f"{setting('method')} {self.method}",
+                      f"it sizes the {other} estimate", f"leave it out or use {setting('method')} both")
 
 
 # the headline's routes (details.route), each with the `method` that takes it alone

@@ -57,7 +57,7 @@ def parse_region(text: str) -> tuple[int, int, int, int]:
     except ValueError:
         values = ()
     if len(values) != 4 or values[0] < 0 or values[1] < 0 or values[2] < 1 or values[3] < 1:
-        raise ConfigError(f"--exclude-region expects y,x,h,w (4 integers, h and w ≥ 1), got {text!r}")
+        raise ConfigError(f"{setting('exclude_region')} expects y,x,h,w (4 integers, h and w ≥ 1), got {text!r}")
     return values  # type: ignore[return-value]
 
 

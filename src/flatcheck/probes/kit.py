@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
+from ..errors import ConfigError, setting
 from ..losses import per_sample_loss
 from ..report.progress_hooks import report_budget, report_stop
 
@@ -57,11 +57,12 @@ def flag_names(field: dataclasses.Field) -> tuple[str, ...]:
 def refuse_unused(options: Any, given: frozenset[str], unused: Sequence[str], probe: str, chosen: str,
                   why: str, fix: str = "leave it out") -> None:
     """An option the user gave (`given`: registry.parse_options) that the `chosen` estimator
-    does not read is refused, named by its flag and its -o key."""
+    does not read is refused, named as a setting (the CLI says its flag, Python its keyword)
+    and by its -o key."""
     fields = {f.name: f for f in dataclasses.fields(options)}
     for name in unused:
         if name in given:
-            raise ConfigError(f"{flag_names(fields[name])[0]} ({probe}.{name}) has no effect with {chosen}: {why}; "
+            raise ConfigError(f"{setting(name)} ({probe}.{name}) has no effect with {chosen}: {why}; "
                               f"{fix}")
 
 

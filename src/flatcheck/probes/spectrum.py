@@ -147,7 +147,7 @@ def _sigma(text: str) -> float | None:
     try:
         return float(text)
     except ValueError:
-        raise ConfigError(f"--sigma must be 'auto' or a positive number, got {text!r}") from None
+        raise ConfigError(f"{setting('sigma')} must be 'auto' or a positive number, got {text!r}") from None
 
 
 def mean_stderr(values: np.ndarray) -> tuple[float, float]:
@@ -168,7 +168,7 @@ class SpectrumOptions:
     def __post_init__(self):
         check_slq_options(self.lanczos_steps, self.starts)
         if self.sigma is not None and not (self.sigma > 0 and math.isfinite(self.sigma)):
-            raise ConfigError(f"--sigma must be 'auto' or a positive number, got {self.sigma}")
+            raise ConfigError(f"{setting('sigma')} must be 'auto' or a positive number, got {self.sigma}")
         if self.plot is not None:
             check_plot_target(self.plot)
 
@@ -210,7 +210,7 @@ class SpectrumProbe:
             try:
                 dens = density(result, options.sigma)
             except ValueError as exc:
-                raise ConfigError(f"--sigma: {exc}") from None
+                raise ConfigError(f"{setting('sigma')}: {exc}") from None
         P = op.dim
         trace, trace_se = mean_stderr(result.moment(1))
         trace_sq, trace_sq_se = mean_stderr(result.moment(2))

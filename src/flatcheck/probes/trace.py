@@ -101,10 +101,12 @@ class TraceOptions:
         unused = {"exact": ("probes_max", "min_probes", "block_size", "route"),
                   "hutchpp": ("min_probes", "block_size")}.get(self.estimator, ())
         if unused:
-            refuse_unused(self, given, unused, "trace", f"--estimator {self.estimator}", _WHY_UNUSED[self.estimator])
+            refuse_unused(self, given, unused, "trace", f"{setting('estimator')} {self.estimator}",
+                          _WHY_UNUSED[self.estimator])
         if "min_probes" in given and self.min_probes > self.probes_max:
-            raise ConfigError(f"--min-probes {self.min_probes} (trace.min_probes) is more than --probes-max "
-                              f"{self.probes_max}: the run ends at --probes-max before --rtol may stop it")
+            raise ConfigError(f"{setting('min_probes')} {self.min_probes} (trace.min_probes) is more than "
+                              f"{setting('probes_max')} {self.probes_max}: the run ends at {setting('probes_max')} "
+                              f"before {setting('rtol')} may stop it")
 
     @property
     def resolved_matrix(self) -> str:
