@@ -79,7 +79,7 @@ class HeadTraceProbe:
         matvecs, seed = 0, None
         if options.verify:
             if not isinstance(backend, Hvp):
-                raise ConfigError(f"--verify needs Hessian-vector products, which backend {backend.name} lacks")
+                raise ConfigError(f"{setting('verify')} needs Hessian-vector products, which backend {backend.name} lacks")
             check = verify(ctx, head, stats, options)
             details["verify"] = check
             matvecs = check["matvecs"]
