@@ -105,12 +105,12 @@ class BlockLanczos(Lanczos):
         # the block's own rows and the last block's hold most of HV (block Lanczos' three terms)
         W, C = self._project_rows(HV, into=work, recent=self.size - self._previous_first)
         self._previous_first = first
-        coeffs = list(C.to(torch.float64).cpu().numpy())
-        self.scale = max(self.scale, float(np.abs(C[:, first:].to(torch.float64).cpu().numpy()).max()))
+        C = C.to(torch.float64).cpu().numpy()
+        self.scale = max(self.scale, float(np.abs(C[:, first:]).max()))
         # the next block: the leftovers made orthonormal in place (modified Gram–Schmidt); each
         # product's column gets its leftover's coefficients on the rows accepted so far
         accepted: list[Tensor] = []
-        for w, c in zip(W, coeffs):
+        for w, c in zip(W, C):
             extra = []
             for q in accepted:
                 d = torch.dot(q, w).item()

@@ -102,15 +102,10 @@ class Lanczos:
     def _orthogonalise(self, w: Tensor) -> Tensor:
         return self._project_out(w)[0]
 
-    def _project_out(self, w: Tensor, known: dict[int, float] | None = None) -> tuple[Tensor, Tensor]:
-        """w less its part in the basis, and that part's coefficients. `known`: coefficients
-        already removed from w by the caller (row → coefficient), added to the returned ones.
-        w itself is left as it was."""
+    def _project_out(self, w: Tensor) -> tuple[Tensor, Tensor]:
+        """w less its part in the basis, and that part's coefficients; w itself is left as it was."""
         W, C = self._project_rows(w.unsqueeze(0), into=None)
-        total = C[0]
-        for row, coef in (known or {}).items():
-            total[row] += coef
-        return W[0], total
+        return W[0], C[0]
 
     def _project_rows(self, W: Tensor, *, into: Tensor | None, recent: int = 0) -> tuple[Tensor, Tensor]:
         """The rows of W (k, P) less their parts in the basis, written into `into` (W itself: in
@@ -177,11 +172,10 @@ class Lanczos:
 
     def _combine(self, coeff: Tensor) -> Tensor:
         """coeff (k, size) → coeff @ Q, (k, P), accumulated block by block in one output."""
-        out, start = None, 0
-        for Q in self._basis():
-            part = coeff[:, start:start + Q.shape[0]]
+        out = None
+        for at, Q in self._span(0, self.size):
+            part = coeff[:, at:at + Q.shape[0]]
             out = part @ Q if out is None else out.addmm_(part, Q)
-            start += Q.shape[0]
         return out
 
     def step(self) -> None:
