@@ -40,12 +40,17 @@ class StdoutClosed(Exception):
 # brackets around a run setting's name inside a message (see `setting`): characters no path,
 # value or name a message quotes is expected to hold
 _OPEN, _CLOSE = "\u2983", "\u2984"
+_SEP = "\u2985"  # between a setting's name, its value and the CLI's words for both
 
 
-def setting(name: str) -> str:
-    """A run setting (flatcheck.config.SETTINGS) named in an error message: read in code, the
-    message says the setting's name (`max_memory`); the CLI says its flag (`--max-memory`)."""
-    return f"{_OPEN}{name}{_CLOSE}"
+def setting(name: str, value: object = None, *, flag: str | None = None) -> str:
+    """A run setting (flatcheck.config.SETTINGS) or probe option named in a message: read in
+    code, the message says the setting's name (`max_memory`); the CLI says its flag
+    (`--max-memory`). With a `value`, code reads `name=value` and the CLI `FLAG value`, or
+    `flag` where the command line says it otherwise (a switch: `parts=False` is `--no-layers`)."""
+    if value is None:
+        return f"{_OPEN}{name}{_CLOSE}"
+    return f"{_OPEN}{name}{_SEP}{value}{_SEP}{flag or ''}{_CLOSE}"
 
 
 def words(text: str, name_of: "Callable[[str], str] | None" = None) -> str:
@@ -54,8 +59,18 @@ def words(text: str, name_of: "Callable[[str], str] | None" = None) -> str:
     out = [head]
     for part in rest:
         name, close, tail = part.partition(_CLOSE)
-        out.append((name_of(name) if name_of is not None else name) + tail if close else _OPEN + part)
+        out.append(_said(name, name_of) + tail if close else _OPEN + part)
     return "".join(out)
+
+
+def _said(marked: str, name_of: "Callable[[str], str] | None") -> str:
+    name, sep, rest = marked.partition(_SEP)
+    if not sep:
+        return name_of(name) if name_of is not None else name
+    value, _, flag = rest.partition(_SEP)
+    if name_of is None:
+        return f"{name}={value}"
+    return flag or f"{name_of(name)} {value}"
 
 
 class FlatcheckError(Exception):

@@ -18,6 +18,7 @@ import pytest
 from flatcheck.linalg.forecast import Prior
 from flatcheck.report.progress import PREFIX, ProgressRenderer, Task
 from flatcheck.report.starting import starting_line
+from flatcheck.settings import flag_of
 from tests.support.clock import FakeClock, lines_of
 from tests.support.proc import HANG_GUARD
 
@@ -447,7 +448,7 @@ def test_a_start_report_pulses_at_a_terminal():
 
 def test_a_budget_stop_says_so_with_how_far_it_got():
     clock, out = FakeClock(), io.StringIO()
-    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock, name_of=flag_of) as progress:
         for i in range(1, 8):
             clock.now += 1
             progress("spectrum (SLQ)", i, 300)

@@ -18,6 +18,8 @@ from flatcheck.linalg.forecast import Prior
 from flatcheck.report.pulse import Passes, listening
 from flatcheck.report import progress as progress_module
 from flatcheck.report.progress import FIRST_AFTER, LONG_RUN, ProgressRenderer
+from flatcheck.errors import words
+from flatcheck.settings import flag_of
 from tests.support.clock import FakeClock, lines_of
 from tests.support.head import make_problem, mlp
 
@@ -79,9 +81,11 @@ def test_nothing_listens_outside_a_renderer():
     assert heard == [(10, 20, 2), (10, 20, 2)]
 
 
-def test_a_long_run_says_so_at_once_with_fewer_samples_and_the_budget():
+@pytest.mark.parametrize("cli", [True, False])
+def test_a_long_run_says_so_at_once_with_fewer_samples_and_the_budget(cli):
     clock, out = FakeClock(), io.StringIO()
-    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+    # the command line names its flags; measure(progress=True) its keywords
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock, name_of=flag_of if cli else None) as progress:
         progress("spectrum (SLQ)", 0, 0)
         clock.now += 3
         Passes(64, 1).add(32)
@@ -92,9 +96,10 @@ def test_a_long_run_says_so_at_once_with_fewer_samples_and_the_budget():
         progress("spectrum (SLQ)", 2, 200)
         # 198 units at 3 s: about 10 minutes in all; a product's cost goes with the samples. Then,
         # though it has run less than FIRST_AFTER, the first count and ETA of a run that long
+        fewer = "--samples 8 (about 0:01:15), or --budget SECONDS" if cli else "samples=8 (about 0:01:15), or budget=SECONDS"
         assert lines_of(out) == [
-            "flatcheck spectrum (SLQ): this run will take about 0:10:03; for a shorter one use --samples 8 "
-            "(about 0:01:15), or --budget SECONDS, which stops it on time",
+            f"flatcheck spectrum (SLQ): this run will take about 0:10:03; for a shorter one use {fewer}, "
+            "which stops it on time",
             "flatcheck spectrum (SLQ): 2/200 · elapsed 0:00:09 · ETA 0:09:54"]
         clock.now += 3
         progress("spectrum (SLQ)", 3, 200)
@@ -119,7 +124,8 @@ def test_an_eta_past_the_budget_says_the_budget_stops_it():
             clock.now += 5
             progress("spectrum (SLQ)", i, 200)
         line = progress.current.line(clock.now)
-        assert line.endswith("3/200 · elapsed 0:00:15 · ETA 0:16:25 · --budget stops it in 0:00:45"), line
+        assert words(line, flag_of).endswith("3/200 · elapsed 0:00:15 · ETA 0:16:25 · --budget stops it in 0:00:45"), line
+        assert words(line).endswith("ETA 0:16:25 · budget stops it in 0:00:45"), line
     # a budget that ends the run within LONG_RUN makes the forecast moot: no hint
     assert not any("will take" in line for line in lines_of(out))
 

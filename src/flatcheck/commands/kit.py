@@ -426,7 +426,8 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None, outputs=(
     from ..report.progress import ProgressRenderer, period_from_env
 
     # a rich bar per probe at a terminal, plain lines anywhere else (report/progress.py)
-    with ProgressRenderer(err.file, interactive=err.is_interactive, period=period_from_env()) as progress:
+    with ProgressRenderer(err.file, interactive=err.is_interactive, period=period_from_env(),
+                          name_of=flag_of) as progress:
         return execute(config, progress)
 
 

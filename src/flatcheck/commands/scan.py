@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..settings import default_of
+from ..settings import default_of, flag_of
 from .kit import command, console, guarded, setting_options
 
 # the run's settings that a scan takes as every probe command does, declared once (flatcheck.settings);
@@ -228,7 +228,7 @@ def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_er
     # a bar per probe at a terminal, plain lines elsewhere (a line at least every 15 s even while a
     # model loads); a line per model done, with the scan's ETA from the models done so far
     with ProgressRenderer(err.file, interactive=err.is_interactive, period=period_from_env(),
-                          phase=f"{tag}starting the scan") as progress:
+                          phase=f"{tag}starting the scan", name_of=flag_of) as progress:
         models = Task(f"{tag}models", started=progress.clock(), warmup=False)
         where = {"name": "", "index": 0, "total": 0}
 

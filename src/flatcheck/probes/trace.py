@@ -91,7 +91,8 @@ class TraceOptions:
         if self.route not in ROUTES:
             raise ConfigError(f"{setting('route')} must be one of {', '.join(ROUTES)}, got {self.route!r}")
         if self.route == "tangent" and self.parts:
-            raise ConfigError("--route tangent needs --no-layers: per-layer parts need Hessian-vector products")
+            raise ConfigError(f"{setting('route', 'tangent')} needs {setting('parts', False, flag='--no-layers')}: "
+                              f"per-layer parts need Hessian-vector products")
         if self.min_probes < 2 or (self.block_size is not None and self.block_size < 1):
             raise ConfigError("trace.min_probes must be ≥ 2 and trace.block_size ≥ 1")
 

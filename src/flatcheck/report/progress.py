@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
+from ..errors import setting, words
+
 # the off-terminal line's period: at most every 10 s, at least every 30 s, so a CI log
 # shows life without flooding;
 # FLATCHECK_PROGRESS_SECONDS overrides it (tests use a fraction of a second)
@@ -255,7 +257,7 @@ class Task:
         left = self.remaining(now)
         if self.deadline is None or left is None or now + left <= self.deadline:
             return None
-        return f"--budget stops it in {clock_text(max(0.0, self.deadline - now))}"
+        return f"{setting('budget')} stops it in {clock_text(max(0.0, self.deadline - now))}"
 
     def forecast(self, now: float) -> float | None:
         """Seconds the whole run is forecast to take (from its start), once a rate and a total exist."""
@@ -276,9 +278,10 @@ class Task:
         if samples is not None and samples > 1:
             fit = 1 << max(0, int(math.log2(max(1.0, samples * LONG_RUN * 0.8 / whole))))
             if fit < samples:
-                fewer = f"--samples {fit} (about {clock_text(whole * fit / samples)}), or "
+                fewer = f"{setting('samples', fit)} (about {clock_text(whole * fit / samples)}), or "
         return (f"{PREFIX} {self.desc}: this run will take about {clock_text(whole)}; for a shorter one use "
-                f"{fewer or '--samples (fewer samples), or '}--budget SECONDS, which stops it on time")
+                f"{fewer or setting('samples') + ' (fewer samples), or '}{setting('budget', 'SECONDS')}, "
+                f"which stops it on time")
 
     def long_run_news(self, now: float) -> str | None:
         """The long-run line (long_run_line) the first time there is one, else None: said once."""
@@ -297,8 +300,11 @@ class ProgressRenderer:
 
     def __init__(self, stream: TextIO | None = None, *, interactive: bool | None = None,
                  period: float = DEFAULT_PERIOD, clock: Callable[[], float] = time.monotonic,
-                 phase: str = "loading the model and data"):
+                 phase: str = "loading the model and data", name_of: Callable[[str], str] | None = None):
         self.stream = stream if stream is not None else sys.stderr
+        # how the settings a line names are said: the CLI passes its flags (settings.flag_of);
+        # in code they read as keywords (`samples=64`, `budget=SECONDS`)
+        self.name_of = name_of
         self.interactive = self.stream.isatty() if interactive is None else interactive
         self.period, self.clock, self.phase = period, clock, phase
         self.started = clock()
@@ -500,7 +506,7 @@ class ProgressRenderer:
 
     def _write(self, text: str, now: float) -> None:
         self._flush()  # any line after a held one: it was no probe's last stage, and comes first
-        self.stream.write(text + "\n")
+        self.stream.write(words(text, self.name_of) + "\n")
         self.stream.flush()
         self._last_line = now
 
@@ -537,9 +543,10 @@ class ProgressRenderer:
         now = self.clock()
         hint = task.long_run_news(now)
         if hint is not None:
-            self._bar.console.print(hint, markup=False, highlight=False)
+            self._bar.console.print(words(hint, self.name_of), markup=False, highlight=False)
         estimate = " · ".join(t for t in (task.within_text(), value_text(task.value, task.stderr),
                                           task.budget_text(now)) if t)
+        estimate = words(estimate, self.name_of)
         # an unknown total (the probe's start report) pulses until the first unit is done
         about = "~" if task.guess and eta is not None else ""  # a prior's total: a guess, as the line says
         # a total forecast below the count done (a stopping rule met early) is the count
