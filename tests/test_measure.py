@@ -180,6 +180,10 @@ def test_gap_and_head_probes_take_test_data_and_head():
     assert gap["train"]["loss"] == pytest.approx(losses[0], rel=ROUNDOFF)
     assert gap["test"]["loss"] == pytest.approx(losses[1], rel=ROUNDOFF)
     assert report.results["head-trace"].details.get("head", "7") == "7"
+    # a head that names no module is the caller's keyword, not a spec file's field
+    with pytest.raises(SpecError, match=r"^measure\(\): keyword 'head' names no module of .*: 'nope'; linear "
+                                        r"layers near the end: .*7"):
+        flatcheck.measure(case.model, (case.X, case.Y), probes="head-trace", head="nope")
     # skipped, as `flatcheck probe` skips it, but said: a None in a notebook was silent (stranger18)
     with pytest.warns(UserWarning, match=r"^probe gap gave no value, skipped: data '\w+' has no test split "
                                          r"\(pass test_data=\)$"):
@@ -232,7 +236,8 @@ def test_bad_arguments_are_one_line_errors():
         flatcheck.measure(case.model, (case.X, case.Y.double()))
     with pytest.raises(InputError, match="fewer|more than the 8 samples"):
         flatcheck.measure(case.model, [(case.X, case.Y)], samples=9)
-    with pytest.raises(ConfigError, match="measure: field 'loss"):
+    # the caller's keyword, not a spec file's field
+    with pytest.raises(ConfigError, match=r"^measure\(\): keyword 'loss' \(its 'name'\) must be one of"):
         flatcheck.measure(case.model, (case.X, case.Y), loss="hinge")
     with pytest.raises(ConfigError, match="float32 or float64"):
         flatcheck.measure(copy.deepcopy(case.model).to(torch.bfloat16), (case.X, case.Y))
@@ -440,7 +445,8 @@ def test_a_model_returning_a_structure_is_measured_on_its_logits(how, key):
 
 def test_an_output_key_that_selects_nothing_is_one_line():
     case = make_case("mlp", n=12)
-    with pytest.raises(SpecError, match=r"field 'output_key' 'nope' is not in the model's output, a dict with keys "
+    with pytest.raises(SpecError, match=r"^measure\(\): keyword 'output_key' 'nope' is not in the model's output, "
+                                        r"a dict with keys "
                                         r"aux, scores"):
         flatcheck.measure(Structured(case.model, "named"), (case.X, case.Y), probes=["gini"], output_key="nope")
 

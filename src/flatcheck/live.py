@@ -28,7 +28,7 @@ from .data.catalogue import MissingSplitError
 from .data.memory import default_batch_size, memory_data
 from .errors import ConfigError, InputError, SpecError, setting
 from .models.outputs import attach_output_selector
-from .models.spec import LossSpec, ModelSpec, spec_from_dict
+from .models.spec import LIVE, LossSpec, ModelSpec, spec_from_dict
 from .problem import model_mode, uses_batch_statistics
 from .report.result import Report
 from .settings import BnMode, Dtype, Settings, default_of, live_settings, names_of
@@ -205,7 +205,7 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
         # caller's model would change what its own forward returns, in the training loop too
         if work is model:
             work = _copy_to(model, target_device, config.torch_dtype)
-        attach_output_selector(work, spec.output_key, "model")
+        attach_output_selector(work, spec.output_key, LIVE)
     split_source = None
     if test_data is not None:
         test = memory_data(test_data, samples=n, what="test_data", split="test")
@@ -315,9 +315,9 @@ def _live_spec(model: nn.Module, loss: Any, head: str | None, num_classes: int |
     else:
         fields["loss"] = dict(loss) if isinstance(loss, Mapping) else loss
     try:
-        return spec_from_dict(fields)
-    except SpecError as exc:  # "model spec: field 'loss' …": the caller typed an argument, not a spec
-        raise ConfigError(f"measure: {str(exc).removeprefix('model spec: ')}") from None
+        return spec_from_dict(fields, label=LIVE, origin=f"{LIVE} argument")
+    except SpecError as exc:  # the caller typed an argument, not a spec: a setting's error
+        raise ConfigError(str(exc)) from None
 
 
 def _copy_to(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:

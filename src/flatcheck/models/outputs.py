@@ -23,6 +23,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from flatcheck.errors import SpecError
+from flatcheck.models.spec import field_words
 
 OutputKey = str | int | None
 _MISSING = object()
@@ -55,7 +56,7 @@ def select_logits(output: Any, key: OutputKey, where: str) -> Tensor:
             f"{where}: the model's forward returned {_describe(output)} with no tensor to take as logits; "
             f"set field 'output_key' to the key, attribute or index that holds them"
         )
-    raise SpecError(f"{where}: field 'output_key' {key!r} selects {type(found).__name__}, not a tensor of logits")
+    raise SpecError(f"{where}: {field_words(where, 'output_key')} {key!r} selects {type(found).__name__}, not a tensor of logits")
 
 
 def _default(output: Any) -> Any:
@@ -79,7 +80,7 @@ def _first_tensor(values) -> Tensor | None:
 
 def _by_key(output: Any, key: str | int, where: str) -> Any:
     if isinstance(output, Tensor):
-        raise SpecError(f"{where}: field 'output_key' is {key!r} but the model's forward returns a tensor; remove it")
+        raise SpecError(f"{where}: {field_words(where, 'output_key')} is {key!r} but the model's forward returns a tensor; remove it")
     if isinstance(key, int):
         items = list(output.values()) if isinstance(output, Mapping) else output
         if isinstance(items, (tuple, list)) and key < len(items):
@@ -91,7 +92,7 @@ def _by_key(output: Any, key: str | int, where: str) -> Any:
         found = getattr(output, key, _MISSING)
         if found is not _MISSING:
             return found
-    raise SpecError(f"{where}: field 'output_key' {key!r} is not in the model's output, {_describe(output)}")
+    raise SpecError(f"{where}: {field_words(where, 'output_key')} {key!r} is not in the model's output, {_describe(output)}")
 
 
 def _describe(output: Any) -> str:

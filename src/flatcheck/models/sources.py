@@ -25,7 +25,7 @@ from flatcheck.data.preprocess import Preprocess
 from flatcheck.errors import InputError, SpecError
 from flatcheck.models.outputs import attach_output_selector
 from flatcheck.models.registry import get_source, list_sources, register_source
-from flatcheck.models.spec import ModelSpec
+from flatcheck.models.spec import ModelSpec, field_words
 
 __all__ = ["build_model", "complete_spec", "find_head", "list_sources", "register_source", "resolve_preprocess"]
 
@@ -123,12 +123,12 @@ def find_head(model: nn.Module, spec: ModelSpec) -> str:
         if module is None:
             candidates = [n for n, m in modules.items() if _is_head(m)][-5:]
             raise SpecError(
-                f"{spec.where}: field 'head' names no module of {spec.arch!r}: {spec.head!r}; "
+                f"{spec.where}: {field_words(spec.where, 'head')} names no module of {spec.arch!r}: {spec.head!r}; "
                 f"linear layers near the end: {', '.join(candidates) or 'none'}"
             )
         if not _is_head(module):
             raise SpecError(
-                f"{spec.where}: field 'head' must name an nn.Linear or 1x1 nn.Conv2d, "
+                f"{spec.where}: {field_words(spec.where, 'head')} must name an nn.Linear or 1x1 nn.Conv2d, "
                 f"but {spec.head!r} is {type(module).__name__}"
             )
         name = spec.head

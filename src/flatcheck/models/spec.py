@@ -139,6 +139,20 @@ def read_spec_file(path: Path) -> tuple[Any, str]:
     return load_yaml(raw, str(path)), hashlib.sha256(raw).hexdigest()
 
 
+# the label of the spec a live model gets (measure(), the Tracker): its fields are the
+# caller's keyword arguments, and messages name them so
+LIVE = "measure()"
+
+
+def field_words(where: str, name: str) -> str:
+    """How a message names a spec field: `field 'loss.name'` in a spec; where the spec is a
+    live call's arguments (LIVE), the keyword (`keyword 'loss' (its 'name')`)."""
+    if where != LIVE:
+        return f"field '{name}'"
+    top, _, rest = name.partition(".")
+    return f"keyword '{top}'" + (f" (its '{rest}')" if rest else "")
+
+
 def spec_from_dict(
     data: Any, *, path: Path | None = None, sha256: str | None = None, embedded: bool = False,
     origins: Mapping[str, str] | None = None, origin: str | None = None, label: str | None = None,
@@ -247,7 +261,7 @@ class _Validator:
         self.where = where
 
     def fail(self, name: str, expected: str, value: Any) -> SpecError:
-        return SpecError(f"{self.where}: field '{name}' must be {expected}, got {value!r}")
+        return SpecError(f"{self.where}: {field_words(self.where, name)} must be {expected}, got {value!r}")
 
     def no_unknown(self, data: Mapping, allowed: tuple[str, ...], prefix: str) -> None:
         for key in data:
@@ -346,7 +360,8 @@ class _Validator:
         name = _normalise_loss_name(self.string(value.get("name", "cross_entropy"), "loss.name"))
         if name not in LOSSES:
             raise SpecError(
-                f"{self.where}: field 'loss.name' must be one of {', '.join(LOSSES)}, got {value.get('name')!r}"
+                f"{self.where}: {field_words(self.where, 'loss.name')} must be one of {', '.join(LOSSES)}, "
+                f"got {value.get('name')!r}"
             )
         alpha = value.get("alpha")
         if alpha is None:
@@ -354,7 +369,8 @@ class _Validator:
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
             raise self.fail("loss.alpha", "a number in [0, 1)", alpha)
         if name != "label_smoothing" and alpha != 0:
-            raise SpecError(f"{self.where}: field 'loss.alpha' only applies to label_smoothing, not {name}")
+            raise SpecError(f"{self.where}: {field_words(self.where, 'loss.alpha')} only applies to label_smoothing, "
+                            f"not {name}")
         return LossSpec(name=name, alpha=float(alpha))
 
     def checkpoint(self, value: Any) -> CheckpointSpec:
