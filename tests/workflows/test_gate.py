@@ -125,6 +125,35 @@ def test_rerun_raises_the_effort_option_until_decided():
     assert asked == [8, 16] and checks[0].verdict == "inconclusive" and checks[0].failed
 
 
+@pytest.mark.parametrize("route, raised, kept", [("monte-carlo", "noise_draws", "probes_max"),
+                                                 ("second-order", "probes_max", "noise_draws")])
+def test_a_rerun_raises_the_count_of_the_estimate_the_headline_is(route, raised, kept):
+    """adaptive-sharpness' headline is one of two estimators, each with its own count: a rerun
+    raises that route's (it had no effort option: an inconclusive rule stayed so)."""
+    from flatcheck.probes.adaptive_sharpness import AdaptiveSharpnessOptions
+
+    def se(n):
+        return 4.0 / math.sqrt(n)
+
+    def run(n):
+        return result(10.0, se(n), probe="adaptive-sharpness", route=f"{route}: S_ρ")
+
+    start = AdaptiveSharpnessOptions(noise_draws=4, probes_max=4)
+    cfg = gate({"field": "adaptive-sharpness.value", "max": 10.0 + Q * se(16) + 0.01, "inconclusive": "rerun"},
+               max_reruns=5)
+    asked = []
+
+    def rerun(more):
+        options = more["adaptive-sharpness"]
+        assert getattr(options, kept) == 4
+        asked.append(getattr(options, raised))
+        return {"adaptive-sharpness": run(asked[-1])}
+
+    checks, _ = decide_with_reruns(cfg, {"adaptive-sharpness": run(4)}, {"adaptive-sharpness": start}, rerun)
+    assert asked == [8, 16] and checks[0].verdict == "pass"
+    assert checks[0].message.startswith(f"adaptive-sharpness rerun 2× ({raised} 16)")
+
+
 def test_probes_without_an_effort_option_are_not_rerun():
     cfg = gate({"field": "gini.value", "max": 0.5, "inconclusive": "rerun"})
     calls = []

@@ -113,8 +113,10 @@ class AdaptiveSharpnessProbe:
     Options: ClassVar[type] = AdaptiveSharpnessOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, Outputs})
     # S_ρ grows as ρ² (loss None: the model's); its two routes are two estimators of S_ρ
+    # a rerun raises the count of the estimate the headline is: the draws of δ or the probes
     gating: ClassVar[Gating] = Gating(quantity_options=("rho", "loss"), routes=frozenset(ROUTE_METHODS),
-                                      estimator_routes=ROUTE_METHODS, route_option="method")
+                                      estimator_routes=ROUTE_METHODS, route_option="method",
+                                      route_efforts={"monte-carlo": "noise_draws", "second-order": "probes_max"})
     command_help: ClassVar[str] = ("Elementwise adaptive sharpness: Monte Carlo over ±δ noise pairs and its "
                                    "second-order Hutchinson form.")
 

@@ -15,7 +15,7 @@ the headline, normal for any other field; the headline's hard error bound is the
 `error_bound` (or `details.<probe>_error_bound`); a result with `resolved: false` gets no
 verdict; nothing pairs two runs unless the result keeps `details.probe_values` (value =
 `details.offset` + their mean), and then only runs of the same seed, estimator, matrix and
-count; no rerun (no effort option).
+count; no rerun (no effort option, for any route).
 
 A probe that declares nothing gets UNDECLARED: a gate decides only on its exact values and
 refuses (exit 2) a rule on anything with a standard error or an error bound, since nothing
@@ -49,6 +49,9 @@ class Gating:
 
     # the integer option that buys more samples; a gate's `inconclusive: rerun` multiplies it
     effort_option: str | None = None
+    # where the headline's route (details.route) decides which estimate it is, that route's
+    # effort option instead (two estimators, each with its own count)
+    route_efforts: Mapping[str, str] = field(default_factory=dict)
     # options that change the quantity itself, not how it is estimated, each kept under the
     # same key in the result's details; `matrix` always counts. A baseline measured with
     # other values is another quantity and is refused
@@ -71,6 +74,14 @@ class Gating:
     same_draws: tuple[str, ...] = ()
     every_field_shares_draws: bool = False
     declared: bool = True
+
+    def effort(self, result: "Result | None" = None) -> str | None:
+        """The option a rerun raises for this result (route_efforts by its route, else effort_option)."""
+        details = (result or {}).get("details") if isinstance(result, Mapping) else getattr(result, "details", None)
+        route = details.get("route") if isinstance(details, Mapping) else None
+        if isinstance(route, str) and route.partition(":")[0] in self.route_efforts:
+            return self.route_efforts[route.partition(":")[0]]
+        return self.effort_option
 
     # ------------------------------------------------------------ how good a value is
 

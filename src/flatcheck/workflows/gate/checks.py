@@ -182,7 +182,7 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
     msg = (f"{baseline.where}: rule {bound.name} cannot pass an unchanged model {how}: the baseline's "
            f"{bound.field} = {b:.6g} ± {s_b:.3g} gives an interval of ±{z * factor * s_b:.3g}, and the rule's "
            f"margin {margin:.3g} must be {need_margin}")
-    effort = gating_of(bound.probe).effort_option
+    effort = gating_of(bound.probe).effort(baseline.results.get(bound.probe))
     counted = dof is not None and margin > 0 and effort is not None
     if counted:
         m = int(dof) + 1

@@ -17,13 +17,14 @@ from .config import GateConfig
 from .verdicts import Check, as_dicts, evaluate
 
 
-def effort_option(probe: str) -> str | None:
-    """The option that buys a probe more samples, if the probe declares one."""
-    return gating_of(probe).effort_option
+def effort_option(probe: str, result: Any = None) -> str | None:
+    """The option that buys a probe more samples, if the probe declares one (for `result`'s
+    route, where the route decides which estimate is the headline)."""
+    return gating_of(probe).effort(result)
 
 
-def raise_effort(probe: str, options: Any, factor: float) -> Any:
-    name = effort_option(probe)
+def raise_effort(probe: str, options: Any, factor: float, result: Any = None) -> Any:
+    name = effort_option(probe, result)
     if name is None:
         return None
     old = getattr(options, name)
@@ -54,7 +55,7 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
     def wanted() -> dict[str, Any]:
         probes = {c.bound.probe for c in checks if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun"
                   and not (c.capped and rerun_baseline is None)}
-        more = {p: raise_effort(p, options[p], gate.effort_factor) for p in sorted(probes)}
+        more = {p: raise_effort(p, options[p], gate.effort_factor, results.get(p)) for p in sorted(probes)}
         return {p: o for p, o in more.items() if o is not None}
 
     for _ in range(gate.max_reruns):
@@ -81,13 +82,13 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
     for c in checks:
         c.reruns = reruns.get(c.bound.probe, 0)
         if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun":
-            why = ("no effort option" if effort_option(c.bound.probe) is None
+            why = ("no effort option" if effort_option(c.bound.probe, results.get(c.bound.probe)) is None
                    else "the baseline's last probe value was paired" if c.capped else f"{c.reruns} reruns")
             c.message = f"still inconclusive after {why}; counted as failed; {c.message}"
         elif c.reruns:
             # the verdict is the rerun's: a reader of the table or summary must not take it for
             # the first run's, nor miss that the first run was inconclusive
-            name = effort_option(c.bound.probe)
+            name = effort_option(c.bound.probe, results.get(c.bound.probe))
             c.message = (f"{c.bound.probe} rerun {c.reruns}× ({name} {getattr(options[c.bound.probe], name, '?')}) "
                          f"after an inconclusive rule" + (f"; {c.message}" if c.message else ""))
     return checks, results
