@@ -401,6 +401,8 @@ def test_trace_result_says_which_interval_it_is(layers):
 @pytest.mark.parametrize("options, said, flags", [
     ({"probes_max": -3}, "probes_max must be at least 2", "--probes-max must be at least 2"),
     ({"estimator": "hutchpp", "rtol": 0.1}, "rtol needs estimator hutchinson", "--rtol needs --estimator hutchinson"),
+    # the default's own value, given, is as ignored by Hutch++ as any other (stranger19: exit 0)
+    ({"estimator": "hutchpp", "rtol": 0.05}, "rtol needs estimator hutchinson", "--rtol needs --estimator hutchinson"),
     # a switch with a value: the keyword and its value in code, the CLI's own switch
     ({"route": "tangent"}, "route=tangent needs parts=False", "--route tangent needs --no-layers"),
 ])

@@ -748,6 +748,9 @@ def test_min_above_max_and_rtol_are_refused_in_gate_files():
         gate({"field": "trace.value", "min": 2, "max": 1})
     with pytest.raises(ConfigError, match="probes.trace.rtol"):
         gate({"field": "trace.value", "max": 1}, probes={"trace": {"rtol": 0.1}})
+    # with Hutch++, the default's own value too (stranger19: the gate dropped it and passed)
+    with pytest.raises(ConfigError, match="probes.trace' is invalid: rtol needs estimator hutchinson"):
+        gate({"field": "trace.value", "max": 1}, probes={"trace": {"estimator": "hutchpp", "rtol": 0.05}})
 
 
 def test_gate_file_with_a_duplicate_key_is_refused(tmp_path):

@@ -78,14 +78,12 @@ class TraceOptions:
         if self.rtol is not None and not self.rtol > 0:
             raise ConfigError(f"{setting('rtol')} must be positive, got {self.rtol}")
         if self.rtol == DEFAULT_RTOL and self.estimator != "hutchinson":
-            # the default stop belongs to Hutchinson; the others take their fixed count
+            # the default stop belongs to Hutchinson; the others take their fixed count (a
+            # user who gave this value is refused in check_given, which knows what was given)
             object.__setattr__(self, "rtol", None)
-        if self.rtol is not None and self.estimator != "hutchinson":
-            # Hutch++ spends its matvecs in three fixed thirds and the exact trace has no error:
-            # neither has a running standard error to stop on
-            fixed = f"takes a fixed {setting('probes_max')}" if self.estimator == "hutchpp" else "has no sampling error to stop on"
-            raise ConfigError(f"{setting('rtol')} needs {setting('estimator')} hutchinson (it stops on the running standard error); "
-                              f"{self.estimator} {fixed}")
+            object.__setattr__(self, "_rtol_given_default", True)
+        elif self.rtol is not None and self.estimator != "hutchinson":
+            raise self._rtol_unused()
         if self.class_samples is not None and (self.estimator != "exact" or self.class_samples < 2):
             raise ConfigError(f"{setting('class_samples')} needs {setting('estimator')} exact and a value ≥ 2 (two draws give a standard error)")
         if self.route not in ROUTES:
@@ -96,9 +94,20 @@ class TraceOptions:
         if self.min_probes < 2 or (self.block_size is not None and self.block_size < 1):
             raise ConfigError("trace.min_probes must be ≥ 2 and trace.block_size ≥ 1")
 
+    _rtol_given_default = False  # not a field: set where __post_init__ dropped the default rtol
+
+    def _rtol_unused(self) -> ConfigError:
+        # Hutch++ spends its matvecs in three fixed thirds and the exact trace has no error:
+        # neither has a running standard error to stop on
+        fixed = f"takes a fixed {setting('probes_max')}" if self.estimator == "hutchpp" else "has no sampling error to stop on"
+        return ConfigError(f"{setting('rtol')} needs {setting('estimator')} hutchinson (it stops on the running standard "
+                           f"error); {self.estimator} {fixed}")
+
     def check_given(self, given: frozenset[str]) -> None:
         """Options the user gave that this estimator would ignore, or that cannot all hold
         (registry.parse_options passes the names given; defaults are not the user's)."""
+        if "rtol" in given and self.rtol is None and self.estimator != "hutchinson" and self._rtol_given_default:
+            raise self._rtol_unused()  # the default's value, given: as ignored as any other
         unused = {"exact": ("probes_max", "min_probes", "block_size", "route"),
                   "hutchpp": ("min_probes", "block_size")}.get(self.estimator, ())
         if unused:
