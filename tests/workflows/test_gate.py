@@ -496,6 +496,24 @@ def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
     check_baseline(cfg, base, META, seed=0)  # paired at its own seed: decidable
 
 
+def test_a_hutchpp_baseline_is_never_asked_for_more_than_its_exact_count():
+    """Extrapolated as 1/√m, a 51-parameter Hutch++ baseline was told probes_max ≥ 6837
+    (stranger19); from 3·P = 153 on its sketch spans the space and its trace is exact."""
+    from flatcheck.workflows.gate.checks import check_baseline
+
+    values = [10.0 + 6 * math.sin(3 * i) for i in range(10)]
+    base = traced(values, estimator="hutchpp")
+    base["matvecs"], base["details"]["parameters"] = 30, 51
+    cfg = gate({"field": "trace.value", "max_increase": "20%"}, probes={"trace": {"estimator": "hutchpp",
+                                                                               "probes_max": 30}})
+    with pytest.raises(InputError, match=r"probes_max ≥ 153 \(the baseline has 30; Hutch\+\+ is exact from 3 "
+                                         r"products a parameter, 51 parameters\)"):
+        check_baseline(cfg, _baseline({"trace": base}, **META), META, seed=1)
+    base["details"]["parameters"] = 5000  # a larger model: the count from the error's law
+    with pytest.raises(InputError, match=r"probes_max ≥ \d+ \(the baseline has 30\)"):
+        check_baseline(cfg, _baseline({"trace": base}, **META), META, seed=1)
+
+
 def _accepted(cfg_for, base_results) -> bool:
     from flatcheck.workflows.gate.checks import check_baseline
 

@@ -160,6 +160,11 @@ class Gating:
         its error falls with its count; 1 (as precise as the baseline) otherwise."""
         return 1.0
 
+    def exact_effort(self, result: Result) -> tuple[int, str] | None:
+        """The effort count from which the estimator's value is exact (its error 0), and why,
+        where there is one: no count beyond it is of use. None: none."""
+        return None
+
     # ------------------------------------------------------------ options a gate chooses
 
     def fixed_count(self, options: dict[str, Any]) -> dict[str, Any]:

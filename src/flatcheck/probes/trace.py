@@ -190,6 +190,15 @@ class TraceGating(Gating):
         ratio = had / now
         return ratio if estimator == "hutchpp" and ratio > 1 else math.sqrt(ratio)
 
+    def exact_effort(self, result):
+        """Hutch++'s sketch spans the whole space at a third of 3·P products: its trace is then
+        exact (Meyer et al. 2021), and a gate needs no more."""
+        details = result.get("details") or {}
+        dim = details.get("parameters")
+        if details.get("estimator") != "hutchpp" or isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+            return None
+        return 3 * dim, f"Hutch++ is exact from 3 products a parameter, {dim} parameters"
+
     def gate_options(self, options, fields):
         options, defaulted = super().gate_options(options, fields)
         chosen = {"route"} if "route" not in options else set()

@@ -192,8 +192,12 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
         # in the unit of the probe's effort option: Hutch++ spends 3 products per residual probe
         result = baseline.results.get(bound.probe) or {}
         per = result.get("matvecs", m) / m if isinstance(result.get("matvecs"), int) and result["matvecs"] else 1
-        msg += (f"; make the baseline, and run the gate, with {effort} ≥ {math.ceil(need * per)} "
-                f"(the baseline has {round(m * per)})")
+        count, why = math.ceil(need * per), ""
+        exact = gating_of(bound.probe).exact_effort(result)
+        if exact is not None and count >= exact[0]:
+            count, why = exact[0], f"; {exact[1]}"
+        msg += (f"; make the baseline, and run the gate, with {effort} ≥ {count} "
+                f"(the baseline has {round(m * per)}{why})")
     remedies = []
     if unpaired and bound.headline:
         remakes = no_probe_values(baseline.results.get(bound.probe) or {}, baseline.schema)
