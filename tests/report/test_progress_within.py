@@ -330,3 +330,31 @@ def test_an_eta_that_drifts_far_from_the_last_line_is_written_at_once():
         clock.now += 1
         progress("lmax (lanczos)", 8, 30)  # 79 s against 7, but the last line is a second old
         assert len(lines_of(out)) == 3
+
+
+def test_units_of_another_cost_are_timed_afresh():
+    """Hutch++ without parts: a third of costly products (its sketch), then quadratic forms at
+    a tenth of the cost. Timed at the sketch's rate, the forms' ETA said 38 s for 4 s of work
+    (stranger19: `20/48 · ETA 0:00:14`, done at once); from pulse.pace_changes on, the rate
+    is the forms' own."""
+    from flatcheck.report.pulse import pace_changes
+
+    def run(change: bool) -> float | None:
+        clock = FakeClock()
+        with ProgressRenderer(io.StringIO(), interactive=False, period=3600, clock=clock) as progress:
+            progress("trace (hutchpp)", 0, 30)
+            for i in range(1, 11):
+                clock.now += 2.0
+                progress("trace (hutchpp)", i, 30)
+            if change:
+                pace_changes()
+                assert progress.current.remaining(clock.now) is None  # no rate of the forms yet
+            clock.now += 3.0  # the first form carries its own build (tracing the tangent route)
+            progress("trace (hutchpp)", 11, 30)
+            clock.now += 0.2
+            progress("trace (hutchpp)", 12, 30)
+            return progress.current.remaining(clock.now)
+
+    assert run(True) == pytest.approx(18 * 0.2)
+    assert run(False) == pytest.approx(18 * 21.2 / 11)  # the mean rate since the first product
+    pace_changes()  # nobody listening: nothing happens

@@ -18,6 +18,7 @@ from torch import Tensor
 from .forecast import stderr_forecast
 from .random import rademacher, rademacher_signs
 from .reduce import rowsum64
+from ..report.pulse import pace_changes
 
 Split = Callable[[Tensor], dict[str, Tensor]]
 # (done, total, *, value=None, stderr=None): value/stderr are the running estimate, where there is one
@@ -433,6 +434,9 @@ def hutchpp(
     Q = Q.T.contiguous()  # rows are basis vectors
     forms = split is None and _streams(op, parts=False)
     if forms:
+        # quadratic forms from here on, each a fraction of one of the sketch's products: an ETA
+        # at the sketch's rate would be off by about the whole time left
+        pace_changes()
         head_values = _in_pieces(lambda M: op.quadratic(M)[0], Q, progress, k, 3 * k)
     else:
         AQ = _in_pieces(op.matmat, Q, progress, k, 3 * k)

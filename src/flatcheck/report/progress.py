@@ -162,6 +162,12 @@ class Task:
             # them builds its batch's graph in the first product
             self.anchor = (now, self.progress())
 
+    def time_afresh(self) -> None:
+        """The units from here on are another kind of work (a cheaper form after costlier
+        products): the rate is theirs alone, anchored as a first unit's is (the first of them
+        may carry a build of its own, as a tangent route's tracing), so no ETA till then."""
+        self.anchor, self.built = None, 0.0
+
     def progress(self) -> float:
         """Units done, with the part of the unit in progress that its backend has counted: a
         vector's product is a unit (a probe of Hutchinson's, a Lanczos step, a product of SLQ)."""
@@ -381,13 +387,17 @@ class ProgressRenderer:
             else:
                 self._say_news(task, now)
 
-    def within(self, done: int, total: int, vectors: int, built: float = 0.0) -> None:
+    def within(self, done: int, total: int, vectors: int, built: float = 0.0, anew: bool = False) -> None:
         """A backend's count within the unit in progress (report/pulse.Passes): `done` of
-        `total` sample passes, over `vectors` vectors; with `built`, a kept build's end."""
+        `total` sample passes, over `vectors` vectors; with `built`, a kept build's end; with
+        `anew`, the units that follow cost otherwise (pulse.pace_changes)."""
         now = self.clock()
         with self._lock:
             task = self.current
             if task is None or task.finished:
+                return
+            if anew:
+                task.time_afresh()
                 return
             task.passed(now, done, total, vectors, built)
             if self._bar is not None:

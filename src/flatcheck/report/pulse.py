@@ -18,7 +18,8 @@ from typing import Callable, Iterator
 
 # (sample passes done, sample passes in the call, vectors in the call): a call over N samples
 # with k vectors makes N·k sample passes; with `built=seconds` (a keyword), a build that later
-# calls reuse has just ended, and took that long
+# calls reuse has just ended, and took that long; with `anew=True`, the units that follow cost
+# otherwise (pace_changes)
 Listener = Callable[..., None]
 
 _listener: ContextVar[Listener | None] = ContextVar("flatcheck_pulse", default=None)
@@ -37,6 +38,14 @@ def listening(listener: Listener) -> Iterator[None]:
 def listened() -> bool:
     """Whether anyone listens: a backend skips what only the count needs (its batches' sizes)."""
     return _listener.get() is not None
+
+
+def pace_changes() -> None:
+    """The units that follow cost otherwise than those before (Hutch++'s quadratic forms after
+    its sketch's products): whoever listens times them afresh."""
+    listener = _listener.get()
+    if listener is not None:
+        listener(0, 0, 0, anew=True)
 
 
 class Passes:
