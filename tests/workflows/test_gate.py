@@ -479,6 +479,25 @@ def test_a_baseline_of_another_model_or_data_is_refused_unless_allowed(path, new
     check_baseline(cfg, base, META, seed=0)  # the same model: fine
 
 
+def test_data_read_in_another_dtype_names_the_dtype_to_run_at():
+    """A float32 gate against a float64 baseline was refused as data.fingerprint alone: the
+    samples as read differ, and the dtype is what to change (stranger19)."""
+    import copy
+
+    from flatcheck.workflows.gate.checks import check_baseline
+
+    cfg = gate({"field": "gini.value", "max_increase": "10%"})
+    base = _baseline({"gini": result(0.1, None, probe="gini").to_dict()}, **META, dtype="float64")
+    now = copy.deepcopy(META)
+    now["data"]["fingerprint"], now["dtype"] = "g", "float32"
+    with pytest.raises(InputError, match=r"data.fingerprint: 'f' → 'g'\); the baseline was made in float64 and this "
+                                         r"run is float32: run with --dtype float64; compare anyway"):
+        check_baseline(cfg, base, now, seed=0)
+    now["dtype"] = "float64"  # the same dtype: other data, and nothing said of a dtype
+    with pytest.raises(InputError, match=r"'f' → 'g'\); compare anyway"):
+        check_baseline(cfg, base, now, seed=0)
+
+
 def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
     from flatcheck.workflows.gate.checks import check_baseline
 

@@ -38,6 +38,17 @@ def check_coverage(gate: GateConfig, baseline: Baseline) -> list[Bound]:
     return lacking
 
 
+def _dtype_hint(base: Mapping[str, Any], now: Mapping[str, Any], diff: list[str]) -> str:
+    """Where the data differ only as read (the fingerprint is of the samples in the run's
+    dtype): the dtype the baseline was made in, which is what to run at (stranger19)."""
+    was, is_ = base.get("dtype"), now.get("dtype")
+    if not (isinstance(was, str) and isinstance(is_, str) and was != is_):
+        return ""
+    if not any(d.startswith("data.fingerprint") for d in diff):
+        return ""
+    return f"; the baseline was made in {was} and this run is {is_}: run with --dtype {was}"
+
+
 def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[str, Any], *, seed: int,
                    confidence: float | None = None, allow_foreign: bool = False) -> list[Bound]:
     """Refuse (exit 2, one line) a baseline no verdict could be defended on (see the module).
@@ -47,7 +58,8 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
         diff = foreign_fields(baseline.meta, current_meta)
         if diff:
             raise InputError(f"{baseline.where}: made on another model or data set ({'; '.join(diff[:3])}"
-                             f"{'; …' if len(diff) > 3 else ''}); compare anyway with --allow-foreign-baseline")
+                             f"{'; …' if len(diff) > 3 else ''}){_dtype_hint(baseline.meta, current_meta, diff)}; "
+                             f"compare anyway with --allow-foreign-baseline")
     check_records(baseline)
     level = confidence if confidence is not None else gate.confidence
     for bound in gate.bounds:
