@@ -418,3 +418,23 @@ def test_an_option_refusal_is_worded_in_keywords_from_python_and_in_flags_on_the
         flatcheck.measure(model, (torch.randn(8, 3), torch.randint(0, 2, (8,))), probes={"trace": options})
     assert str(caught.value).startswith(said) and "--" not in str(caught.value)
     assert caught.value.worded(flag_of).startswith(flags)
+
+
+@pytest.mark.parametrize("parts", [False, True])
+def test_hutchpp_says_when_its_units_change_cost(parts):
+    """Without parts, Hutch++'s last two thirds are quadratic forms, far cheaper than its
+    sketch's products: it tells a progress display to time them afresh (report/pulse), once,
+    after the sketch; with parts every unit is a product and nothing changes."""
+    import flatcheck
+    from flatcheck.report.pulse import listening
+
+    heard = []
+
+    def listener(done, total, vectors, built=0.0, anew=False):
+        heard.append(anew)
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    data = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
+    with listening(listener):
+        flatcheck.measure(model, data, probes={"trace": {"estimator": "hutchpp", "probes_max": 6, "parts": parts}})
+    assert heard.count(True) == (0 if parts else 1)

@@ -18,7 +18,6 @@ from torch import Tensor
 from .forecast import stderr_forecast
 from .random import rademacher, rademacher_signs
 from .reduce import rowsum64
-from ..report.pulse import pace_changes
 
 Split = Callable[[Tensor], dict[str, Tensor]]
 # (done, total, *, value=None, stderr=None): value/stderr are the running estimate, where there is one
@@ -398,8 +397,12 @@ def hutchpp(
     split: Split | None = None,
     progress: Progress | None = None,
     time_left: Callable[[], float] | None = None,
+    pace: Callable[[], None] | None = None,
 ) -> TraceEstimate:
     """Hutch++ (Meyer, Musco, Musco, Woodruff 2021) with `matvecs` products, in thirds.
+
+    `pace()`, where given, is called when the units that follow cost otherwise than those
+    before (quadratic forms after the sketch's products): a progress display times them afresh.
 
     `time_left()` (seconds, a --budget) sizes the thirds: the sketch's first product is timed
     and k is cut to what three times k products take in the time left (at least 2; stop_reason
@@ -436,7 +439,8 @@ def hutchpp(
     if forms:
         # quadratic forms from here on, each a fraction of one of the sketch's products: an ETA
         # at the sketch's rate would be off by about the whole time left
-        pace_changes()
+        if pace is not None:
+            pace()
         head_values = _in_pieces(lambda M: op.quadratic(M)[0], Q, progress, k, 3 * k)
     else:
         AQ = _in_pieces(op.matmat, Q, progress, k, 3 * k)

@@ -15,6 +15,7 @@ from ..linalg.trace import INTERVAL_FLOOR, INTERVAL_SKEW, interval_stderr, plan_
 from ..operators import CurvatureOperator, LayoutParts
 from ..linalg.random import SIGN_STREAM
 from ..report.result import ProbeResult
+from ..report.pulse import pace_changes
 from .kit import budget_stop, option, progress_reporter, refuse_unused, time_left, told_if_budget
 from ._memory import limit_products, memory_note, probe_limit
 from ..backends.base import ExactGGN, GGNVp, Hvp, HvpFailure, Vhv
@@ -281,7 +282,7 @@ class TraceProbe:
             def estimate(op: CurvatureOperator):
                 if options.estimator == "hutchpp":
                     return hutchpp(op, generator=ctx.generator(), matvecs=options.probes_max, split=split,
-                                   progress=progress, time_left=time_left(ctx))
+                                   progress=progress, time_left=time_left(ctx), pace=pace_changes)
                 return hutchinson(op, generator=ctx.generator(), max_probes=options.probes_max, rtol=options.rtol,
                                   min_probes=options.min_probes, block_size=options.block_size,
                                   split=split, progress=progress, should_stop=budget_stop(ctx), rows=rows,
