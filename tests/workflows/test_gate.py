@@ -154,6 +154,30 @@ def test_a_rerun_raises_the_count_of_the_estimate_the_headline_is(route, raised,
     assert checks[0].message.startswith(f"adaptive-sharpness rerun 2× ({raised} 16)")
 
 
+def test_a_rule_on_one_estimator_s_field_is_rerun_by_that_estimator_s_count():
+    """A rule on details.second_order.value under a Monte Carlo headline doubled noise_draws,
+    which that field does not read (reviewer19): it raises probes_max, the count it is made of."""
+    from flatcheck.probes.adaptive_sharpness import AdaptiveSharpnessOptions
+
+    def run(n):
+        return result(10.0, 1.0, probe="adaptive-sharpness", route="monte-carlo: S_ρ",
+                      second_order={"value": 10.0, "stderr": 4.0 / math.sqrt(n)})
+
+    cfg = gate({"field": "adaptive-sharpness.details.second_order.value", "max": 10.0 + Q * 1.0 + 0.01,
+                "inconclusive": "rerun"}, max_reruns=5)
+    asked = []
+
+    def rerun(more):
+        options = more["adaptive-sharpness"]
+        assert options.noise_draws == 4
+        asked.append(options.probes_max)
+        return {"adaptive-sharpness": run(asked[-1])}
+
+    start = AdaptiveSharpnessOptions(noise_draws=4, probes_max=4)
+    checks, _ = decide_with_reruns(cfg, {"adaptive-sharpness": run(4)}, {"adaptive-sharpness": start}, rerun)
+    assert asked == [8, 16] and checks[0].verdict == "pass"
+
+
 def test_probes_without_an_effort_option_are_not_rerun():
     cfg = gate({"field": "gini.value", "max": 0.5, "inconclusive": "rerun"})
     calls = []
@@ -531,6 +555,25 @@ def test_a_hutchpp_baseline_is_never_asked_for_more_than_its_exact_count():
     base["details"]["parameters"] = 5000  # a larger model: the count from the error's law
     with pytest.raises(InputError, match=r"probes_max ≥ \d+ \(the baseline has 30\)"):
         check_baseline(cfg, _baseline({"trace": base}, **META), META, seed=1)
+
+
+@pytest.mark.parametrize("probe, details, draws, matvecs, option", [
+    ("adaptive-sharpness", {"route": "monte-carlo: S_ρ", "rho": 0.0005, "loss": None}, 16, 108, "noise_draws"),
+    ("spectrum", {}, 2, 200, "starts")])
+def test_a_needed_count_is_said_in_the_effort_option_s_own_unit(probe, details, draws, matvecs, option):
+    """The count was converted as if the option counted products (reviewer19): 16 Monte Carlo
+    draws beside 108 products were said as 'noise_draws ≥ 2707 (the baseline has 108)', and a
+    spectrum's 2 starts of 100 steps as 200. The option counts the draws themselves."""
+    from flatcheck.workflows.gate.checks import check_baseline
+
+    base = ProbeResult(probe, 10.0, 2.0, matvecs, 0.0, seed=0, details=details, dof=draws - 1).to_dict()
+    cfg = gate({"field": f"{probe}.value", "max_increase": "20%"})
+    with pytest.raises(InputError, match=rf"{option} ≥ (\d+) \(the baseline has {draws}\)") as exc:
+        check_baseline(cfg, _baseline({probe: base}, **META), META, seed=1)
+    need = int(re.search(rf"{option} ≥ (\d+)", str(exc.value)).group(1))
+    # at that count of draws of the same spread, an unchanged model's interval fits the margin twice
+    s = 2.0 * math.sqrt(draws / need)
+    assert 2 * stats_t.ppf(0.975, need - 1) * math.sqrt(1 + 1.2**2) * s < 0.2 * 10.0
 
 
 def _accepted(cfg_for, base_results) -> bool:

@@ -42,7 +42,7 @@ def test_every_probe_declares_its_gating(probe):
     assert isinstance(declared, Gating) and declared.declared and gating_of(probe) is declared
     options = {f for f in registry.get_probe_class(probe).Options.__dataclass_fields__}
     named = [declared.effort_option, declared.adaptive_stop, declared.tolerance_option, declared.route_option,
-             *declared.quantity_options, *declared.route_efforts.values()]
+             *declared.quantity_options, *declared.route_efforts.values(), *declared.field_efforts.values()]
     assert {n for n in named if n is not None} <= options, "a declared option the probe's Options lack"
 
 

@@ -116,7 +116,9 @@ class AdaptiveSharpnessProbe:
     # a rerun raises the count of the estimate the headline is: the draws of δ or the probes
     gating: ClassVar[Gating] = Gating(quantity_options=("rho", "loss"), routes=frozenset(ROUTE_METHODS),
                                       estimator_routes=ROUTE_METHODS, route_option="method",
-                                      route_efforts={"monte-carlo": "noise_draws", "second-order": "probes_max"})
+                                      route_efforts={"monte-carlo": "noise_draws", "second-order": "probes_max"},
+                                      field_efforts={"details.mc.": "noise_draws",
+                                                     "details.second_order.": "probes_max"})
     command_help: ClassVar[str] = ("Elementwise adaptive sharpness: Monte Carlo over ±δ noise pairs and its "
                                    "second-order Hutchinson form.")
 

@@ -52,6 +52,9 @@ class Gating:
     # where the headline's route (details.route) decides which estimate it is, that route's
     # effort option instead (two estimators, each with its own count)
     route_efforts: Mapping[str, str] = field(default_factory=dict)
+    # a field below the probe that one estimator alone makes (a prefix such as "details.mc."),
+    # with that estimator's effort option: a rule on it is rerun by that count
+    field_efforts: Mapping[str, str] = field(default_factory=dict)
     # options that change the quantity itself, not how it is estimated, each kept under the
     # same key in the result's details; `matrix` always counts. A baseline measured with
     # other values is another quantity and is refused
@@ -75,8 +78,14 @@ class Gating:
     every_field_shares_draws: bool = False
     declared: bool = True
 
-    def effort(self, result: "Result | None" = None) -> str | None:
-        """The option a rerun raises for this result (route_efforts by its route, else effort_option)."""
+    def effort(self, result: "Result | None" = None, field_: str | None = None) -> str | None:
+        """The option a rerun raises for a rule on `field_` (a full dotted path) of this result:
+        the estimator's that makes the field (field_efforts), else the headline route's
+        (route_efforts), else effort_option."""
+        rest = field_.partition(".")[2] if field_ else ""
+        for prefix, name in self.field_efforts.items():
+            if rest.startswith(prefix):
+                return name
         details = (result or {}).get("details") if isinstance(result, Mapping) else getattr(result, "details", None)
         route = details.get("route") if isinstance(details, Mapping) else None
         if isinstance(route, str) and route.partition(":")[0] in self.route_efforts:
@@ -158,6 +167,12 @@ class Gating:
     def precision_ratio(self, probe: str, result: Result, options: Any) -> float:
         """The planned run's standard error over the baseline's, where the estimator says how
         its error falls with its count; 1 (as precise as the baseline) otherwise."""
+        return 1.0
+
+    def effort_per_draw(self, result: Result, draws: int) -> float:
+        """Units of the effort option per draw of the headline's standard error (`draws`: its
+        dof + 1), to say a needed count in the option's own unit: 1 where the option counts
+        the draws themselves (starts, noise draws, probes)."""
         return 1.0
 
     def exact_effort(self, result: Result) -> tuple[int, str] | None:

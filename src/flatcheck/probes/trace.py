@@ -191,6 +191,12 @@ class TraceGating(Gating):
         ratio = had / now
         return ratio if estimator == "hutchpp" and ratio > 1 else math.sqrt(ratio)
 
+    def effort_per_draw(self, result, draws):
+        """probes_max counts products: Hutchinson's one a probe, Hutch++'s three a residual probe."""
+        matvecs = result.get("matvecs")
+        return matvecs / draws if isinstance(matvecs, int) and not isinstance(matvecs, bool) and matvecs > 0 \
+            and draws > 0 else 1.0
+
     def exact_effort(self, result):
         """Hutch++'s sketch spans the whole space at a third of 3·P products: its trace is then
         exact (Meyer et al. 2021), and a gate needs no more."""

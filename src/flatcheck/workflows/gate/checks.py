@@ -194,18 +194,18 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
     msg = (f"{baseline.where}: rule {bound.name} cannot pass an unchanged model {how}: the baseline's "
            f"{bound.field} = {b:.6g} ± {s_b:.3g} gives an interval of ±{z * factor * s_b:.3g}, and the rule's "
            f"margin {margin:.3g} must be {need_margin}")
-    effort = gating_of(bound.probe).effort(baseline.results.get(bound.probe))
+    gating, result = gating_of(bound.probe), baseline.results.get(bound.probe) or {}
+    effort = gating.effort(result, bound.field)
     counted = dof is not None and margin > 0 and effort is not None
     if counted:
         m = int(dof) + 1
         # both runs at the new count: the run's error is then the baseline's (scale 1)
         both = math.sqrt(1 + slope_of(bound, b) ** 2) if unpaired else factor
         need = math.ceil(m * (times * z * both * s_b / margin) ** 2) + 1
-        # in the unit of the probe's effort option: Hutch++ spends 3 products per residual probe
-        result = baseline.results.get(bound.probe) or {}
-        per = result.get("matvecs", m) / m if isinstance(result.get("matvecs"), int) and result["matvecs"] else 1
+        # in the unit of the probe's effort option (Hutch++ spends 3 products per residual probe)
+        per = gating.effort_per_draw(result, m)
         count, why = math.ceil(need * per), ""
-        exact = gating_of(bound.probe).exact_effort(result)
+        exact = gating.exact_effort(result)
         if exact is not None and count >= exact[0]:
             count, why = exact[0], f"; {exact[1]}"
         msg += (f"; make the baseline, and run the gate, with {effort} ≥ {count} "

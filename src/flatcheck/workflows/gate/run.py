@@ -7,7 +7,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ...probes.gating import gating_of
 from ...report.result import ProbeResult
@@ -17,19 +17,19 @@ from .config import GateConfig
 from .verdicts import Check, as_dicts, evaluate
 
 
-def effort_option(probe: str, result: Any = None) -> str | None:
-    """The option that buys a probe more samples, if the probe declares one (for `result`'s
-    route, where the route decides which estimate is the headline)."""
-    return gating_of(probe).effort(result)
+def effort_option(probe: str, result: Any = None, field: str | None = None) -> str | None:
+    """The option that buys a rule on `field` more samples, if the probe declares one (for
+    `result`'s route, where the route decides which estimate is the headline)."""
+    return gating_of(probe).effort(result, field)
 
 
-def raise_effort(probe: str, options: Any, factor: float, result: Any = None) -> Any:
-    name = effort_option(probe, result)
-    if name is None:
-        return None
-    old = getattr(options, name)
-    new = type(old)(math.ceil(old * factor)) if isinstance(old, int) else old * factor
-    return dataclasses.replace(options, **{name: new})
+def raise_effort(options: Any, names: Iterable[str], factor: float) -> Any:
+    """`options` with each of the effort options `names` multiplied by `factor`."""
+    more = {}
+    for name in names:
+        old = getattr(options, name)
+        more[name] = type(old)(math.ceil(old * factor)) if isinstance(old, int) else old * factor
+    return dataclasses.replace(options, **more)
 
 
 def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], options: dict[str, Any],
@@ -53,10 +53,14 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
     remeasured: set[str] = set()
 
     def wanted() -> dict[str, Any]:
-        probes = {c.bound.probe for c in checks if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun"
-                  and not (c.capped and rerun_baseline is None)}
-        more = {p: raise_effort(p, options[p], gate.effort_factor, results.get(p)) for p in sorted(probes)}
-        return {p: o for p, o in more.items() if o is not None}
+        names: dict[str, set[str]] = {}  # per probe, the effort options its inconclusive rules need
+        for c in checks:
+            stuck = c.capped and rerun_baseline is None  # paired over all the baseline's values
+            if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun" and not stuck:
+                name = effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.field)
+                if name is not None:
+                    names.setdefault(c.bound.probe, set()).add(name)
+        return {p: raise_effort(options[p], sorted(names[p]), gate.effort_factor) for p in sorted(names)}
 
     for _ in range(gate.max_reruns):
         more = wanted()
@@ -82,13 +86,13 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
     for c in checks:
         c.reruns = reruns.get(c.bound.probe, 0)
         if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun":
-            why = ("no effort option" if effort_option(c.bound.probe, results.get(c.bound.probe)) is None
+            why = ("no effort option" if effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.field) is None
                    else "the baseline's last probe value was paired" if c.capped else f"{c.reruns} reruns")
             c.message = f"still inconclusive after {why}; counted as failed; {c.message}"
         elif c.reruns:
             # the verdict is the rerun's: a reader of the table or summary must not take it for
             # the first run's, nor miss that the first run was inconclusive
-            name = effort_option(c.bound.probe, results.get(c.bound.probe))
+            name = effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.field)
             c.message = (f"{c.bound.probe} rerun {c.reruns}× ({name} {getattr(options[c.bound.probe], name, '?')}) "
                          f"after an inconclusive rule" + (f"; {c.message}" if c.message else ""))
     return checks, results
