@@ -184,6 +184,11 @@ def test_gap_and_head_probes_take_test_data_and_head():
     with pytest.raises(SpecError, match=r"^measure\(\): keyword 'head' names no module of .*: 'nope'; linear "
                                         r"layers near the end: .*7"):
         flatcheck.measure(case.model, (case.X, case.Y), probes="head-trace", head="nope")
+    # the probe's own option, by its keyword
+    with pytest.raises(ConfigError, match=r"^head names no module of .*: 'nope'"):
+        flatcheck.measure(case.model, (case.X, case.Y), probes={"head-trace": {"head": "nope"}})
+    with pytest.raises(ConfigError, match=r"^measure\(\): unknown keyword 'loss' \(its 'foo'\)"):
+        flatcheck.measure(case.model, (case.X, case.Y), loss={"name": "cross_entropy", "foo": 1})
     # skipped, as `flatcheck probe` skips it, but said: a None in a notebook was silent (stranger18)
     with pytest.warns(UserWarning, match=r"^probe gap gave no value, skipped: data '\w+' has no test split "
                                          r"\(pass test_data=\)$"):

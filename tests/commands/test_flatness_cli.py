@@ -85,4 +85,6 @@ def test_adaptive_sharpness_bad_flags(args, flag):
 
 def test_head_trace_bad_flags():
     one_line_error(command("head-trace", "--verify-max", "0"), "--verify-max")
-    one_line_error(command("head-trace", "--head", "features.0"), "head")
+    one_line_error(command("head-trace", "--head", "features.0"), "--head must name an nn.Linear")
+    # the option, not a spec field nor measure()'s keyword (reviewer19: "head nope: keyword 'head' …")
+    one_line_error(command("head-trace", "--head", "nope"), "error: --head names no module of")

@@ -172,7 +172,7 @@ def test_head_follows_the_bn_mode():
 
 @pytest.mark.parametrize("options, said, flags", [
     ({"verify_max": 0}, "verify_max must be a positive integer", "--verify-max must be a positive integer"),
-    ({"head": "nothing"}, "head nothing: ", "--head nothing: "),
+    ({"head": "nothing"}, "head names no module of", "--head names no module of"),
 ])
 def test_an_option_refusal_names_the_option_as_the_caller_wrote_it(options, said, flags):
     """From Python the option's keyword, on the command line its flag (stranger18)."""

@@ -54,7 +54,7 @@ def select_logits(output: Any, key: OutputKey, where: str) -> Tensor:
     if key is None:
         raise SpecError(
             f"{where}: the model's forward returned {_describe(output)} with no tensor to take as logits; "
-            f"set field 'output_key' to the key, attribute or index that holds them"
+            f"set {field_words(where, 'output_key')} to the key, attribute or index that holds them"
         )
     raise SpecError(f"{where}: {field_words(where, 'output_key')} {key!r} selects {type(found).__name__}, not a tensor of logits")
 

@@ -115,21 +115,22 @@ def _library_classes(spec: ModelSpec, model: nn.Module) -> int | None:
     return None
 
 
-def find_head(model: nn.Module, spec: ModelSpec) -> str:
-    """Dotted name of the final linear layer (nn.Linear or a 1x1 nn.Conv2d)."""
+def find_head(model: nn.Module, spec: ModelSpec, named: str | None = None) -> str:
+    """Dotted name of the final linear layer (nn.Linear or a 1x1 nn.Conv2d). `named`: how
+    messages name where spec.head came from, when not the spec's own field (a probe's option)."""
     modules = dict(model.named_modules())
     if spec.head is not None:
         module = modules.get(spec.head)
+        who = named or f"{spec.where}: {field_words(spec.where, 'head')}"
         if module is None:
             candidates = [n for n, m in modules.items() if _is_head(m)][-5:]
             raise SpecError(
-                f"{spec.where}: {field_words(spec.where, 'head')} names no module of {spec.arch!r}: {spec.head!r}; "
+                f"{who} names no module of {spec.arch!r}: {spec.head!r}; "
                 f"linear layers near the end: {', '.join(candidates) or 'none'}"
             )
         if not _is_head(module):
             raise SpecError(
-                f"{spec.where}: {field_words(spec.where, 'head')} must name an nn.Linear or 1x1 nn.Conv2d, "
-                f"but {spec.head!r} is {type(module).__name__}"
+                f"{who} must name an nn.Linear or 1x1 nn.Conv2d, but {spec.head!r} is {type(module).__name__}"
             )
         name = spec.head
     else:
@@ -158,7 +159,8 @@ def _detect_head(model: nn.Module, spec: ModelSpec, modules: dict[str, nn.Module
     heads = [n for n, m in modules.items() if _is_head(m)]
     if not heads:
         raise SpecError(
-            f"{spec.where}: cannot find the final linear layer of {spec.arch!r}; set field 'head' to its module name"
+            f"{spec.where}: cannot find the final linear layer of {spec.arch!r}; set {field_words(spec.where, 'head')} "
+            f"to its module name"
         )
     return heads[-1]
 
@@ -170,7 +172,7 @@ def _check_width(spec: ModelSpec, name: str, module: nn.Module) -> None:
     if spec.num_classes is not None and width != spec.num_classes:
         raise SpecError(
             f"{spec.where}: head {name!r} of {spec.arch!r} has {width} outputs but num_classes is "
-            f"{spec.num_classes}; set field 'head' or fix 'num_classes'"
+            f"{spec.num_classes}; set {field_words(spec.where, 'head')} or fix {field_words(spec.where, 'num_classes')}"
         )
 
 

@@ -267,7 +267,7 @@ class _Validator:
         for key in data:
             if key not in allowed:
                 raise SpecError(
-                    f"{self.where}: unknown field '{prefix}{key}'; "
+                    f"{self.where}: unknown {field_words(self.where, prefix + str(key))}; "
                     f"allowed: {', '.join(sorted(prefix + a for a in allowed))}"
                 )
 

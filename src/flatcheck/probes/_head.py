@@ -66,10 +66,9 @@ def resolve_head(model: nn.Module, spec: ModelSpec | None, name: str | None = No
         spec = ModelSpec(source="python", arch=type(model).__name__)
     if name is not None:
         try:
-            head = find_head(model, dataclasses.replace(spec, head=name))
-        except SpecError as exc:  # the user gave head (--head), not the spec's field
-            detail = str(exc).split(": ", 1)[-1].replace("field 'head' names no module", "no module")
-            raise ConfigError(f"{setting('head')} {name}: {detail.replace('field ', '')}") from None
+            head = find_head(model, dataclasses.replace(spec, head=name), named=setting("head"))
+        except SpecError as exc:  # the user gave head (--head), not the spec's field: a setting's error
+            raise ConfigError(exc.args[0]) from None
     else:
         head = find_head(model, spec)
     module = dict(model.named_modules())[head]
