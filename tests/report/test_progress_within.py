@@ -106,6 +106,18 @@ def test_a_long_run_says_so_at_once_with_fewer_samples_and_the_budget(cli):
         assert len(lines_of(out)) == 2  # each said once
 
 
+def test_a_long_run_under_a_command_without_a_budget_offers_none():
+    """gate refuses --budget (its counts are fixed): its long-run line offered it (reviewer19)."""
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock, name_of=flag_of, budget=False) as progress:
+        progress("trace (hutchinson)", 0, 0)
+        for i in range(1, 3):
+            clock.now += 3
+            progress("trace (hutchinson)", i, 200)
+    hint = next(line for line in lines_of(out) if "will take" in line)
+    assert hint.endswith("for a shorter one use --samples (fewer samples)") and "budget" not in hint
+
+
 def test_a_run_within_the_long_run_limit_gives_no_hint():
     clock, out = FakeClock(), io.StringIO()
     with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:

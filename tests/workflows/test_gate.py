@@ -520,6 +520,9 @@ def test_data_read_in_another_dtype_names_the_dtype_to_run_at():
     now["dtype"] = "float64"  # the same dtype: other data, and nothing said of a dtype
     with pytest.raises(InputError, match=r"'f' → 'g'\); compare anyway"):
         check_baseline(cfg, base, now, seed=0)
+    now["dtype"], now["model"]["arch"] = "float32", "b"  # another model too: the dtype would not mend it
+    with pytest.raises(InputError, match=r"'f' → 'g'\); compare anyway"):
+        check_baseline(cfg, base, now, seed=0)
 
 
 def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():

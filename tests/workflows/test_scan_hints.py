@@ -41,3 +41,14 @@ def test_scan_errors_name_no_option_scan_lacks_and_say_how_a_scan_names_a_spec(t
     assert "c_nospec.yaml or spec.yaml beside it" in nospec["error"]
     # flatcheck scan indeed has no --spec: the hint named an option that does not exist
     assert invoke("scan", "--spec", "x.yaml", "--checkpoints", folder, "--out", out).exit_code == 2
+
+
+def test_a_scan_record_names_the_settings_as_the_scan_s_flags():
+    """A scan is a command: an error naming a setting says its flag, not the keyword measure()
+    takes (reviewer19: scan records held str(exc), the Python wording)."""
+    from flatcheck.errors import ConfigError, setting
+    from flatcheck.workflows.scan import _one_line
+
+    exc = ConfigError(f"{setting('route', 'tangent')} needs {setting('parts', False, flag='--no-layers')}")
+    assert _one_line(exc) == "--route tangent needs --no-layers"
+    assert _one_line(ValueError("plain")) == "ValueError: plain"

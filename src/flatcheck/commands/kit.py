@@ -427,7 +427,7 @@ def _run(checkpoint, common, names, options, quiet, err, execute=None, outputs=(
 
     # a rich bar per probe at a terminal, plain lines anywhere else (report/progress.py)
     with ProgressRenderer(err.file, interactive=err.is_interactive, period=period_from_env(),
-                          name_of=flag_of) as progress:
+                          name_of=flag_of, budget="budget" in common) as progress:
         return execute(config, progress)
 
 

@@ -121,6 +121,7 @@ class Task:
     guess: bool = False  # the total is a prior (linalg/forecast.Prior), not the run's own forecast
     samples: int | None = None  # the samples a product runs over, once a backend has counted them
     deadline: float | None = None  # when --budget stops it (the renderer's clock), if it has one
+    budget_ok: bool = True  # whether the run takes a budget, to offer in the long-run line
     # what has been written at once (FIRST_AFTER, LONG_RUN): each once
     said: set = field(default_factory=set, repr=False)
     told: tuple[float, float] | None = None  # (when, ETA) of the last line written with an ETA
@@ -284,10 +285,12 @@ class Task:
         if samples is not None and samples > 1:
             fit = 1 << max(0, int(math.log2(max(1.0, samples * LONG_RUN * 0.8 / whole))))
             if fit < samples:
-                fewer = f"{setting('samples', fit)} (about {clock_text(whole * fit / samples)}), or "
+                fewer = f"{setting('samples', fit)} (about {clock_text(whole * fit / samples)})"
+        fewer = fewer or f"{setting('samples')} (fewer samples)"
+        if not self.budget_ok:  # a gate runs fixed counts: no budget to offer
+            return f"{PREFIX} {self.desc}: this run will take about {clock_text(whole)}; for a shorter one use {fewer}"
         return (f"{PREFIX} {self.desc}: this run will take about {clock_text(whole)}; for a shorter one use "
-                f"{fewer or setting('samples') + ' (fewer samples), or '}{setting('budget', 'SECONDS')}, "
-                f"which stops it on time")
+                f"{fewer}, or {setting('budget', 'SECONDS')}, which stops it on time")
 
     def long_run_news(self, now: float) -> str | None:
         """The long-run line (long_run_line) the first time there is one, else None: said once."""
@@ -306,11 +309,13 @@ class ProgressRenderer:
 
     def __init__(self, stream: TextIO | None = None, *, interactive: bool | None = None,
                  period: float = DEFAULT_PERIOD, clock: Callable[[], float] = time.monotonic,
-                 phase: str = "loading the model and data", name_of: Callable[[str], str] | None = None):
+                 phase: str = "loading the model and data", name_of: Callable[[str], str] | None = None,
+                 budget: bool = True):
         self.stream = stream if stream is not None else sys.stderr
         # how the settings a line names are said: the CLI passes its flags (settings.flag_of);
         # in code they read as keywords (`samples=64`, `budget=SECONDS`)
         self.name_of = name_of
+        self.budget_ok = budget  # the command takes --budget (a gate does not)
         self.interactive = self.stream.isatty() if interactive is None else interactive
         self.period, self.clock, self.phase = period, clock, phase
         self.started = clock()
@@ -376,7 +381,7 @@ class ProgressRenderer:
                 # a probe that reports "0 done" first says when it began; else it began when the
                 # previous one last reported (or when the run did)
                 start = now if done == 0 else self.current.last if self.current is not None else self.started
-                task = self.tasks[desc] = Task(desc, started=start)
+                task = self.tasks[desc] = Task(desc, started=start, budget_ok=self.budget_ok)
             self.current = task
             task.update(now, done, total, value, stderr)
             if self._bar is not None:
@@ -473,7 +478,7 @@ class ProgressRenderer:
                 held.value, held.stderr = value, stderr
             self._flush()
             if began is not None and began[0] == probe and began[2] == self._ends:
-                task = Task(probe, started=began[1])
+                task = Task(probe, started=began[1], budget_ok=self.budget_ok)
                 task.update(now, 1, 1, value, stderr)
                 self._finish(task, now)
 

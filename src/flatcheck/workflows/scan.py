@@ -339,8 +339,10 @@ def scan_one(entry: Entry, record: dict[str, Any], base: RunConfig,
 
 def _one_line(exc: BaseException) -> str:
     from ..errors import FlatcheckError
+    from ..settings import flag_of
 
-    text = " ".join(str(exc).split())
+    # a scan is a command: the settings a message names are its flags
+    text = " ".join((exc.worded(flag_of) if isinstance(exc, FlatcheckError) else str(exc)).split())
     # flatcheck's own messages are written for users; anything else needs its type to be read
     return text if isinstance(exc, FlatcheckError) else f"{type(exc).__name__}: {text}"
 

@@ -44,8 +44,8 @@ def _dtype_hint(base: Mapping[str, Any], now: Mapping[str, Any], diff: list[str]
     was, is_ = base.get("dtype"), now.get("dtype")
     if not (isinstance(was, str) and isinstance(is_, str) and was != is_):
         return ""
-    if not any(d.startswith("data.fingerprint") for d in diff):
-        return ""
+    if not diff or any(not d.startswith("data.fingerprint") for d in diff):
+        return ""  # another model or data set besides: a dtype alone would not make them one
     return f"; the baseline was made in {was} and this run is {is_}: run with --dtype {was}"
 
 
