@@ -107,7 +107,7 @@ class TraceOptions:
     def check_given(self, given: frozenset[str]) -> None:
         """Options the user gave that this estimator would ignore, or that cannot all hold
         (registry.parse_options passes the names given; defaults are not the user's)."""
-        if "rtol" in given and self.rtol is None and self.estimator != "hutchinson" and self._rtol_given_default:
+        if "rtol" in given and self._rtol_given_default:
             raise self._rtol_unused()  # the default's value, given: as ignored as any other
         unused = {"exact": ("probes_max", "min_probes", "block_size", "route"),
                   "hutchpp": ("min_probes", "block_size")}.get(self.estimator, ())
@@ -193,9 +193,8 @@ class TraceGating(Gating):
 
     def effort_per_draw(self, result, draws):
         """probes_max counts products: Hutchinson's one a probe, Hutch++'s three a residual probe."""
-        matvecs = result.get("matvecs")
-        return matvecs / draws if isinstance(matvecs, int) and not isinstance(matvecs, bool) and matvecs > 0 \
-            and draws > 0 else 1.0
+        matvecs = number(result.get("matvecs"))
+        return matvecs / draws if matvecs and matvecs > 0 and draws > 0 else 1.0
 
     def exact_effort(self, result):
         """Hutch++'s sketch spans the whole space at a third of 3·P products: its trace is then

@@ -121,7 +121,6 @@ class Task:
     guess: bool = False  # the total is a prior (linalg/forecast.Prior), not the run's own forecast
     samples: int | None = None  # the samples a product runs over, once a backend has counted them
     deadline: float | None = None  # when --budget stops it (the renderer's clock), if it has one
-    budget_ok: bool = True  # whether the run takes a budget, to offer in the long-run line
     # what has been written at once (FIRST_AFTER, LONG_RUN): each once
     said: set = field(default_factory=set, repr=False)
     told: tuple[float, float] | None = None  # (when, ETA) of the last line written with an ETA
@@ -273,7 +272,7 @@ class Task:
             return None
         return now - self.started + left
 
-    def long_run_line(self, now: float) -> str | None:
+    def long_run_line(self, now: float, budget: bool = True) -> str | None:
         """What a run forecast past LONG_RUN says at once: how long, and how to make it shorter
         (products cost about in proportion to the samples, and --budget ends it on time)."""
         whole = self.forecast(now)
@@ -286,15 +285,14 @@ class Task:
             fit = 1 << max(0, int(math.log2(max(1.0, samples * LONG_RUN * 0.8 / whole))))
             if fit < samples:
                 fewer = f"{setting('samples', fit)} (about {clock_text(whole * fit / samples)})"
-        fewer = fewer or f"{setting('samples')} (fewer samples)"
-        if not self.budget_ok:  # a gate runs fixed counts: no budget to offer
-            return f"{PREFIX} {self.desc}: this run will take about {clock_text(whole)}; for a shorter one use {fewer}"
-        return (f"{PREFIX} {self.desc}: this run will take about {clock_text(whole)}; for a shorter one use "
-                f"{fewer}, or {setting('budget', 'SECONDS')}, which stops it on time")
+        line = (f"{PREFIX} {self.desc}: this run will take about {clock_text(whole)}; for a shorter one use "
+                f"{fewer or setting('samples') + ' (fewer samples)'}")
+        # `budget`: whether the command takes one (a gate runs fixed counts: none to offer)
+        return f"{line}, or {setting('budget', 'SECONDS')}, which stops it on time" if budget else line
 
-    def long_run_news(self, now: float) -> str | None:
+    def long_run_news(self, now: float, budget: bool = True) -> str | None:
         """The long-run line (long_run_line) the first time there is one, else None: said once."""
-        hint = None if "long" in self.said else self.long_run_line(now)
+        hint = None if "long" in self.said else self.long_run_line(now, budget)
         if hint is not None:
             self.said.add("long")
         return hint
@@ -381,7 +379,7 @@ class ProgressRenderer:
                 # a probe that reports "0 done" first says when it began; else it began when the
                 # previous one last reported (or when the run did)
                 start = now if done == 0 else self.current.last if self.current is not None else self.started
-                task = self.tasks[desc] = Task(desc, started=start, budget_ok=self.budget_ok)
+                task = self.tasks[desc] = Task(desc, started=start)
             self.current = task
             task.update(now, done, total, value, stderr)
             if self._bar is not None:
@@ -423,7 +421,7 @@ class ProgressRenderer:
         the probe has run FIRST_AFTER seconds or is forecast to run past that, its firsts (a
         count, an ETA, an ETA from its own forecast) and an ETA that has drifted from the last
         line's."""
-        hint = task.long_run_news(now)
+        hint = task.long_run_news(now, self.budget_ok)
         if hint is not None:
             self._write(hint, now)
         if now - task.started < FIRST_AFTER and not (task.forecast(now) or 0.0) > FIRST_AFTER:
@@ -478,7 +476,7 @@ class ProgressRenderer:
                 held.value, held.stderr = value, stderr
             self._flush()
             if began is not None and began[0] == probe and began[2] == self._ends:
-                task = Task(probe, started=began[1], budget_ok=self.budget_ok)
+                task = Task(probe, started=began[1])
                 task.update(now, 1, 1, value, stderr)
                 self._finish(task, now)
 
@@ -556,7 +554,7 @@ class ProgressRenderer:
                                              t0=task.started)
         eta = task.eta()
         now = self.clock()
-        hint = task.long_run_news(now)
+        hint = task.long_run_news(now, self.budget_ok)
         if hint is not None:
             self._bar.console.print(words(hint, self.name_of), markup=False, highlight=False)
         estimate = " · ".join(t for t in (task.within_text(), value_text(task.value, task.stderr),

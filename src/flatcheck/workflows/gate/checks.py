@@ -212,7 +212,7 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
                 f"(the baseline has {round(m * per)}{why})")
     remedies = []
     if unpaired and bound.headline:
-        remakes = no_probe_values(baseline.results.get(bound.probe) or {}, baseline.schema)
+        remakes = no_probe_values(result, baseline.schema)
         if not remakes[0] or remakes[1]:
             # the same seed, estimator and count draw the same vectors: pairing is open to it
             remedies.append("make the baseline with this gate file at this seed (flatcheck gate … --no-baseline "
