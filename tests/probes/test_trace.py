@@ -423,18 +423,21 @@ def test_an_option_refusal_is_worded_in_keywords_from_python_and_in_flags_on_the
 @pytest.mark.parametrize("parts", [False, True])
 def test_hutchpp_says_when_its_units_change_cost(parts):
     """Without parts, Hutch++'s last two thirds are quadratic forms, far cheaper than its
-    sketch's products: it tells a progress display to time them afresh (report/pulse), once,
-    after the sketch; with parts every unit is a product and nothing changes."""
+    sketch's products: before the sketch it tells a progress display what they are expected
+    to cost (report/pulse, `ahead`), and after the sketch to time them afresh, once each;
+    with parts every unit is a product and nothing changes."""
     import flatcheck
+    from flatcheck.linalg.trace import FORM_COST
     from flatcheck.report.pulse import listening
 
     heard = []
 
-    def listener(done, total, vectors, built=0.0, anew=False):
-        heard.append(anew)
+    def listener(done, total, vectors, built=0.0, anew=False, ahead=None):
+        if anew or ahead is not None:
+            heard.append("anew" if anew else ahead)
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
     data = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
     with listening(listener):
         flatcheck.measure(model, data, probes={"trace": {"estimator": "hutchpp", "probes_max": 6, "parts": parts}})
-    assert heard.count(True) == (0 if parts else 1)
+    assert heard == ([] if parts else [(2, FORM_COST), "anew"])

@@ -370,3 +370,35 @@ def test_units_of_another_cost_are_timed_afresh():
     assert run(True) == pytest.approx(18 * 0.2)
     assert run(False) == pytest.approx(18 * 21.2 / 11)  # the mean rate since the first product
     pace_changes()  # nobody listening: nothing happens
+
+
+def test_units_ahead_are_priced_at_their_expected_cost():
+    """Hutch++ says before its sketch that its last two thirds (quadratic forms) will cost
+    about half a sketch product each: the ETA during the sketch prices them so, and from the
+    change of pace until a form is timed it is the sketch's rate times that cost, each marked
+    as a guess (`~`); then the forms' own rate, unmarked."""
+    from flatcheck.report.pulse import pace_changes
+
+    clock = FakeClock()
+    with ProgressRenderer(io.StringIO(), interactive=False, period=3600, clock=clock) as progress:
+        progress("trace (hutchpp)", 0, 30)
+        pace_changes(ahead=(10, 0.5))
+        for i in range(1, 5):
+            clock.now += 2.0
+            progress("trace (hutchpp)", i, 30)
+        task = progress.current
+        assert task.remaining(clock.now) == pytest.approx(6 * 2.0 + 20 * 2.0 * 0.5)  # not 26 · 2.0
+        assert "ETA ~0:00:32" in task.line(clock.now)
+        for i in range(5, 11):
+            clock.now += 2.0
+            progress("trace (hutchpp)", i, 30)
+        assert task.remaining(clock.now) == pytest.approx(20 * 1.0)
+        pace_changes()  # the forms begin
+        assert task.remaining(clock.now) == pytest.approx(20 * 1.0)  # carried over, still a guess
+        assert "ETA ~0:00:20" in task.line(clock.now)
+        clock.now += 3.0  # the first form carries its own build
+        progress("trace (hutchpp)", 11, 30)
+        clock.now += 0.2
+        progress("trace (hutchpp)", 12, 30)
+        assert task.remaining(clock.now) == pytest.approx(18 * 0.2)
+        assert "ETA 0:00:04" in task.line(clock.now)

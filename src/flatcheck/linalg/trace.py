@@ -331,6 +331,13 @@ def _products(op: Operator, S: Tensor, rows: int, split: Split | None,
     return torch.cat(vals), {name: torch.cat(parts) for name, parts in pieces.items()}
 
 
+# what one of Hutch++'s last 2k units costs, over one of its sketch's products, where they are
+# quadratic forms: a form by forward tangents is about half a double-backward product's work
+# (backends/autograd.vhv), and the forms' share of the QR, the residual probes' projection and
+# the tangent pass' one-off build brings it to about 0.6 of a product on a ResNet-18 at 64
+# samples on a CPU. A prior for a progress display's ETA, until the forms are timed.
+FORM_COST = 0.5
+
 # Hutch++ takes each third's products in about this many pieces when progress is shown, so a
 # third of slow products is not one silent stretch (a line after each piece)
 PIECES = 4
@@ -397,12 +404,14 @@ def hutchpp(
     split: Split | None = None,
     progress: Progress | None = None,
     time_left: Callable[[], float] | None = None,
-    pace: Callable[[], None] | None = None,
+    pace: Callable[..., None] | None = None,
 ) -> TraceEstimate:
     """Hutch++ (Meyer, Musco, Musco, Woodruff 2021) with `matvecs` products, in thirds.
 
-    `pace()`, where given, is called when the units that follow cost otherwise than those
-    before (quadratic forms after the sketch's products): a progress display times them afresh.
+    `pace` (report/pulse.pace_changes, where given) tells a progress display about quadratic
+    forms after the sketch's products: `pace(ahead=(k, FORM_COST))` before the sketch, so
+    that its ETA prices the forms at their expected cost, and `pace()` when they begin, so
+    that it times them afresh.
 
     `time_left()` (seconds, a --budget) sizes the thirds: the sketch's first product is timed
     and k is cut to what three times k products take in the time left (at least 2; stop_reason
@@ -422,6 +431,11 @@ def hutchpp(
     if k < 2:
         raise ValueError("Hutch++ needs at least 6 matrix-vector products")
     S = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
+    forms = split is None and _streams(op, parts=False)
+    if forms and pace is not None:
+        # the last two thirds are quadratic forms, each a fraction of a sketch product: an
+        # ETA that priced them as products would be off by about half the time left
+        pace(ahead=(k, FORM_COST))
     stop_reason = "matvecs"
     if time_left is None:
         AS = _in_pieces(op.matmat, S, progress, 0, 3 * k)
@@ -434,18 +448,18 @@ def hutchpp(
             k, S, stop_reason = fit, S[:fit], "budget"
         AS = torch.cat([first, _in_pieces(op.matmat, S[1:], progress, 1, 3 * k)])  # k ≥ 2
     Q, _ = torch.linalg.qr(AS.T)  # (P, k)
+    del AS
     Q = Q.T.contiguous()  # rows are basis vectors
-    forms = split is None and _streams(op, parts=False)
+    # the residual's probes, drawn and projected before the forms begin, so that the forms run
+    # back to back and a rate taken on the first of them holds for the rest
+    G = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
+    G.addmm_(G @ Q.T, Q, alpha=-1)
     if forms:
-        # quadratic forms from here on, each a fraction of one of the sketch's products: an ETA
-        # at the sketch's rate would be off by about the whole time left
         if pace is not None:
-            pace()
+            pace()  # timed afresh from here
         head_values = _in_pieces(lambda M: op.quadratic(M)[0], Q, progress, k, 3 * k)
     else:
         AQ = _in_pieces(op.matmat, Q, progress, k, 3 * k)
-    G = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
-    G = G - (G @ Q.T) @ Q
     if forms:
         # gᵀAg alone: the cross term below sums to zero over all entries (Qg = 0)
         resid_values = _in_pieces(lambda M: op.quadratic(M)[0], G, _short_of(progress, 3 * k), 2 * k, 3 * k)

@@ -119,6 +119,12 @@ class Task:
     # seconds of kept builds after the anchor (report/pulse.Passes.built): left out of the rate
     built: float = 0.0
     guess: bool = False  # the total is a prior (linalg/forecast.Prior), not the run's own forecast
+    # (unit, cost): the units from `unit` on are expected to cost `cost` of one before it, a
+    # prior until they are timed (pulse.pace_changes(ahead=…): Hutch++'s forms after its sketch)
+    ahead: tuple[int, float] | None = None
+    # seconds a unit, a prior: the rate before a change of pace times its expected cost, until
+    # the units after it have a rate of their own
+    prior_rate: float | None = None
     samples: int | None = None  # the samples a product runs over, once a backend has counted them
     deadline: float | None = None  # when --budget stops it (the renderer's clock), if it has one
     # what has been written at once (FIRST_AFTER, LONG_RUN): each once
@@ -165,8 +171,41 @@ class Task:
     def time_afresh(self) -> None:
         """The units from here on are another kind of work (a cheaper form after costlier
         products): the rate is theirs alone, anchored as a first unit's is (the first of them
-        may carry a build of its own, as a tangent route's tracing), so no ETA till then."""
-        self.anchor, self.built = None, 0.0
+        may carry a build of its own, as a tangent route's tracing). Till then the ETA is the
+        rate before times the cost `ahead` expected of them, marked as a guess (none without it)."""
+        rate = self.rate()
+        cost = self.ahead[1] if self.ahead is not None else None
+        self.prior_rate = rate * cost if rate is not None and cost is not None else None
+        self.anchor, self.built, self.ahead = None, 0.0, None
+
+    def rate(self) -> float | None:
+        """Seconds a unit, the mean since the anchor (kept builds left out); None before a
+        unit's worth has been timed."""
+        if self.anchor is None:
+            return None
+        t0, d0 = self.anchor
+        now = self.progress()
+        if now <= d0:
+            return None
+        return max(0.0, self.moved - t0 - self.built) / (now - d0)
+
+    def units_left(self) -> float:
+        """Units left, those past a change of pace (`ahead`) priced at their expected cost."""
+        now = self.progress()
+        if self.ahead is not None and now <= self.ahead[0] < self.total:
+            at, cost = self.ahead
+            return (at - now) + cost * (self.total - at)
+        return max(0.0, self.total - now)
+
+    @property
+    def eta_guess(self) -> bool:
+        """Whether the ETA rests on a prior: a prior's total, a cost expected of units not yet
+        timed, or a rate carried over a change of pace."""
+        if self.guess:
+            return True
+        if self.ahead is not None and self.progress() <= self.ahead[0]:
+            return True
+        return self.rate() is None and self.prior_rate is not None
 
     def progress(self) -> float:
         """Units done, with the part of the unit in progress that its backend has counted: a
@@ -181,13 +220,12 @@ class Task:
         the counted part of the unit in progress: a block of minutes gives a rate before it ends)."""
         if not self.known:
             return None
-        if self.anchor is None or self.done >= self.total:
-            return 0.0 if self.done >= self.total else None
-        t0, d0 = self.anchor
-        now = self.progress()
-        if now <= d0:
-            return None
-        return max(0.0, self.moved - t0 - self.built) / (now - d0) * max(0.0, self.total - now)
+        if self.done >= self.total:
+            return 0.0
+        rate = self.rate()
+        if rate is None:
+            rate = self.prior_rate
+        return None if rate is None else rate * self.units_left()
 
     def remaining(self, now: float) -> float | None:
         """The ETA as it stands at `now`: counted from when the work last moved, since a unit of
@@ -215,7 +253,8 @@ class Task:
     def line(self, now: float, *, end: bool = False) -> str:
         elapsed = f"elapsed {clock_text(now - self.started)}"
         within = None if end else self.within_text()
-        about = "~" if self.guess and not end else ""  # a prior's total, and the ETA from it
+        about = "~" if self.guess and not end else ""  # a prior's total
+        eta_about = "~" if self.eta_guess and not end else ""  # an ETA from a prior
         if end and not self.stop and self.done:
             # run its course: the count done is the total, whatever the last forecast said (a
             # stopping rule met may have forecast fewer units than the last block took, or more)
@@ -232,7 +271,7 @@ class Task:
             parts.insert(0, f"stopped by the {self.stop}" if self.stop else "done")
         elif self.known or self.done:
             left = self.remaining(now)
-            parts.append(f"ETA {about if left is not None else ''}{clock_text(left)}")
+            parts.append(f"ETA {eta_about if left is not None else ''}{clock_text(left)}")
             budget = self.budget_text(now)
             if budget:
                 parts.append(budget)
@@ -247,7 +286,7 @@ class Task:
         the run's own forecast (after one from a prior, the line that corrects it)."""
         eta = self.remaining(now) is not None
         return {w for w, r in (("count", self.done > 0 or self.within is not None), ("eta", eta),
-                               ("forecast", eta and not self.guess)) if r}
+                               ("forecast", eta and not self.eta_guess)) if r}
 
     def drifted(self, now: float) -> bool:
         """Whether the ETA now is far from the last line's, aged since (CORRECTION): by more than
@@ -390,17 +429,22 @@ class ProgressRenderer:
             else:
                 self._say_news(task, now)
 
-    def within(self, done: int, total: int, vectors: int, built: float = 0.0, anew: bool = False) -> None:
+    def within(self, done: int, total: int, vectors: int, built: float = 0.0, anew: bool = False,
+               ahead: tuple[int, float] | None = None) -> None:
         """A backend's count within the unit in progress (report/pulse.Passes): `done` of
         `total` sample passes, over `vectors` vectors; with `built`, a kept build's end; with
-        `anew`, the units that follow cost otherwise (pulse.pace_changes)."""
+        `anew`, the units that follow cost otherwise; with `ahead`, the units from one on will
+        (pulse.pace_changes)."""
         now = self.clock()
         with self._lock:
             task = self.current
             if task is None or task.finished:
                 return
-            if anew:
-                task.time_afresh()
+            if anew or ahead is not None:
+                if ahead is not None:
+                    task.ahead = ahead
+                else:
+                    task.time_afresh()
                 return
             task.passed(now, done, total, vectors, built)
             if self._bar is not None:
@@ -561,7 +605,7 @@ class ProgressRenderer:
                                           task.budget_text(now)) if t)
         estimate = words(estimate, self.name_of)
         # an unknown total (the probe's start report) pulses until the first unit is done
-        about = "~" if task.guess and eta is not None else ""  # a prior's total: a guess, as the line says
+        about = "~" if task.eta_guess and eta is not None else ""  # from a prior: a guess, as the line says
         # a total forecast below the count done (a stopping rule met early) is the count
         total = max(task.total, task.done) if task.known else None
         self._bar.update(task.bar_id, completed=task.done, total=total, eta=about + clock_text(eta),

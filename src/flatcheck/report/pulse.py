@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 # (sample passes done, sample passes in the call, vectors in the call): a call over N samples
 # with k vectors makes N·k sample passes; with `built=seconds` (a keyword), a build that later
 # calls reuse has just ended, and took that long; with `anew=True`, the units that follow cost
-# otherwise (pace_changes)
+# otherwise, and with `ahead=(unit, cost)`, the units from `unit` on will (pace_changes)
 Listener = Callable[..., None]
 
 _listener: ContextVar[Listener | None] = ContextVar("flatcheck_pulse", default=None)
@@ -40,12 +40,17 @@ def listened() -> bool:
     return _listener.get() is not None
 
 
-def pace_changes() -> None:
+def pace_changes(ahead: tuple[int, float] | None = None) -> None:
     """The units that follow cost otherwise than those before (Hutch++'s quadratic forms after
-    its sketch's products): whoever listens times them afresh."""
+    its sketch's products): whoever listens times them afresh. With `ahead=(unit, cost)`, said
+    before: the units from `unit` on are expected to cost `cost` of one before it, so that an
+    ETA taken before then prices them so (a prior, until they are timed)."""
     listener = _listener.get()
     if listener is not None:
-        listener(0, 0, 0, anew=True)
+        if ahead is None:
+            listener(0, 0, 0, anew=True)
+        else:
+            listener(0, 0, 0, ahead=ahead)
 
 
 class Passes:
