@@ -247,7 +247,7 @@ def test_every_cold_every_th_tracked_step_starts_cold():
 def test_the_warm_start_is_the_last_two_eigenvectors_extrapolated(monkeypatch):
     """λmax starts warm from a block: the top eigenvector carried one step on, v_t + (v_t − v_{t−1})
     (signs aligned) once two converged, v_t when they differ (overlap below EXTRAPOLATE_OVERLAP),
-    and the next eigenvector as it converged (the gap's); cold after the guard."""
+    and beside it the next eigenvector (the gap's), carried on the same way; cold after the guard."""
     from flatcheck.probes import lmax
     from flatcheck.workflows import track
 
@@ -278,9 +278,10 @@ def test_the_warm_start_is_the_last_two_eigenvectors_extrapolated(monkeypatch):
     assert starts[0] is None and torch.equal(starts[1], blocks[0])
     for i in (2, 3):
         assert starts[i].shape == (2, blocks[i - 1].shape[1])
-        assert torch.equal(starts[i][:1], track.extrapolated_start(blocks[i - 2][:1], blocks[i - 1][:1]))
-        assert not torch.equal(starts[i][:1], blocks[i - 1][:1])  # the weights moved: an extrapolation
-        assert torch.equal(starts[i][1:], blocks[i - 1][1:])  # the gap's vector as it converged
+        for row in (0, 1):  # the top eigenvector's row, then the gap's
+            last, before = blocks[i - 1][row:row + 1], blocks[i - 2][row:row + 1]
+            assert torch.equal(starts[i][row:row + 1], track.extrapolated_start(before, last))
+            assert not torch.equal(starts[i][row:row + 1], last)  # the weights moved: an extrapolation
     assert starts[4] is None and torch.equal(starts[5], blocks[4])  # the guard's cold step: history gone
 
 

@@ -18,11 +18,11 @@ previous tracked step's top eigenvector carried one step on, v_t + (v_t − v_{t
 signs aligned, while the last two overlap by EXTRAPOLATE_OVERLAP or more, else v_t (between
 steps a few apart, as the edge-of-stability curves of Cohen et al. 2021 are measured, the top
 eigenvector moves little, and steadily enough that the line through the last two is the better
-guess: benchmarks/results/tracker.md), and beside it the previous next eigenvector, whose Ritz
-value gives the gap the certified bound needs. The block keeps a random part that can bring a
-top eigenvalue which crossed the old ones into view; one that crossed by a small gap can hide
-behind them for a while, so every `cold_every`-th tracked step starts cold (recorded as such)
-and bounds how long.
+guess: benchmarks/results/tracker.md), and beside it the previous next eigenvector, carried on
+the same way, whose Ritz value gives the gap the certified bound needs. The block keeps a random
+part that can bring a top eigenvalue which crossed the old ones into view; one that crossed by a
+small gap can hide behind them for a while, so every `cold_every`-th tracked step starts cold
+(recorded as such) and bounds how long.
 
 Records use the scan's schema (results_io.new_record, kind "flatcheck.track"), so
 `flatcheck report` plots a tracker's file and a scan of checkpoints alike. A step that fails
@@ -201,11 +201,10 @@ class Tracker:
     # ------------------------------------------------------------------ internals
 
     def _extrapolate(self) -> None:
-        """Replace the top vector of each λmax warm start (k = 1: the top eigenvector, alone or
-        with the next one as the gap vector of a block) by its extrapolation from the last two
-        converged top eigenvectors; the rows below stay as they converged. A key whose vectors
-        are still the start handed out last time (that call failed) keeps its history: no
-        extrapolation from an extrapolation."""
+        """Replace each λmax warm start (k = 1: the top eigenvector, alone or with the next one
+        as the gap vector of a block) by its extrapolation from the last two converged ones
+        (extrapolated_block). A key whose vectors are still the start handed out last time (that
+        call failed) keeps its history: no extrapolation from an extrapolation."""
         warm = self.session.warm
         for key, latest in list((warm or {}).items()):
             if latest is self._handed.get(key):
@@ -214,8 +213,7 @@ class Tracker:
             self._previous[key] = latest
             if previous is None or key[-1] != 1 or previous.shape != latest.shape:
                 continue
-            top = extrapolated_start(previous[:1], latest[:1])
-            warm[key] = self._handed[key] = top if latest.shape[0] == 1 else torch.cat([top, latest[1:]])
+            warm[key] = self._handed[key] = extrapolated_block(previous, latest)
 
     def _keep(self, record: dict[str, Any]) -> None:
         """`record` into memory and the held file; a file that took it but no longer has a path
@@ -419,6 +417,14 @@ def extrapolated_start(previous: torch.Tensor, latest: torch.Tensor) -> torch.Te
     if abs(overlap) < EXTRAPOLATE_OVERLAP:
         return latest
     return 2 * b - math.copysign(1.0, overlap) * a
+
+
+def extrapolated_block(previous: torch.Tensor, latest: torch.Tensor) -> torch.Tensor:
+    """A k = 1 warm start's rows (the top eigenvector, and the next one where the block carries
+    it) each carried one step on from the last two converged blocks by extrapolated_start. The
+    next eigenvector drifts as the top one does; the nearer its row starts to it, the smaller the
+    residual that the gap estimate subtracts (linalg/certify.py), so the sooner r²/δ certifies."""
+    return torch.cat([extrapolated_start(previous[i:i + 1], latest[i:i + 1]) for i in range(latest.shape[0])])
 
 
 def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
