@@ -37,7 +37,7 @@ from .losses import per_sample_loss
 from .models.checkpoint import LoadedCheckpoint
 from .models.load import build_with_weights
 from .models.sources import resolve_preprocess
-from .models.spec import LIVE, ModelSpec, load_spec
+from .models.spec import LIVE_CALLS, ModelSpec, load_spec
 from .problem import Problem, model_mode
 from .probes.registry import ProbeContext, create_probe, requirements
 from .report.progress_hooks import report_probe
@@ -161,7 +161,7 @@ def _input_hint(spec: ModelSpec) -> str:
     (measure, Tracker) the data given with it."""
     if spec.path is not None:
         return "check input_size in the spec"
-    return "check the data's shape against the model" if spec.label in (None, LIVE) else "check --input-size"
+    return "check the data's shape against the model" if spec.label in (None, *LIVE_CALLS) else "check --input-size"
 
 
 def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig) -> int:

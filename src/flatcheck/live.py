@@ -160,9 +160,10 @@ def _progress_lines(progress: Any) -> Any:
 def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy", probes: Any = ("trace",),
                       options: Mapping[str, Mapping[str, Any]] | None = None, test_data: Any = None,
                       head: str | None = None, num_classes: int | None = None, output_key: "str | int | None" = None,
-                      extra_meta: dict[str, Any] | None = None, **settings: Any) -> Session:
+                      extra_meta: dict[str, Any] | None = None, call: str = LIVE, **settings: Any) -> Session:
     """measure's Session, for callers that run it more than once (the Tracker): the model
-    itself when it is on `device` in `dtype` already, else a copy there (session.model)."""
+    itself when it is on `device` in `dtype` already, else a copy there (session.model).
+    `call` (one of models.spec.LIVE_CALLS) is what messages about the keywords name."""
     given = given_settings("open_live_session", settings)
     _check_module(model)
     first = next(iter(model.parameters()), None)
@@ -174,7 +175,7 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
     _say_what_changes(model, bn_mode, given["dtype"], target_dtype)
     if bn_mode is None:
         bn_mode = default_of("bn_mode")
-    spec = _live_spec(model, loss, head, num_classes, output_key)
+    spec = _live_spec(model, loss, head, num_classes, output_key, call)
     # checked before the data is read, as RunConfig will check them again
     how = live_settings()
     for name in ("samples", "batch_size", "bn_mode", "seed", "budget", "max_memory", "params"):
@@ -205,7 +206,7 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
         # caller's model would change what its own forward returns, in the training loop too
         if work is model:
             work = _copy_to(model, target_device, config.torch_dtype)
-        attach_output_selector(work, spec.output_key, LIVE)
+        attach_output_selector(work, spec.output_key, call)
     split_source = None
     if test_data is not None:
         test = memory_data(test_data, samples=n, what="test_data", split="test")
@@ -305,7 +306,7 @@ def _returns_tensor(model: nn.Module, samples: SampleSet, bn_mode: str) -> bool:
 
 
 def _live_spec(model: nn.Module, loss: Any, head: str | None, num_classes: int | None,
-               output_key: Any = None) -> ModelSpec:
+               output_key: Any = None, call: str = LIVE) -> ModelSpec:
     """The spec a live model would have had: its class as a python source, the loss, the head."""
     cls = type(model)
     fields: dict[str, Any] = {"source": "python", "arch": f"{cls.__module__}:{cls.__qualname__}",
@@ -315,7 +316,7 @@ def _live_spec(model: nn.Module, loss: Any, head: str | None, num_classes: int |
     else:
         fields["loss"] = dict(loss) if isinstance(loss, Mapping) else loss
     try:
-        return spec_from_dict(fields, label=LIVE, origin=f"{LIVE} argument")
+        return spec_from_dict(fields, label=call, origin=f"{call} argument")
     except SpecError as exc:  # the caller typed an argument, not a spec: a setting's error
         raise ConfigError(str(exc)) from None
 

@@ -139,15 +139,17 @@ def read_spec_file(path: Path) -> tuple[Any, str]:
     return load_yaml(raw, str(path)), hashlib.sha256(raw).hexdigest()
 
 
-# the label of the spec a live model gets (measure(), the Tracker): its fields are the
-# caller's keyword arguments, and messages name them so
+# the label of the spec a live model gets, the call it came from (measure(), the Tracker):
+# its fields are the caller's keyword arguments, and messages name them so
 LIVE = "measure()"
+TRACKER = "Tracker()"
+LIVE_CALLS = (LIVE, TRACKER)
 
 
 def field_words(where: str, name: str) -> str:
     """How a message names a spec field: `field 'loss.name'` in a spec; where the spec is a
-    live call's arguments (LIVE), the keyword (`keyword 'loss' (its 'name')`)."""
-    if where != LIVE:
+    live call's arguments (LIVE_CALLS), the keyword (`keyword 'loss' (its 'name')`)."""
+    if where not in LIVE_CALLS:
         return f"field '{name}'"
     top, _, rest = name.partition(".")
     return f"keyword '{top}'" + (f" (its '{rest}')" if rest else "")

@@ -88,6 +88,7 @@ class Tracker:
                  strict: bool = False, name: str | None = None, warm_start: bool = True,
                  cold_every: int | None = COLD_EVERY, quiet: bool = False, **measure_kwargs: Any):
         from ..live import open_live_session, probe_options
+        from ..models.spec import TRACKER
 
         # what open_live_session would refuse in its own name: measure's keywords, less those a
         # tracker takes itself or has no use for (progress: each tracked step writes its line)
@@ -113,7 +114,7 @@ class Tracker:
             raise ConfigError(f"out {self.out}: give a .jsonl file in an existing folder")
         names, chosen = probe_options(probes, options)
         merged = {p: {**DEFAULT_OPTIONS.get(p, {}), **chosen.get(p, {})} for p in names}
-        self.session = open_live_session(model, data, probes=names, options=merged, **measure_kwargs)
+        self.session = open_live_session(model, data, probes=names, options=merged, call=TRACKER, **measure_kwargs)
         self.session.warm = {} if warm_start else None
         config = self.session.config
         self.probes = [r.name for r in config.probes]
