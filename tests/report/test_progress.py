@@ -28,7 +28,7 @@ SPEC = ROOT / "model_specs" / "demo_digits.yaml"
 RUN = [sys.executable, "-m", "flatcheck", "trace", str(CKPT), "--spec", str(SPEC), "--samples", "64",
        "--batch-size", "32", "--no-layers"]
 LINE = re.compile(r"^flatcheck (?P<desc>.+?): (?P<done>done · )?(?P<n>\d+)/(?P<total>\d+) · elapsed (\d+:\d\d:\d\d)"
-                  r"(?: · ETA (?P<eta>[\d:?]+))?(?: · (?P<value>\S+)(?: ± (?P<stderr>\S+))?)?$")
+                  r"(?: · ETA (?P<eta>[\d:?]+))?(?: · (?P<value>\S+)(?: ± (?P<stderr>\S+))?(?: \(rough ±: dof \d+\))?)?$")
 
 
 def wait_until(condition, period: float) -> None:
@@ -606,3 +606,20 @@ def test_run_commands_are_the_registered_probes_and_the_multi_probe_commands():
     from flatcheck.report.starting import run_commands
 
     assert run_commands() == set(list_probes()) | {"probe", "gate", "scan", "invariance", "track"}
+
+
+def test_a_headline_on_few_degrees_of_freedom_ends_its_line_marked_rough():
+    """spectrum's default 2 starts give its headline's stderr 1 dof: its end line marks the ±
+    rough, as the table does (render.fmt_result); a stderr on many dof is left bare."""
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress.began("spectrum")
+        progress("spectrum (SLQ)", 0, 0)
+        progress("spectrum (SLQ)", 200, 200)
+        progress.ended("spectrum", 120.4, 4.6, 1)
+        progress.began("relative-flatness")
+        progress.ended("relative-flatness", 2.846, 0.01, 40)
+    spectrum, flatness = lines_of(out)
+    assert spectrum.startswith("flatcheck spectrum (SLQ): done · 200/200") and spectrum.endswith(
+        "120.4 ± 4.6 (rough ±: dof 1)"), spectrum
+    assert flatness.endswith("2.846 ± 0.01"), flatness

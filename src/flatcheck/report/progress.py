@@ -87,12 +87,13 @@ def clock_text(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def value_text(value: float | None, stderr: float | None) -> str:
+def value_text(value: float | None, stderr: float | None, dof: int | None = None) -> str:
     if value is None:
         return ""
-    from .render import fmt_estimate
+    from .render import fmt_estimate, rough_mark
 
-    return fmt_estimate(value, stderr)  # "0 within noise: …" as the tables say it
+    # "0 within noise: …" and "(rough ±: dof 1)" as the tables say them
+    return fmt_estimate(value, stderr) + rough_mark(stderr, dof)
 
 
 @dataclass
@@ -105,6 +106,7 @@ class Task:
     done: int = 0
     value: float | None = None
     stderr: float | None = None
+    dof: int | None = None  # the degrees of freedom of the headline's stderr, where it ended with one
     anchor: tuple[float, int] | None = None  # (time, done) at the first completed-work report
     last: float = 0.0
     finished: bool = False
@@ -278,7 +280,7 @@ class Task:
         elif within is None:
             parts.insert(0, "starting")
         if self.value is not None:
-            parts.append(value_text(self.value, self.stderr))
+            parts.append(value_text(self.value, self.stderr, self.dof))
         return f"{PREFIX} {self.desc}: " + " · ".join(parts)
 
     def shown(self, now: float) -> set[str]:
@@ -499,7 +501,7 @@ class ProgressRenderer:
             self._flush()  # a probe that failed and was caught (no ended) still ends its stage
             self._probe = (probe, self.clock(), self._ends)
 
-    def ended(self, probe: str, value: float | None, stderr: float | None) -> None:
+    def ended(self, probe: str, value: float | None, stderr: float | None, dof: int | None = None) -> None:
         """Probe `probe` ended with this headline. Off a terminal its last stage, if it stopped
         short of its total, ends now, and a probe that wrote no end line of its own gets one:
         a closed form (head-trace, relative-flatness) reports no units, yet the guide promises
@@ -517,10 +519,10 @@ class ProgressRenderer:
             # the probe's own line ("jacobian (exact)"), not a part's ("decomposition: Tr(G)"),
             # whose line the headline would mislabel
             if held is not None and held.value is None and held.desc.split(" (")[0] == probe:
-                held.value, held.stderr = value, stderr
+                held.value, held.stderr, held.dof = value, stderr, dof
             self._flush()
             if began is not None and began[0] == probe and began[2] == self._ends:
-                task = Task(probe, started=began[1])
+                task = Task(probe, started=began[1], dof=dof)
                 task.update(now, 1, 1, value, stderr)
                 self._finish(task, now)
 
@@ -601,7 +603,7 @@ class ProgressRenderer:
         hint = task.long_run_news(now, self.budget_ok)
         if hint is not None:
             self._bar.console.print(words(hint, self.name_of), markup=False, highlight=False)
-        estimate = " · ".join(t for t in (task.within_text(), value_text(task.value, task.stderr),
+        estimate = " · ".join(t for t in (task.within_text(), value_text(task.value, task.stderr, task.dof),
                                           task.budget_text(now)) if t)
         estimate = words(estimate, self.name_of)
         # an unknown total (the probe's start report) pulses until the first unit is done

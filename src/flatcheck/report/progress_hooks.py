@@ -26,8 +26,9 @@ def report_stop(listener: Any, desc: str, reason: str) -> None:
 
 def report_probe(listener: Any, probe: str, result: Any = None) -> None:
     """Tell a progress listener that `probe` begins (no `result`) or ended with `result` (its
-    ProbeResult), where it can hear it (ProgressRenderer.began/ended): the run's one place that
-    knows every probe's bounds, so that each ends with a line whether or not it counts units."""
+    ProbeResult: the headline, its stderr and that stderr's dof), where it can hear it
+    (ProgressRenderer.began/ended): the run's one place that knows every probe's bounds, so
+    that each ends with a line whether or not it counts units."""
     if result is None:
         hook = getattr(listener, "began", None)
         if hook is not None:
@@ -35,7 +36,7 @@ def report_probe(listener: Any, probe: str, result: Any = None) -> None:
         return
     hook = getattr(listener, "ended", None)
     if hook is not None:
-        hook(probe, result.value, result.stderr)
+        hook(probe, result.value, result.stderr, result.dof)
 
 
 def counted(progress: Callable[..., None] | None) -> Callable[..., None] | None:

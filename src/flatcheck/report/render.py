@@ -63,9 +63,13 @@ def fmt_result(value: float | None, stderr: float | None, resolved: bool = True,
     text = fmt_estimate(value, stderr)
     if stderr is None and error_bound is not None:
         text += f" (within {fmt(error_bound, 2)})"
-    if stderr is not None and dof is not None and dof < ROUGH_DOF:
-        text += f" (rough ±: dof {dof})"
+    text += rough_mark(stderr, dof)
     return text if resolved else f"{text} (unresolved)"
+
+
+def rough_mark(stderr: float | None, dof: int | None) -> str:
+    """' (rough ±: dof N)' after a standard error on fewer than ROUGH_DOF degrees of freedom."""
+    return f" (rough ±: dof {dof})" if stderr is not None and dof is not None and dof < ROUGH_DOF else ""
 
 
 def header(report: Report) -> str:
