@@ -441,3 +441,25 @@ def test_hutchpp_says_when_its_units_change_cost(parts):
     with listening(listener):
         flatcheck.measure(model, data, probes={"trace": {"estimator": "hutchpp", "probes_max": 6, "parts": parts}})
     assert heard == ([] if parts else [(2, FORM_COST), "anew"])
+
+
+def test_hutchpp_cut_by_a_budget_announces_the_forms_where_they_now_begin():
+    """Under a budget that leaves room for k = 2 (6 units), the forms begin at unit 2, not at
+    the third of --probes-max that was planned: the display prices from there."""
+    import flatcheck
+    from flatcheck.linalg.trace import FORM_COST
+    from flatcheck.report.pulse import listening
+
+    heard = []
+
+    def listener(done, total, vectors, built=0.0, anew=False, ahead=None):
+        if anew or ahead is not None:
+            heard.append("anew" if anew else ahead)
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    data = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
+    with listening(listener):
+        report = flatcheck.measure(model, data, budget=1e-6,
+                                   probes={"trace": {"estimator": "hutchpp", "probes_max": 30, "parts": False}})
+    assert report.results["trace"].matvecs == 6
+    assert heard == [(2, FORM_COST), "anew"]

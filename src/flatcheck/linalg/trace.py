@@ -432,12 +432,13 @@ def hutchpp(
         raise ValueError("Hutch++ needs at least 6 matrix-vector products")
     S = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
     forms = split is None and _streams(op, parts=False)
-    if forms and pace is not None:
-        # the last two thirds are quadratic forms, each a fraction of a sketch product: an
-        # ETA that priced them as products would be off by about half the time left
-        pace(ahead=(k, FORM_COST))
+    # the last two thirds are quadratic forms, each a fraction of a sketch product: an ETA that
+    # priced them as products would be off by about half the time left
+    announce = pace is not None and forms
     stop_reason = "matvecs"
     if time_left is None:
+        if announce:
+            pace(ahead=(k, FORM_COST))
         AS = _in_pieces(op.matmat, S, progress, 0, 3 * k)
     else:
         started = time.monotonic()
@@ -446,6 +447,8 @@ def hutchpp(
         fit = max(2, min(k, int((time_left() / per_product + 1) // 3)))
         if fit < k:
             k, S, stop_reason = fit, S[:fit], "budget"
+        if announce:  # once k is what the budget leaves
+            pace(ahead=(k, FORM_COST))
         AS = torch.cat([first, _in_pieces(op.matmat, S[1:], progress, 1, 3 * k)])  # k ≥ 2
     Q, _ = torch.linalg.qr(AS.T)  # (P, k)
     del AS
@@ -455,7 +458,7 @@ def hutchpp(
     G = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
     G.addmm_(G @ Q.T, Q, alpha=-1)
     if forms:
-        if pace is not None:
+        if announce:
             pace()  # timed afresh from here
         head_values = _in_pieces(lambda M: op.quadratic(M)[0], Q, progress, k, 3 * k)
     else:
