@@ -15,6 +15,9 @@ from .problem import ParamLayout
 from .errors import ConfigError
 
 MATRICES = ("hessian", "ggn")
+# one vᵀHv by forward tangents against first-order adjoints, over one double-backward product:
+# about half the work (backends/autograd.vhv), and no second backward pass
+TANGENT_FORM_COST = 0.5
 
 
 class CurvatureOperator:
@@ -49,6 +52,15 @@ class CurvatureOperator:
         """Whether `quadratic` without parts goes to the backend's vhv, which needs no HVP and
         also takes a diagonal `scale` of the rows."""
         return self._vhv and self.matrix == "hessian" and isinstance(self.backend, Vhv)
+
+    @property
+    def form_cost(self) -> float:
+        """What one vᵀAv of `quadratic` without parts is expected to cost, over one product of
+        `matmat`: TANGENT_FORM_COST by forward tangents (`takes_vhv`, and the backend has not
+        fallen back from them), a product's where the form sums an HVP's entries."""
+        if self.takes_vhv and getattr(self.backend, "vhv_error", None) is None:
+            return TANGENT_FORM_COST
+        return 1.0
 
     @property
     def streams_total(self) -> bool:

@@ -420,14 +420,15 @@ def test_an_option_refusal_is_worded_in_keywords_from_python_and_in_flags_on_the
     assert caught.value.worded(flag_of).startswith(flags)
 
 
-@pytest.mark.parametrize("parts", [False, True])
-def test_hutchpp_says_when_its_units_change_cost(parts):
-    """Without parts, Hutch++'s last two thirds are quadratic forms, far cheaper than its
-    sketch's products: before the sketch it tells a progress display what they are expected
-    to cost (report/pulse, `ahead`), and after the sketch to time them afresh, once each;
-    with parts every unit is a product and nothing changes."""
+@pytest.mark.parametrize("parts, route", [(False, "tangent"), (False, "hvp"), (True, "auto")])
+def test_hutchpp_says_when_its_units_change_cost(parts, route):
+    """Without parts, Hutch++'s last two thirds are quadratic forms: by forward tangents about
+    half a sketch product each, so before the sketch it tells a progress display what they are
+    expected to cost (report/pulse, `ahead`); by HVPs a product each, so it does not; and after
+    the sketch, on either route, to time them afresh. With parts every unit is a product and
+    nothing changes."""
     import flatcheck
-    from flatcheck.linalg.trace import FORM_COST
+    from flatcheck.operators import TANGENT_FORM_COST
     from flatcheck.report.pulse import listening
 
     heard = []
@@ -438,16 +439,18 @@ def test_hutchpp_says_when_its_units_change_cost(parts):
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
     data = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
+    options = {"estimator": "hutchpp", "probes_max": 6, "parts": parts, "route": route}
     with listening(listener):
-        flatcheck.measure(model, data, probes={"trace": {"estimator": "hutchpp", "probes_max": 6, "parts": parts}})
-    assert heard == ([] if parts else [(2, FORM_COST), "anew"])
+        report = flatcheck.measure(model, data, probes={"trace": options})
+    said = {"tangent": [(2, TANGENT_FORM_COST), "anew"], "hvp": ["anew"], "auto": []}[route]
+    assert heard == said, report.results["trace"].details.get("route")
 
 
 def test_hutchpp_cut_by_a_budget_announces_the_forms_where_they_now_begin():
     """Under a budget that leaves room for k = 2 (6 units), the forms begin at unit 2, not at
     the third of --probes-max that was planned: the display prices from there."""
     import flatcheck
-    from flatcheck.linalg.trace import FORM_COST
+    from flatcheck.operators import TANGENT_FORM_COST
     from flatcheck.report.pulse import listening
 
     heard = []
@@ -462,4 +465,4 @@ def test_hutchpp_cut_by_a_budget_announces_the_forms_where_they_now_begin():
         report = flatcheck.measure(model, data, budget=1e-6,
                                    probes={"trace": {"estimator": "hutchpp", "probes_max": 30, "parts": False}})
     assert report.results["trace"].matvecs == 6
-    assert heard == [(2, FORM_COST), "anew"]
+    assert heard == [(2, TANGENT_FORM_COST), "anew"]

@@ -46,6 +46,12 @@ class StreamsTotals(Protocol):
     def quadratic(self, S: Tensor, split: Split | None = None) -> tuple[Tensor, dict]: ...
 
 
+def form_cost(op: Operator) -> float:
+    """What one vᵀAv of `op.quadratic` (without parts) is expected to cost over one product of
+    `op.matmat`, where the operator says (`form_cost`); a product's otherwise."""
+    return float(getattr(op, "form_cost", 1.0))
+
+
 @runtime_checkable
 class StreamsParts(Protocol):
     """As StreamsTotals, with the per-group parts of `split` as well (`quadratic(S, split)`),
@@ -331,13 +337,6 @@ def _products(op: Operator, S: Tensor, rows: int, split: Split | None,
     return torch.cat(vals), {name: torch.cat(parts) for name, parts in pieces.items()}
 
 
-# what one of Hutch++'s last 2k units costs, over one of its sketch's products, where they are
-# quadratic forms: a form by forward tangents is about half a double-backward product's work
-# (backends/autograd.vhv), and the forms' share of the QR, the residual probes' projection and
-# the tangent pass' one-off build brings it to about 0.6 of a product on a ResNet-18 at 64
-# samples on a CPU. A prior for a progress display's ETA, until the forms are timed.
-FORM_COST = 0.5
-
 # Hutch++ takes each third's products in about this many pieces when progress is shown, so a
 # third of slow products is not one silent stretch (a line after each piece)
 PIECES = 4
@@ -409,9 +408,9 @@ def hutchpp(
     """Hutch++ (Meyer, Musco, Musco, Woodruff 2021) with `matvecs` products, in thirds.
 
     `pace` (report/pulse.pace_changes, where given) tells a progress display about quadratic
-    forms after the sketch's products: `pace(ahead=(k, FORM_COST))` before the sketch, so
-    that its ETA prices the forms at their expected cost, and `pace()` when they begin, so
-    that it times them afresh.
+    forms after the sketch's products: `pace(ahead=(k, cost))` before the sketch where a form
+    is expected to cost less than a product (`form_cost`), so that its ETA prices them so, and
+    `pace()` when they begin, so that it times them afresh.
 
     `time_left()` (seconds, a --budget) sizes the thirds: the sketch's first product is timed
     and k is cut to what three times k products take in the time left (at least 2; stop_reason
@@ -432,13 +431,14 @@ def hutchpp(
         raise ValueError("Hutch++ needs at least 6 matrix-vector products")
     S = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
     forms = split is None and _streams(op, parts=False)
-    # the last two thirds are quadratic forms, each a fraction of a sketch product: an ETA that
-    # priced them as products would be off by about half the time left
-    announce = pace is not None and forms
+    # the last two thirds are quadratic forms; where each is a fraction of a sketch product (by
+    # forward tangents), an ETA that priced them as products would be off by about half the time left
+    cost = form_cost(op) if forms else 1.0
+    announce = pace is not None and cost < 1.0
     stop_reason = "matvecs"
     if time_left is None:
         if announce:
-            pace(ahead=(k, FORM_COST))
+            pace(ahead=(k, cost))
         AS = _in_pieces(op.matmat, S, progress, 0, 3 * k)
     else:
         started = time.monotonic()
@@ -448,18 +448,19 @@ def hutchpp(
         if fit < k:
             k, S, stop_reason = fit, S[:fit], "budget"
         if announce:  # once k is what the budget leaves
-            pace(ahead=(k, FORM_COST))
+            pace(ahead=(k, cost))
         AS = torch.cat([first, _in_pieces(op.matmat, S[1:], progress, 1, 3 * k)])  # k ≥ 2
+        del first
     Q, _ = torch.linalg.qr(AS.T)  # (P, k)
-    del AS
+    del AS, S  # the sketch's rows are done with: a (k, P) block each
     Q = Q.T.contiguous()  # rows are basis vectors
     # the residual's probes, drawn and projected before the forms begin, so that the forms run
     # back to back and a rate taken on the first of them holds for the rest
     G = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)
     G.addmm_(G @ Q.T, Q, alpha=-1)
     if forms:
-        if announce:
-            pace()  # timed afresh from here
+        if pace is not None:
+            pace()  # timed afresh from here (on any route: a form is not a sketch product)
         head_values = _in_pieces(lambda M: op.quadratic(M)[0], Q, progress, k, 3 * k)
     else:
         AQ = _in_pieces(op.matmat, Q, progress, k, 3 * k)
