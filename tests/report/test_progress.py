@@ -623,3 +623,22 @@ def test_a_headline_on_few_degrees_of_freedom_ends_its_line_marked_rough():
     assert spectrum.startswith("flatcheck spectrum (SLQ): done · 200/200") and spectrum.endswith(
         "120.4 ± 4.6 (rough ±: dof 1)"), spectrum
     assert flatness.endswith("2.846 ± 0.01"), flatness
+
+
+def test_a_last_stage_that_reported_its_estimate_ends_marked_rough_on_few_dof():
+    """Hutch++ at 6 products (k = 2) reports its own estimate on its last line: the headline's
+    dof (1) marks that line too; a stage whose estimate is not the headline's (adaptive
+    sharpness's second-order line under a Monte Carlo headline) is left unmarked."""
+    clock, out = FakeClock(), io.StringIO()
+    with ProgressRenderer(out, interactive=False, period=3600, clock=clock) as progress:
+        progress.began("trace")
+        progress("trace (hutchpp)", 0, 0)
+        progress("trace (hutchpp)", 6, 6, value=7.186, stderr=0.4)
+        progress.ended("trace", 7.186, 0.4, 1)
+        progress.began("adaptive-sharpness")
+        progress("adaptive-sharpness (second order)", 0, 0)
+        progress("adaptive-sharpness (second order)", 8, 8, value=0.25, stderr=0.1)
+        progress.ended("adaptive-sharpness", 0.31, 0.2, 3)
+    trace, sharpness = lines_of(out)
+    assert trace.endswith("7.186 ± 0.4 (rough ±: dof 1)"), trace
+    assert sharpness.endswith("0.25 ± 0.1"), sharpness
