@@ -37,7 +37,7 @@ from .losses import per_sample_loss
 from .models.checkpoint import LoadedCheckpoint
 from .models.load import build_with_weights
 from .models.sources import resolve_preprocess
-from .models.spec import LIVE_CALLS, ModelSpec, load_spec
+from .models.spec import LIVE_CALLS, ModelSpec, field_words, load_spec
 from .problem import Problem, model_mode
 from .probes.registry import ProbeContext, create_probe, requirements
 from .report.progress_hooks import report_probe
@@ -181,7 +181,8 @@ def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: Ru
         raise InputError(f"{spec.where}: model {spec.arch} returns shape {tuple(out.shape)}; flatcheck needs logits (batch, classes)")
     c = out.shape[1]
     if spec.num_classes is not None and c != spec.num_classes:
-        raise InputError(f"{spec.where}: num_classes is {spec.num_classes} but the model returns {c} logits")
+        raise InputError(f"{spec.where}: {field_words(spec.where, 'num_classes')} is {spec.num_classes} but the "
+                         f"model returns {c} logits")
     _check_batches(model, samples, spec, config, c)
     return c
 

@@ -25,3 +25,13 @@ def test_a_trackers_keyword_errors_name_the_tracker(tmp_path):
     # measure() keeps its own name
     with pytest.raises(ConfigError, match=r"^measure\(\): keyword 'loss' \(its 'name'\)"):
         flatcheck.measure(model, data, loss="hinge")
+
+
+def test_a_num_classes_that_the_model_does_not_return_is_named_as_a_keyword():
+    model, data = _model_and_data()
+    with pytest.raises(flatcheck.errors.InputError,
+                       match=r"^Tracker\(\): keyword 'num_classes' is 3 but the model returns 2 logits"):
+        flatcheck.Tracker(model, data, probes=["lmax"], out=None, num_classes=3)
+    with pytest.raises(flatcheck.errors.InputError,
+                       match=r"^measure\(\): keyword 'num_classes' is 3 but the model returns 2 logits"):
+        flatcheck.measure(model, data, num_classes=3)
