@@ -7,7 +7,10 @@ when the first line with a count (`n/…`, or a count within a unit: `samples 32
 of the probe's run the ETA last printed against the time that was actually left (ratio; the
 goal is within ±50 %), and when a run forecast past 3 minutes said so.
 
-    .venv/bin/python benchmarks/bench_eta.py [--probes lmax] [--save]
+    .venv/bin/python benchmarks/bench_eta.py [--probes lmax,trace,hutchpp,hutchpp-forms] [--save]
+
+A name in --probes is a probe at its defaults, or one of VARIANTS (Hutch++ with and without
+per-layer parts).
 
 --save writes benchmarks/results/eta_resnet18.md.
 """
@@ -33,6 +36,11 @@ COUNT = re.compile(r"(?:: (?:done · )?\d+/~?(?:\d+|\?)|(?:samples|vectors) [\d.
 ETA = re.compile(r"ETA ~?(\d+):(\d\d):(\d\d)")  # `~`: from a prior's total
 ELAPSED = re.compile(r"elapsed (\d+):(\d\d):(\d\d)")
 HINT = "will take about"
+# a name --probes takes besides the probes': the command it runs (a probe, then its flags)
+VARIANTS = {
+    "hutchpp": ["trace", "--estimator", "hutchpp"],  # per-layer parts: every unit a product
+    "hutchpp-forms": ["trace", "--estimator", "hutchpp", "--no-layers"],  # a sketch, then quadratic forms
+}
 
 
 def stamped(cmd: list[str], env: dict) -> list[tuple[float, str]]:
@@ -89,14 +97,15 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         ckpt, data, spec = make_inputs(Path(tmp))
-        for probe in args.probes.split(","):
+        for name in args.probes.split(","):
+            probe, *flags = VARIANTS.get(name, [name])
             cmd = [sys.executable, "-m", "flatcheck", probe, str(ckpt), "--spec", str(spec), "--data", f"npz:{data}",
-                   "--samples", str(SAMPLES), "--json", str(Path(tmp) / f"{probe}.json")]
+                   "--samples", str(SAMPLES), "--json", str(Path(tmp) / f"{name}.json"), *flags]
             lines = stamped(cmd, env)
             if args.lines:
                 for t, line in lines:
                     print(f"{t:7.1f}  {line}", flush=True)
-            rows.append(judge(probe, lines))
+            rows.append(judge(probe, lines) | {"probe": name})
             print(rows[-1], flush=True)
     load = os.getloadavg()
     text = ["# Progress lines on a pipe: first count, first ETA, and the ETA against the time left",
