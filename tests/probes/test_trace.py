@@ -466,3 +466,17 @@ def test_hutchpp_cut_by_a_budget_announces_the_forms_where_they_now_begin():
                                    probes={"trace": {"estimator": "hutchpp", "probes_max": 30, "parts": False}})
     assert report.results["trace"].matvecs == 6
     assert heard == [(2, TANGENT_FORM_COST), "anew"]
+
+
+def test_hutchpp_cut_by_a_budget_ends_its_line_stopped_with_its_planned_count(capsys):
+    """stranger20: a Hutch++ that the budget sized down ended `done · 6/6`, as though it had
+    run its course; it says `stopped by the budget · 6/30`, as the other probes do."""
+    import flatcheck
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    data = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
+    flatcheck.measure(model, data, budget=1e-6, progress=True,
+                      probes={"trace": {"estimator": "hutchpp", "probes_max": 30, "parts": False}})
+    last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("flatcheck trace")][-1]
+    assert last.startswith("flatcheck trace (hutchpp): stopped by the budget · 6/30 · "), last

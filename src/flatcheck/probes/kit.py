@@ -102,11 +102,12 @@ def progress_reporter(ctx: "ProbeContext", desc: str, scale: float = 1.0) -> Pro
     return report
 
 
-def told_if_budget(ctx: "ProbeContext", desc: str, stop_reason: str) -> None:
+def told_if_budget(ctx: "ProbeContext", desc: str, stop_reason: str, planned: int | None = None) -> None:
     """Tell the progress display that --budget ended the estimator behind `desc`, so its line
-    ends "stopped by the budget" rather than as though it had run its course."""
+    ends "stopped by the budget" rather than as though it had run its course; `planned`, the
+    units it would have taken where its count's total was cut to what ran."""
     if stop_reason == "budget":
-        report_stop(ctx.progress, desc, "budget")
+        report_stop(ctx.progress, desc, "budget", planned)
 
 
 def budget_stop(ctx: "ProbeContext") -> Callable[[], bool] | None:

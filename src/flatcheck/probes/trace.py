@@ -304,7 +304,8 @@ class TraceProbe:
                 op = CurvatureOperator(ctx.backend, matrix)
                 est = estimate(op)
             value, stderr, probes, stop, parts = est.value, est.stderr, est.probes, est.stop_reason, est.groups
-            told_if_budget(ctx, desc, stop)
+            # Hutch++ is sized by the budget before it begins: its count's total is what ran
+            told_if_budget(ctx, desc, stop, 3 * (options.probes_max // 3) if options.estimator == "hutchpp" else None)
 
         route = _route(op, options, ctx.backend)
         sizes = layout.group_sizes()

@@ -217,14 +217,16 @@ class ProgressRenderer:
         if left is not None:
             task.told = (now, left)
 
-    def stopped(self, desc: str, reason: str) -> None:
+    def stopped(self, desc: str, reason: str, planned: int | None = None) -> None:
         """The probe of `desc` ended short of its total because of `reason` ("budget"): its end
-        line says so, with how far it got (report_stop)."""
+        line says so, with how far it got (report_stop) of the `planned` units, where given."""
         with self._lock:
             task = self.tasks.get(desc)
             if task is None:
                 return
             task.stop = reason
+            if planned is not None:
+                task.total = max(task.total, planned)
             if self._bar is None and not task.finished:
                 self._finish(task, self.clock())
 

@@ -15,13 +15,15 @@ def report_budget(listener: Any, desc: str, seconds: float) -> None:
         hook(desc, seconds)
 
 
-def report_stop(listener: Any, desc: str, reason: str) -> None:
+def report_stop(listener: Any, desc: str, reason: str, planned: int | None = None) -> None:
     """Tell a progress listener that `desc` stopped short of its total because of `reason`,
     where it can say so (ProgressRenderer.stopped); a plain callback (a user's, a scan's
-    forwarder) has no such method and is left alone, its signature unchanged."""
+    forwarder) has no such method and is left alone, its signature unchanged. `planned`: the
+    units it would have taken, where its count's total was already cut to what ran (Hutch++
+    sized by the budget before it began)."""
     hook = getattr(listener, "stopped", None)
     if hook is not None:
-        hook(desc, reason)
+        hook(desc, reason) if planned is None else hook(desc, reason, planned=planned)
 
 
 def report_probe(listener: Any, probe: str, result: Any = None) -> None:
