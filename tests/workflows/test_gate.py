@@ -1062,3 +1062,34 @@ def test_the_value_shown_carries_its_own_stderr_whatever_the_rules_margin(margin
         assert shown in out and interval in out, out
     assert hi <= 0 and c.verdict == "pass"  # an unchanged model: the difference's interval lies below 0
     assert c.to_dict()["value_stderr"] == pytest.approx(own)
+
+
+def test_a_paired_value_carries_its_results_widened_stderr_not_the_bare_spread():
+    """A skewed Hutchinson trace states a stderr wider than its values' spread/√n (stranger20:
+    4.303 ± 0.864, spread 0.695): paired or not, the value shown carries the stderr its result
+    states, and a pairing over fewer draws than the run took the probe's rule on those draws."""
+    import torch
+
+    from flatcheck.linalg.trace import INTERVAL_SKEW, interval_stderr
+
+    def skewed(values):
+        res = traced(values)
+        spread = res["stderr"]
+        res["details"].update(interval=INTERVAL_SKEW, spread_stderr=spread)
+        res["stderr"] = interval_stderr(spread, torch.tensor(values, dtype=torch.float64))
+        return res, spread
+
+    values = [0.5 + 0.2 * i + (6.0 if i % 7 == 0 else 0.0) for i in range(20)]
+    res, spread = skewed(values)
+    assert res["stderr"] > 1.1 * spread  # widened for its skewness
+    cfg = gate({"field": "trace.value", "max_increase": "20%"})
+    (c,) = evaluate(cfg, {"trace": res}, {"trace": skewed(values)[0]})
+    assert c.paired == 20 and c.value_stderr == pytest.approx(res["stderr"], rel=1e-12)
+    assert c.stderr == pytest.approx(0.2 * spread)  # the comparison's own error: the differences' spread
+    (absolute,) = evaluate(gate({"field": "trace.value", "max": 100}), {"trace": res})
+    assert absolute.value_stderr == pytest.approx(c.value_stderr, rel=1e-12)
+    # a baseline of 12 draws pairs over the run's first 12: the value and its stderr are theirs
+    (c12,) = evaluate(cfg, {"trace": res}, {"trace": skewed(values[:12])[0]})
+    first, first_spread = skewed(values[:12])
+    assert c12.paired == 12 and c12.value == pytest.approx(first["value"])
+    assert c12.value_stderr == pytest.approx(first["stderr"], rel=1e-12) and first["stderr"] > 1.1 * first_spread

@@ -97,10 +97,6 @@ class Pairing:
     def current_value(self) -> float:
         return self.current_offset + sum(self.current) / self.n
 
-    def current_stderr(self) -> float:
-        """The standard error of current_value, from its own per-probe spread."""
-        return self.excess(0.0)[1]
-
     def excess(self, slope_: float) -> tuple[float, float]:
         """v − slope·b and its standard error from the per-probe differences c_i − slope·b_i."""
         d = [c - slope_ * b for c, b in zip(self.current, self.baseline)]

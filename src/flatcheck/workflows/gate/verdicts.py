@@ -18,7 +18,7 @@ from ...probes.gating import gating_of
 from ...report.result import ProbeResult
 from ..results_io import FieldMissing, as_number, keys_near, resolve_field
 from .config import Bound, GateConfig
-from .statistics import distinct, dof as dof_of, error_bound, pairing, quantile, slope as slope_of, welch
+from .statistics import Pairing, distinct, dof as dof_of, error_bound, pairing, quantile, slope as slope_of, welch
 
 
 @dataclass
@@ -107,6 +107,17 @@ def check_same_route(bound: Bound, results: Mapping[str, Any], baseline: Mapping
                          f"baseline)")
 
 
+def _paired_value_stderr(bound: Bound, results: Mapping[str, Any], paired: Pairing, se: float) -> float:
+    """The standard error of the paired value as its probe states one: the result's own where the
+    pairing spans all its draws, else the probe's rule applied to the draws it spans. Not their
+    bare spread: a probe may widen it (a skewed Hutchinson trace), and the table shows this one."""
+    details = (results.get(bound.probe) or {}).get("details") or {}
+    values = details.get("probe_values")
+    if isinstance(values, list) and paired.n == len(values):
+        return se
+    return gating_of(bound.probe).values_stderr(details, paired.current)
+
+
 def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | None, confidence: float,
            no_baseline: bool = False, where: str = "") -> Check:
     """`where`: the gate file, named when a rule's field is not in the result (a misspelt key)."""
@@ -150,7 +161,7 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
         if paired is not None:
             b = paired.baseline_value()
             value = check.value = paired.current_value()
-            own = paired.current_stderr()
+            own = _paired_value_stderr(bound, results, paired, se)
             check.value_stderr = own if own > 0 else None
         slope = slope_of(bound, b)
         threshold = slope * b
