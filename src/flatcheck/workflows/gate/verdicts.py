@@ -110,7 +110,7 @@ def check_same_route(bound: Bound, results: Mapping[str, Any], baseline: Mapping
 def _paired_value_stderr(bound: Bound, results: Mapping[str, Any], paired: Pairing, se: float) -> float:
     """The standard error of the paired value as its probe states one: the result's own where the
     pairing spans all its draws, else the probe's rule applied to the draws it spans. Not their
-    bare spread: a probe may widen it (a skewed Hutchinson trace), and the table shows this one."""
+    bare spread: a probe may widen it (for the values' skewness), and the table shows this one."""
     details = (results.get(bound.probe) or {}).get("details") or {}
     values = details.get("probe_values")
     if isinstance(values, list) and paired.n == len(values):
