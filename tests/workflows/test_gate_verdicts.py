@@ -136,3 +136,33 @@ def test_a_gate_given_a_budget_says_why_it_takes_none(tmp_path):
     result = invoke("gate", CKPT, "--spec", SPEC, "--config", str(gates), "--no-baseline", "--budget", "5")
     assert result.exit_code == 2 and result.stderr.startswith("error: gate takes no --budget"), result.stderr
     assert "--budget" not in invoke("gate", "--help").stdout  # not offered
+
+
+def test_a_misspelt_field_of_an_absolute_rule_is_refused_before_the_run_where_the_baseline_can_tell():
+    """stranger20: `gini.details.acuracy min 0.3` ran every probe before exit 2. A baseline that
+    holds a gini result measured as this gate measures it shows which fields there are."""
+    gini = ProbeResult(probe="gini", value=0.4, stderr=None, matvecs=0, seconds=0.0,
+                       details={"accuracy": 0.9, "entropy": 0.5}).to_dict()
+    trace = ProbeResult(probe="trace", value=4.0, stderr=0.1, matvecs=30, seconds=0.0,
+                        details={"estimator": "hutchpp", "parts": False, "layers": {}}).to_dict()
+    base = Baseline({"gini": gini, "trace": trace}, {}, "base.json")
+    typo = parse_gate_config({"rules": [{"field": "gini.details.acuracy", "min": 0.3}]})
+    with pytest.raises(InputError, match=r"base.json: rule gini.details.acuracy min 0.3: field "
+                                         r"'gini.details.acuracy' is not in the baseline's gini result "
+                                         r"\(.*details: accuracy, entropy\)"):
+        check_baseline(typo, base, {}, seed=0)
+    spelt = parse_gate_config({"rules": [{"field": "gini.details.accuracy", "min": 0.3},
+                                         {"field": "gini.accuracy", "min": 0.3}]})
+    assert check_baseline(spelt, base, {}, seed=0) == []
+    # a baseline without a gini result cannot tell: checked on the run's own result, as before
+    assert check_baseline(typo, Baseline({"trace": trace}, {}, "base.json"), {}, seed=0) == []
+    # a field that only other options make: a layer's trace, which this gate turns parts on for
+    layer = parse_gate_config({"probes": {"trace": {"estimator": "hutchpp"}},
+                               "rules": [{"field": "trace.details.layers.1.value", "max": 9}]})
+    assert check_baseline(layer, base, {}, seed=0) == []
+    # the same baseline at the same options does tell a misspelt trace field
+    other = parse_gate_config({"probes": {"trace": {"estimator": "hutchpp"}},
+                               "rules": [{"field": "trace.details.mean_eigenvalu", "max": 9}]})
+    with pytest.raises(InputError, match="field 'trace.details.mean_eigenvalu' is not in the baseline's trace"):
+        check_baseline(other, base, {}, seed=0)
+

@@ -64,6 +64,7 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
     level = confidence if confidence is not None else gate.confidence
     for bound in gate.bounds:
         if not bound.relative:
+            _check_spelling(bound, gate, baseline)
             continue
         try:
             raw, raw_se = resolve_field(baseline.results, bound.field)
@@ -71,8 +72,7 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
             if bound.probe not in baseline.results:
                 continue  # a probe added since: skipped, and said so
             # the probe is there and the field is not: a misspelt field, caught before any probe runs
-            raise InputError(f"{baseline.where}: rule {bound.name}: field '{bound.field}' is not in the baseline's "
-                             f"{bound.probe} result ({keys_near(baseline.results, bound.field)})") from None
+            raise _misspelt(bound, gate, baseline) from None
         b, s_b = baseline_number(bound, raw, raw_se, baseline.where)
         result = baseline.results.get(bound.probe) or {}
         why = unresolved(result, bound.probe)
@@ -84,6 +84,42 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
         _check_decidable(bound, b, s_b, baseline, seed, level, gate)
         _check_bounded(bound, b, baseline)
     return skipped
+
+
+def _misspelt(bound: Bound, gate: GateConfig, baseline: Baseline) -> InputError:
+    return InputError(f"{baseline.where}: rule {bound.name}: field '{bound.field}' is not in the baseline's "
+                      f"{bound.probe} result ({keys_near(baseline.results, bound.field)})")
+
+
+def _check_spelling(bound: Bound, gate: GateConfig, baseline: Baseline) -> None:
+    """A `max`/`min` rule's field checked against the baseline's result of its probe, so that a
+    misspelt one is refused before the probes run rather than after. Only where that result was
+    measured with the options this gate sets, as far as its details name them: many fields
+    exist under some options alone (per-layer parts, an estimate route's residuals), and such
+    a rule is checked on the run's own result."""
+    record = baseline.results.get(bound.probe)
+    if not isinstance(record, Mapping) or _other_options(gate, bound.probe, record):
+        return
+    try:
+        resolve_field(baseline.results, bound.field)
+    except FieldMissing:
+        raise _misspelt(bound, gate, baseline) from None
+
+
+def _other_options(gate: GateConfig, probe: str, record: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(option, this gate's value, the record's) for each option the record's details name
+    with another value than this gate sets (an option left open, None or "auto", differs from
+    nothing)."""
+    details = record.get("details") or {}
+    options = gate.options(probe)
+    out = []
+    for f in dataclasses.fields(options):
+        now, then = getattr(options, f.name), details.get(f.name)
+        if now is None or now == "auto" or then is None or not isinstance(now, (str, int, float, bool)):
+            continue
+        if now != then:
+            out.append((f.name, now, then))
+    return out
 
 
 def _check_same_quantity(bound: Bound, result: Mapping[str, Any], gate: GateConfig, where: str,
