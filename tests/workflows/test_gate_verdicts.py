@@ -166,3 +166,25 @@ def test_a_misspelt_field_of_an_absolute_rule_is_refused_before_the_run_where_th
     with pytest.raises(InputError, match="field 'trace.details.mean_eigenvalu' is not in the baseline's trace"):
         check_baseline(other, base, {}, seed=0)
 
+
+def test_a_part_rule_against_a_baseline_without_parts_says_how_to_make_one_with_them():
+    """stranger20: a per-layer rule against a baseline made with parts off said `layers holds `
+    and listed nothing. It says the baseline's layers are empty and the option, as the gate file
+    spells it, that a baseline with them is made with."""
+    trace = ProbeResult(probe="trace", value=4.0, stderr=0.1, matvecs=30, seconds=0.0,
+                        details={"estimator": "hutchpp", "parts": False, "layers": {}, "per_parameter": {}}).to_dict()
+    base = Baseline({"trace": trace}, {}, "base.json")
+    for field in ("trace.details.layers.1.value",):
+        cfg = parse_gate_config({"probes": {"trace": {"estimator": "hutchpp", "probes_max": 30}},
+                                 "rules": [{"field": field, "max_increase": "20%"}]})
+        with pytest.raises(InputError) as refused:
+            check_baseline(cfg, base, {}, seed=0)
+        said = str(refused.value)
+        assert f"field '{field}' is not in the baseline's trace result: its trace.details.layers is empty" in said
+        assert "measured with parts: false, this gate runs probes.trace.parts: true" in said, said
+        assert "holds" not in said and "estimator" not in said  # the options that agree are not named
+    # a baseline with parts still names the layers it holds for a misspelt one
+    trace["details"].update(parts=True, layers={"0": {"value": 1.0, "stderr": 0.1}, "2": {"value": 3.0}})
+    cfg = parse_gate_config({"rules": [{"field": "trace.details.layers.1.value", "max_increase": "20%"}]})
+    with pytest.raises(InputError, match=r"trace.details.layers holds 0, 2"):
+        check_baseline(cfg, base, {}, seed=0)

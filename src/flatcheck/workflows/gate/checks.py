@@ -87,8 +87,38 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
 
 
 def _misspelt(bound: Bound, gate: GateConfig, baseline: Baseline) -> InputError:
-    return InputError(f"{baseline.where}: rule {bound.name}: field '{bound.field}' is not in the baseline's "
-                      f"{bound.probe} result ({keys_near(baseline.results, bound.field)})")
+    at = f"{baseline.where}: rule {bound.name}: field '{bound.field}' is not in the baseline's {bound.probe} result"
+    empty = _empty_on_path(baseline.results, bound.field)
+    if empty is None:
+        return InputError(f"{at} ({keys_near(baseline.results, bound.field)})")
+    # not a misspelling that a list of names could show: the baseline holds none there (parts
+    # an option turns on, left off), and the run that makes them is what to say
+    other = _other_options(gate, bound.probe, baseline.results[bound.probe])
+    spelt = ", ".join(f"probes.{bound.probe}.{name}: {_yaml(now)}" for name, now, _ in other)
+    was = ", ".join(f"{name}: {_yaml(then)}" for name, _, then in other)
+    how = (f"it was measured with {was}, this gate runs {spelt}; remake it with this gate file (flatcheck "
+           "gate … --no-baseline --json)" if other else f"remake it with the {bound.probe} options that fill {empty}")
+    return InputError(f"{at}: its {empty} is empty, so it has no parts to compare with; {how}")
+
+
+def _yaml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _empty_on_path(results: Mapping[str, Any], field: str) -> str | None:
+    """The dotted name of an empty mapping that `field` runs into in `results` (per-layer
+    parts of a run that left them off), or None."""
+    parts = [p for p in field.split(".") if p]
+    paths = [parts] + ([[parts[0], "details", *parts[1:]]] if len(parts) >= 2 and parts[1] != "details" else [])
+    for path in paths:
+        node: Any = results
+        for i, key in enumerate(path):
+            if isinstance(node, Mapping) and not node and i > 1:
+                return ".".join(path[:i])
+            if not isinstance(node, Mapping) or key not in node:
+                break
+            node = node[key]
+    return None
 
 
 def _check_spelling(bound: Bound, gate: GateConfig, baseline: Baseline) -> None:
