@@ -684,3 +684,67 @@ def test_a_scan_in_which_no_model_succeeded_is_exit_1_even_allowing_errors(tmp_p
                "--allow-errors", "--out", tmp_path / "s.jsonl")
     assert res.exit_code == 1 and "2 of 2 models failed (not_a_model, nor_this); none succeeded" in res.stderr
     assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1
+
+
+def test_every_probe_of_a_scanned_model_ends_its_line_with_its_value(tmp_path):
+    """stranger20: a scan's probe end lines lacked the headline (`a: trace (exact): done · 1/1`)
+    and its counts within a block never came, since the scan's callback dropped the display's
+    hooks; each ok model's gini and trace lines now end with their values."""
+    out = tmp_path / "scan.jsonl"
+    quiet = FAST.index("-q")
+    res = invoke("scan", *FAST[:quiet], *FAST[quiet + 1:], "--models-file",
+                 models_file(tmp_path, ["test_vit", "test_resnet"]), *TINY, "--out", out)
+    assert res.exit_code == 0, res.stderr
+    for r in lines(out):
+        if r["status"] != "ok":
+            continue
+        for desc, result in (("gini", r["results"]["gini"]), ("trace (hutchinson)", r["results"]["trace"])):
+            head = f"flatcheck {r['model']}: {desc}: done · "
+            ends = [line for line in res.stderr.splitlines() if line.startswith(head)]
+            assert len(ends) == 1, res.stderr
+            assert f"{result['value']:.4g}" in ends[0].split(" · ")[-1], ends[0]
+
+
+def test_a_scan_childs_hooks_reach_the_parents_display_in_order():
+    """What a scan's child sends (workflows.scan._Forward), delivered in the parent (_deliver):
+    every hook of the display, with its arguments through JSON; a plain callback gets counts only."""
+    import json as _json
+
+    from flatcheck.workflows.scan import _deliver, _Forward
+
+    sent = []
+    forward = _Forward(lambda msg: sent.append(_json.loads(_json.dumps(msg))))
+    forward.began("trace")
+    forward("trace (hutchpp)", 0, 0)
+    forward.within(3, 8, 2, ahead=(10, 0.5))
+    forward.within(0, 0, 0, anew=True)
+    forward.budget("trace (hutchpp)", 4.0)
+    forward("trace (hutchpp)", 6, 6, value=7.0, stderr=float("nan"))
+    forward.stopped("trace (hutchpp)", "budget", 30)
+    forward.ended("trace", 7.0, 0.4, 1)
+
+    heard = []
+
+    class Display:
+        def __call__(self, desc, done, total, **estimate):
+            heard.append(("progress", desc, done, total, estimate))
+
+        def __getattr__(self, kind):
+            return lambda *args, **kwargs: heard.append((kind, args, kwargs))
+
+    for msg in sent:
+        _deliver(Display(), msg)
+    assert heard == [
+        ("began", ("trace",), {}),
+        ("progress", "trace (hutchpp)", 0, 0, {"value": None, "stderr": None}),
+        ("within", (3, 8, 2), {"built": 0.0, "anew": False, "ahead": (10, 0.5)}),
+        ("within", (0, 0, 0), {"built": 0.0, "anew": True, "ahead": None}),
+        ("budget", ("trace (hutchpp)", 4.0), {}),
+        ("progress", "trace (hutchpp)", 6, 6, {"value": 7.0, "stderr": None}),
+        ("stopped", ("trace (hutchpp)", "budget", 30), {}),
+        ("ended", ("trace", 7.0, 0.4, 1), {}),
+    ]
+    counts = []
+    for msg in sent:
+        _deliver(lambda desc, done, total, **estimate: counts.append((desc, done)), msg)
+    assert counts == [("trace (hutchpp)", 0), ("trace (hutchpp)", 6)]

@@ -216,6 +216,37 @@ def _say(msg: str, quiet: bool) -> None:
         error_line(msg)
 
 
+class _ModelProgress:
+    """The scan's display for the model in progress: its call and its hooks (a probe's begin
+    and end, a budget's stop and share, the counts within a product), with each description and
+    probe name prefixed by the model's, so that its lines say which model they are about and a
+    probe's end line finds its stage's."""
+
+    def __init__(self, progress, where: dict, tag: str):
+        self.progress, self.where, self.tag = progress, where, tag
+
+    def _named(self, what: str) -> str:
+        return f"{self.tag}{self.where['name']}: {what}"
+
+    def __call__(self, desc, done, total, **estimate):
+        self.progress(self._named(desc), done, total, **estimate)
+
+    def began(self, probe):
+        self.progress.began(self._named(probe))
+
+    def ended(self, probe, value, stderr, dof=None):
+        self.progress.ended(self._named(probe), value, stderr, dof)
+
+    def stopped(self, desc, reason, planned=None):
+        self.progress.stopped(self._named(desc), reason, planned)
+
+    def budget(self, desc, seconds):
+        self.progress.budget(self._named(desc), seconds)
+
+    def within(self, *counts, **kinds):
+        self.progress.within(*counts, **kinds)
+
+
 def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_errors, placement, quiet):
     from ..report.progress import ProgressRenderer, Task, clock_text, period_from_env
     from ..workflows.scan import ScanHooks
@@ -242,11 +273,8 @@ def _run_with_progress(run_scan, entries, base, out, resume, overwrite, retry_er
             progress.note(f"flatcheck scan: {tag}{rec['status']}  {rec['model']}  {rec['seconds']:.1f}s{extra} · "
                           f"{models.done}/{models.total} models · ETA {clock_text(models.eta())}")
 
-        def probe_progress(desc, d, total, **estimate):
-            progress(f"{tag}{where['name']}: {desc}", d, total, **estimate)
-
         summary = run_scan(entries, base, out, resume=resume, overwrite=overwrite, retry_errors=retry_errors,
-                           placement=placement, hooks=ScanHooks(start, done, probe_progress))
+                           placement=placement, hooks=ScanHooks(start, done, _ModelProgress(progress, where, tag)))
     if summary.repaired_bytes:
         err.print(f"flatcheck scan: {tag}dropped a partial last line ({summary.repaired_bytes} bytes) of {summary.out}")
     if summary.already:

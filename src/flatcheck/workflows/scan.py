@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..report.pulse import listening
 from . import child_process
 from .results_io import (HeldOutput, check_records_file, describe_difference, load_results, new_record, record_key,
                          repair_tail, shard_path)
@@ -277,15 +278,14 @@ def scan_isolated(entry: Entry, record: dict[str, Any], base: RunConfig,
     t0 = time.perf_counter()
 
     def work(send) -> dict[str, Any]:
-        def forward(desc: str, done: int, total: int, *, value: float | None = None,
-                    stderr: float | None = None) -> None:
-            send([desc, done, total, _finite_or_none(value), _finite_or_none(stderr)])
-
-        return scan_one(entry, record, base, forward if progress is not None else None)
+        if progress is None:
+            return scan_one(entry, record, base, None)
+        forward = _Forward(send)
+        with listening(forward.within):  # the backends' counts within a product, to the parent too
+            return scan_one(entry, record, base, forward)
 
     def on_message(msg) -> None:
-        desc, done, total, value, stderr = msg
-        progress(desc, done, total, value=value, stderr=stderr)
+        _deliver(progress, msg)
 
     outcome = child_process.run_in_child(work, on_message=on_message if progress is not None else None,
                                          close_in_child=close_in_child, threads=threads)
@@ -296,6 +296,54 @@ def scan_isolated(entry: Entry, record: dict[str, Any], base: RunConfig,
     result["process"] = {"peak_rss_bytes": outcome.peak_rss_bytes, "exit_code": outcome.exit_code,
                          "signal": outcome.signal, "threads": outcome.threads}
     return result
+
+
+class _Forward:
+    """A scan child's progress listener: its call and every hook a display may have
+    (report/progress_hooks: a probe's begin and end, a budget's stop and share; report/pulse:
+    the counts within a product) sent to the parent as a message of its own kind, where
+    scan_isolated hands each to the parent's listener."""
+
+    def __init__(self, send: Callable[[Any], None]):
+        self.send = send
+
+    def __call__(self, desc: str, done: int, total: int, *, value: float | None = None,
+                 stderr: float | None = None) -> None:
+        self.send(["progress", desc, done, total, _finite_or_none(value), _finite_or_none(stderr)])
+
+    def began(self, probe: str) -> None:
+        self.send(["began", probe])
+
+    def ended(self, probe: str, value: float | None, stderr: float | None, dof: int | None = None) -> None:
+        self.send(["ended", probe, _finite_or_none(value), _finite_or_none(stderr), dof])
+
+    def stopped(self, desc: str, reason: str, planned: int | None = None) -> None:
+        self.send(["stopped", desc, reason, planned])
+
+    def budget(self, desc: str, seconds: float) -> None:
+        self.send(["budget", desc, seconds])
+
+    def within(self, done: int, total: int, vectors: int, built: float = 0.0, anew: bool = False,
+               ahead: tuple[int, float] | None = None) -> None:
+        self.send(["within", done, total, vectors, built, anew, ahead])
+
+
+def _deliver(progress: Callable[..., None], msg: list) -> None:
+    """A _Forward message, in the parent: the call or hook it stands for, on `progress` (a
+    plain callback has none of the display's hooks, and is called only with counts)."""
+    kind, *args = msg
+    if kind == "progress":
+        desc, done, total, value, stderr = args
+        progress(desc, done, total, value=value, stderr=stderr)
+        return
+    hook = getattr(progress, kind, None)
+    if hook is None:
+        return
+    if kind == "within":
+        done, total, vectors, built, anew, ahead = args
+        hook(done, total, vectors, built=built, anew=anew, ahead=None if ahead is None else tuple(ahead))
+    else:
+        hook(*args)
 
 
 def _finite_or_none(x: float | None) -> float | None:
