@@ -5,6 +5,7 @@ a changing stream refused; the CLI's run and measure the same path."""
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from pathlib import Path
 
@@ -510,3 +511,16 @@ def test_progress_none_or_false_is_silent(quiet, capsys):
     report = flatcheck.measure(case.model, (case.X, case.Y), probes={"trace": {"probes_max": 4, "rtol": None}},
                                progress=quiet)
     assert report.results["trace"].value is not None and capsys.readouterr().err == ""
+
+
+def test_non_finite_weights_are_named():
+    """stranger20: NaN weights were told as "the model overflows in float32 (try dtype
+    float64) or its weights are broken"; the tensor is named, as the CLI names a checkpoint's."""
+    case = make_case("mlp", n=8)
+    model = copy.deepcopy(case.model)
+    first = next(iter(model.parameters()))
+    with torch.no_grad():
+        first.view(-1)[0] = float("nan")
+    name = next(n for n, p in model.named_parameters() if p is first)
+    with pytest.raises(InputError, match=rf"^model: non-finite values \(NaN/Inf\) in 1 tensors: {re.escape(name)}$"):
+        flatcheck.measure(model, (case.X, case.Y), probes=("gini",))

@@ -253,6 +253,13 @@ def _option_map(values: Any, what: str) -> dict[str, Any]:
 def _check_module(model: Any) -> None:
     if not isinstance(model, nn.Module):
         raise InputError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    # named here, as the CLI names a checkpoint's: the forward's non-finite loss would only
+    # say that the model overflows or its weights are broken
+    bad = [name for name, t in (*model.named_parameters(), *model.named_buffers())
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise InputError(f"model: non-finite values (NaN/Inf) in {len(bad)} tensors: {shown}")
 
 
 def _live_device(model: nn.Module, device: Any) -> torch.device:
