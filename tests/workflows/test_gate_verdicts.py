@@ -174,7 +174,7 @@ def test_a_part_rule_against_a_baseline_without_parts_says_how_to_make_one_with_
     trace = ProbeResult(probe="trace", value=4.0, stderr=0.1, matvecs=30, seconds=0.0,
                         details={"estimator": "hutchpp", "parts": False, "layers": {}, "per_parameter": {}}).to_dict()
     base = Baseline({"trace": trace}, {}, "base.json")
-    for field in ("trace.details.layers.1.value",):
+    for field in ("trace.details.layers.1.value", "trace.layers.1.value"):
         cfg = parse_gate_config({"probes": {"trace": {"estimator": "hutchpp", "probes_max": 30}},
                                  "rules": [{"field": field, "max_increase": "20%"}]})
         with pytest.raises(InputError) as refused:
@@ -188,3 +188,20 @@ def test_a_part_rule_against_a_baseline_without_parts_says_how_to_make_one_with_
     cfg = parse_gate_config({"rules": [{"field": "trace.details.layers.1.value", "max_increase": "20%"}]})
     with pytest.raises(InputError, match=r"trace.details.layers holds 0, 2"):
         check_baseline(cfg, base, {}, seed=0)
+
+
+@pytest.mark.parametrize("field", ["trace.details.layers.1.value", "trace.layers.1.value",
+                                   "trace.per_parameter.1.weight.value"])
+def test_a_rule_on_a_part_turns_parts_on_however_it_spells_the_path(field):
+    """results_io reads `trace.layers.1.value` as `trace.details.layers.1.value`; a gate that left
+    parts off for the shorthand ran without them and found no layer after the run."""
+    cfg = parse_gate_config({"rules": [{"field": field, "max": 9}]})
+    assert cfg.options("trace").parts is True
+    assert parse_gate_config({"rules": [{"field": "trace.value", "max": 9}]}).options("trace").parts is False
+    # and a part's stderr comes from the trace's own 10 probes: Student's t with 9 degrees of freedom
+    part = {"value": 2.9, "stderr": 0.03}
+    res = {"trace": ProbeResult(probe="trace", value=4.0, stderr=0.1, matvecs=10, seconds=0.0, dof=9,
+                                details={"layers": {"1": part}, "per_parameter": {"1.weight": part}}).to_dict()}
+    (c,) = evaluate(cfg, res)
+    half = student_t.ppf(0.975, 9) * 0.03
+    assert c.ci == pytest.approx((2.9 - half, 2.9 + half))

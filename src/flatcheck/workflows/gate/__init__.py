@@ -31,8 +31,9 @@ A rule on a probe the baseline does not hold (a probe added since) is skipped, n
 said (a warning, and the verdict counts it: "PASSED · 1 of 2 relative rules skipped"); a
 baseline that holds none of the relative rules' probes decides nothing and is refused; a
 field the baseline's result of that probe lacks is a misspelt rule (exit 2, before any probe
-runs), and so is a max/min rule's where that result was measured with the gate's options. A value its probe does not stand behind (an iteration short of its own tolerance,
-`unresolved`) gets no verdict: exit 2, in the baseline or in the current run.
+runs), and so is a max/min rule's where that result was measured with the gate's options. A
+value its probe does not stand behind (an iteration short of its own tolerance, `unresolved`)
+gets no verdict: exit 2, in the baseline or in the current run.
 
 Modules: config (the gate file), statistics (quantiles, degrees of freedom, error bounds,
 pairing), verdicts (one rule decided), baseline (the report compared with, its records),

@@ -261,7 +261,7 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
            f"{bound.field} = {b:.6g} ± {s_b:.3g} gives an interval of ±{z * factor * s_b:.3g}, and the rule's "
            f"margin {margin:.3g} must be {need_margin}")
     gating, result = gating_of(bound.probe), baseline.results.get(bound.probe) or {}
-    effort = gating.effort(result, bound.field)
+    effort = gating.effort(result, bound.path)
     counted = dof is not None and margin > 0 and effort is not None
     if counted:
         m = int(dof) + 1

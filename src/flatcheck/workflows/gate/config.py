@@ -42,6 +42,13 @@ class Bound:
     def headline(self) -> bool:
         return self.field in (self.probe, f"{self.probe}.value")
 
+    @property
+    def path(self) -> str:
+        """The field spelt out, as a probe's declaration reads it ("PROBE.layers.x.value" is
+        "PROBE.details.layers.x.value"): its parts' degrees of freedom and effort option."""
+        below = _below_probe(self.field)
+        return f"{self.probe}.{below}" if below else self.probe
+
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -121,10 +128,19 @@ def parse_gate_config(data: Any, where: str = "gates") -> GateConfig:
     # no rule reads its parts), which a paired baseline's may replace (run.follow_baseline)
     defaulted: set[str] = set()
     for name in probes:
-        fields = [b.field.partition(".")[2] for b in bounds if b.probe == name]
+        fields = [b.path.partition(".")[2] for b in bounds if b.probe == name]
         probes[name], chosen = gating_of(name).gate_options(probes[name], fields)
         defaulted |= {f"{name}.{key}" for key in chosen}
     return GateConfig(tuple(bounds), probes, confidence, max_reruns, factor, where, frozenset(defaulted))
+
+
+def _below_probe(field: str) -> str:
+    """A rule's path below its probe, spelt out as results_io reads the shorthand: a name that is
+    not the value or its stderr is a detail ("PROBE.layers.x.value" is "details.layers.x.value"),
+    so a probe's declaration sees the parts a rule reads however the rule writes them."""
+    rest = field.partition(".")[2]
+    first = rest.partition(".")[0]
+    return rest if first in ("", "details", "value", "stderr") else f"details.{rest}"
 
 
 def _parse_rule(rule: Any, at: str, policy: str, probes: dict[str, dict[str, Any]], fail: Callable,

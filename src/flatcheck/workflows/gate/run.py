@@ -57,7 +57,7 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
         for c in checks:
             stuck = c.capped and rerun_baseline is None  # paired over all the baseline's values
             if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun" and not stuck:
-                name = effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.field)
+                name = effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.path)
                 if name is not None:
                     names.setdefault(c.bound.probe, set()).add(name)
         return {p: raise_effort(options[p], sorted(names[p]), gate.effort_factor) for p in sorted(names)}
@@ -86,13 +86,13 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
     for c in checks:
         c.reruns = reruns.get(c.bound.probe, 0)
         if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun":
-            why = ("no effort option" if effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.field) is None
+            why = ("no effort option" if effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.path) is None
                    else "the baseline's last probe value was paired" if c.capped else f"{c.reruns} reruns")
             c.message = f"still inconclusive after {why}; counted as failed; {c.message}"
         elif c.reruns:
             # the verdict is the rerun's: a reader of the table or summary must not take it for
             # the first run's, nor miss that the first run was inconclusive
-            name = effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.field)
+            name = effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.path)
             c.message = (f"{c.bound.probe} rerun {c.reruns}× ({name} {getattr(options[c.bound.probe], name, '?')}) "
                          f"after an inconclusive rule" + (f"; {c.message}" if c.message else ""))
     return checks, results

@@ -74,7 +74,7 @@ def error_bound(results: Mapping[str, Any] | None, bound: Bound) -> float:
 def dof(results: Mapping[str, Any], bound: Bound) -> float | None:
     """Degrees of freedom of the rule's stderr (the probe's declaration says which fields
     average over the draws its `dof` counts); None: normal."""
-    return gating_of(bound.probe).dof(bound.probe, results.get(bound.probe) or {}, bound.field)
+    return gating_of(bound.probe).dof(bound.probe, results.get(bound.probe) or {}, bound.path)
 
 
 @dataclass(frozen=True)

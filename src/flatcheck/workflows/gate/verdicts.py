@@ -135,7 +135,7 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
     why = unresolved(result, bound.probe)
     if why:
         raise InputError(f"rule {bound.name}: {why}; no verdict on an unfinished value")
-    refused = gating_of(bound.probe).admits(bound.probe, result, bound.field, se, error_bound(results, bound))
+    refused = gating_of(bound.probe).admits(bound.probe, result, bound.path, se, error_bound(results, bound))
     if refused:
         raise InputError(f"{at}: {refused}")
     check.value = value
