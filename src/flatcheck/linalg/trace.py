@@ -476,10 +476,14 @@ def hutchpp(
                              offset)
     AG = _in_pieces(op.matmat, G, _short_of(progress, 3 * k), 2 * k, 3 * k)
 
-    head = Q * AQ
     # g ⊙ (QQᵀA g) sums to zero over all entries in exact arithmetic; it is kept in the
-    # per-probe values so that per-group parts add up to the total in any dtype.
-    resid = G * AG + 2 * G * ((AG @ Q.T) @ Q)
+    # per-probe values so that per-group parts add up to the total in any dtype. Made in
+    # place, one (k, P) block beyond Q, G, AQ and AG (the plain expressions held four more).
+    resid = (AG @ Q.T) @ Q
+    head = Q.mul_(AQ)
+    del Q, AQ
+    resid.mul_(2).add_(AG).mul_(G)  # g ⊙ (Ag + 2 QQᵀAg)
+    del G, AG
     exact_part = rowsum64(head).sum().item()
     resid_values = rowsum64(resid).cpu()
     r_mean, r_se = _mean_stderr(resid_values)

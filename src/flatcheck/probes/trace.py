@@ -265,7 +265,8 @@ class TraceProbe:
         limit = probe_limit(ctx)
         rows, memory = None, {}
         if options.estimator == "hutchpp":
-            memory = limit_products(ctx, limit, _check_hutchpp_memory(op, options.probes_max, limit), "trace")
+            held = _check_hutchpp_memory(op, options.probes_max, limit, split is not None)
+            memory = limit_products(ctx, limit, held, "trace")
         elif options.estimator == "hutchinson":
             rows, stored = plan_block(options.block_size, op, split is not None, limit,
                                       f"probe trace (hutchinson) over {op.dim:,} parameters")
@@ -398,12 +399,14 @@ def _route(op: CurvatureOperator, options: TraceOptions, backend) -> str:
     return "hvp_sums" if op.streams_total else "matmat"
 
 
-def _check_hutchpp_memory(op: CurvatureOperator, matvecs: int, limit: int | None) -> int:
-    """Hutch++ holds its sketch S, A·S, the basis Q and the residual probes as (k, P) blocks
-    (k = matvecs/3) at once: refuse a count whose blocks cannot fit --max-memory before
-    allocating them; the bytes they hold."""
+def _check_hutchpp_memory(op: CurvatureOperator, matvecs: int, limit: int | None, parts: bool) -> int:
+    """Hutch++ holds (k, P) blocks (k = matvecs/3) at once: its sketch S, A·S, the QR's copy
+    and basis Q while it factors (4); with parts, or where the operator takes no quadratic
+    forms, Q, the residual probes G, A·Q, A·G and one block of their products at its end (5).
+    Refuse a count whose blocks cannot fit --max-memory before allocating them; the bytes
+    they hold."""
     k = matvecs // 3
-    per = 4 * op.dim * op.dtype.itemsize
+    per = (5 if parts or not op.streams_total else 4) * op.dim * op.dtype.itemsize
     need = k * per
     if limit is not None and need > limit:
         most = 3 * (limit // per)
