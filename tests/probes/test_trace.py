@@ -420,6 +420,30 @@ def test_an_option_refusal_is_worded_in_keywords_from_python_and_in_flags_on_the
     assert caught.value.worded(flag_of).startswith(flags)
 
 
+def _tiny_tanh_mlp():
+    """A 3-4-2 tanh MLP and 16 samples for it."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    return model, (torch.randn(16, 3), torch.randint(0, 2, (16,)))
+
+
+def _hutchpp_pace_heard(options: dict, **settings):
+    """measure()'s Hutch++ trace with `options`, and what it told a progress display of its
+    pace (report/pulse): "anew" for a change of pace, (unit, cost) for a cost announced ahead."""
+    import flatcheck
+    from flatcheck.report.pulse import listening
+
+    heard = []
+
+    def listener(done, total, vectors, built=0.0, anew=False, ahead=None):
+        if anew or ahead is not None:
+            heard.append("anew" if anew else ahead)
+
+    with listening(listener):
+        report = flatcheck.measure(*_tiny_tanh_mlp(), probes={"trace": {"estimator": "hutchpp", **options}},
+                                   **settings)
+    return report, heard
+
+
 @pytest.mark.parametrize("parts, route", [(False, "tangent"), (False, "hvp"), (True, "auto")])
 def test_hutchpp_says_when_its_units_change_cost(parts, route):
     """Without parts, Hutch++'s last two thirds are quadratic forms: by forward tangents about
@@ -427,21 +451,9 @@ def test_hutchpp_says_when_its_units_change_cost(parts, route):
     expected to cost (report/pulse, `ahead`); by HVPs a product each, so it does not; and after
     the sketch, on either route, to time them afresh. With parts every unit is a product and
     nothing changes."""
-    import flatcheck
     from flatcheck.operators import TANGENT_FORM_COST
-    from flatcheck.report.pulse import listening
 
-    heard = []
-
-    def listener(done, total, vectors, built=0.0, anew=False, ahead=None):
-        if anew or ahead is not None:
-            heard.append("anew" if anew else ahead)
-
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    data = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
-    options = {"estimator": "hutchpp", "probes_max": 6, "parts": parts, "route": route}
-    with listening(listener):
-        report = flatcheck.measure(model, data, probes={"trace": options})
+    report, heard = _hutchpp_pace_heard({"probes_max": 6, "parts": parts, "route": route})
     said = {"tangent": [(2, TANGENT_FORM_COST), "anew"], "hvp": ["anew"], "auto": []}[route]
     assert heard == said, report.results["trace"].details.get("route")
 
@@ -449,21 +461,9 @@ def test_hutchpp_says_when_its_units_change_cost(parts, route):
 def test_hutchpp_cut_by_a_budget_announces_the_forms_where_they_now_begin():
     """Under a budget that leaves room for k = 2 (6 units), the forms begin at unit 2, not at
     the third of --probes-max that was planned: the display prices from there."""
-    import flatcheck
     from flatcheck.operators import TANGENT_FORM_COST
-    from flatcheck.report.pulse import listening
 
-    heard = []
-
-    def listener(done, total, vectors, built=0.0, anew=False, ahead=None):
-        if anew or ahead is not None:
-            heard.append("anew" if anew else ahead)
-
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    data = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
-    with listening(listener):
-        report = flatcheck.measure(model, data, budget=1e-6,
-                                   probes={"trace": {"estimator": "hutchpp", "probes_max": 30, "parts": False}})
+    report, heard = _hutchpp_pace_heard({"probes_max": 30, "parts": False}, budget=1e-6)
     assert report.results["trace"].matvecs == 6
     assert heard == [(2, TANGENT_FORM_COST), "anew"]
 
@@ -474,9 +474,7 @@ def test_hutchpp_cut_by_a_budget_ends_its_line_stopped_with_its_planned_count(ca
     import flatcheck
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-    data = (torch.randn(16, 3), torch.randint(0, 2, (16,)))
-    flatcheck.measure(model, data, budget=1e-6, progress=True,
+    flatcheck.measure(*_tiny_tanh_mlp(), budget=1e-6, progress=True,
                       probes={"trace": {"estimator": "hutchpp", "probes_max": 30, "parts": False}})
     last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("flatcheck trace")][-1]
     assert last.startswith("flatcheck trace (hutchpp): stopped by the budget · 6/30 · "), last

@@ -52,12 +52,15 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
     reruns: dict[str, int] = {}
     remeasured: set[str] = set()
 
+    def effort_of(c: Check) -> str | None:  # the option a rerun raises for this check's rule
+        return effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.path)
+
     def wanted() -> dict[str, Any]:
         names: dict[str, set[str]] = {}  # per probe, the effort options its inconclusive rules need
         for c in checks:
             stuck = c.capped and rerun_baseline is None  # paired over all the baseline's values
             if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun" and not stuck:
-                name = effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.path)
+                name = effort_of(c)
                 if name is not None:
                     names.setdefault(c.bound.probe, set()).add(name)
         return {p: raise_effort(options[p], sorted(names[p]), gate.effort_factor) for p in sorted(names)}
@@ -86,13 +89,13 @@ def decide_with_reruns(gate: GateConfig, results: dict[str, ProbeResult], option
     for c in checks:
         c.reruns = reruns.get(c.bound.probe, 0)
         if c.verdict == "inconclusive" and c.bound.inconclusive == "rerun":
-            why = ("no effort option" if effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.path) is None
+            why = ("no effort option" if effort_of(c) is None
                    else "the baseline's last probe value was paired" if c.capped else f"{c.reruns} reruns")
             c.message = f"still inconclusive after {why}; counted as failed; {c.message}"
         elif c.reruns:
             # the verdict is the rerun's: a reader of the table or summary must not take it for
             # the first run's, nor miss that the first run was inconclusive
-            name = effort_option(c.bound.probe, results.get(c.bound.probe), c.bound.path)
+            name = effort_of(c)
             c.message = (f"{c.bound.probe} rerun {c.reruns}× ({name} {getattr(options[c.bound.probe], name, '?')}) "
                          f"after an inconclusive rule" + (f"; {c.message}" if c.message else ""))
     return checks, results
