@@ -744,14 +744,15 @@ def test_a_baseline_whose_probe_values_do_not_give_its_value_is_refused(edit, ma
                        META, seed=0)
 
 
-def test_a_paired_rule_is_judged_on_the_spread_its_pairing_uses_not_the_widened_stderr():
-    """Paired, the statistic's error is the per-probe values' spread (plain t on the per-probe
-    differences); the headline's skew-widened stderr would refuse rules pairing decides well.
-    Unpaired, the widened stderr is what the comparison reads, and a rule too tight for it stays
-    refused."""
+def test_a_paired_rule_is_planned_on_the_interval_its_verdict_takes():
+    """Paired, an unchanged model's per-probe differences are −0.2·b_i, and the verdict's
+    interval is their spread widened for their skewness (Gating.paired_stderr): a rule that
+    interval cannot decide is refused before the run, as the run would straddle it. A products'
+    variance floor is the value's alone: a floored baseline is planned on its values' spread.
+    Unpaired, the widened stderr is what the comparison reads, and a too tight rule is refused."""
     import torch
 
-    from flatcheck.linalg.trace import INTERVAL_SKEW, skew_widening
+    from flatcheck.linalg.trace import INTERVAL_FLOOR, INTERVAL_SKEW, skew_widening
     from flatcheck.workflows.gate.checks import check_baseline
 
     values = [40.0, 41.0, 42.0, 43.0, 44.0, 140.0]  # one long tail: skewed
@@ -765,9 +766,21 @@ def test_a_paired_rule_is_judged_on_the_spread_its_pairing_uses_not_the_widened_
     # a 20 % rule: paired it needs z·0.2·s < 0.2·|b|, i.e. s < |b|/z; choose b between the two
     assert spread < abs(b) / z < spread * widen
     cfg = gate({"field": "trace.value", "max_increase": "20%"})
-    check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=0)
+    with pytest.raises(InputError, match="cannot pass an unchanged model paired"):
+        check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=0)
+    (same,) = evaluate(cfg, {"trace": res}, {"trace": res})
+    assert same.verdict == "inconclusive" and same.stderr == pytest.approx(0.2 * spread * widen, rel=1e-12)
     with pytest.raises(InputError, match="cannot pass an unchanged model unpaired"):
         check_baseline(cfg, _baseline({"trace": res}, **META), META, seed=1)
+    tight = [v / 3 + 28 for v in values]  # the same skewness, a third of the spread
+    floored = traced(tight)
+    b = floored["value"]
+    known = 2 * abs(b) / Q  # the products' own stderr: an unchanged model's interval on it straddles
+    floored["details"].update(interval=INTERVAL_FLOOR, known_stderr=known, spread_stderr=floored["stderr"])
+    floored["stderr"], floored["dof"] = known, None
+    check_baseline(cfg, _baseline({"trace": floored}, **META), META, seed=0)
+    (same,) = evaluate(cfg, {"trace": floored}, {"trace": floored})
+    assert same.verdict == "pass" and same.stderr == pytest.approx(0.2 * spread / 3 * widen, rel=1e-12)
 
 
 @pytest.mark.parametrize("route", ["hvp", "tangent"])
@@ -1085,7 +1098,8 @@ def test_a_paired_value_carries_its_results_widened_stderr_not_the_bare_spread()
     cfg = gate({"field": "trace.value", "max_increase": "20%"})
     (c,) = evaluate(cfg, {"trace": res}, {"trace": skewed(values)[0]})
     assert c.paired == 20 and c.value_stderr == pytest.approx(res["stderr"], rel=1e-12)
-    assert c.stderr == pytest.approx(0.2 * spread)  # the comparison's own error: the differences' spread
+    # the comparison's own error: the differences −0.2·b_i, their spread widened as the value's
+    assert c.stderr == pytest.approx(0.2 * res["stderr"], rel=1e-12)
     (absolute,) = evaluate(gate({"field": "trace.value", "max": 100}), {"trace": res})
     assert absolute.value_stderr == pytest.approx(c.value_stderr, rel=1e-12)
     # a baseline of 12 draws pairs over the run's first 12: the value and its stderr are theirs

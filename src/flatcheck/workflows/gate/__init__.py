@@ -20,8 +20,10 @@ more" means the same thing for negative values); the test is on v − T.
   values stored in both reports; see `pairing`): with per-probe values c_i and b_i and the
   parts known without sampling error o_c, o_b, v − T = (o_c − slope·o_b) + mean_i(c_i − slope·b_i),
   and its standard error is that of the per-probe differences, t with n − 1 degrees of
-  freedom. The probe-to-probe spread that both runs share cancels: an unchanged model
-  gives c_i = b_i, so v − T = −x·|b| with error x·s_b, and the rule passes.
+  freedom, their spread widened for their skewness where the probe widens its own values'
+  (`Gating.paired_stderr`; the check's message names the interval). The probe-to-probe
+  spread that both runs share cancels: an unchanged model gives c_i = b_i, so v − T = −x·|b|
+  with error x·s_b, and the rule passes.
 - Unpaired otherwise: σ = √(s² + slope²·s_b²) (the baseline's uncertainty moves the
   threshold), degrees of freedom by Welch–Satterthwaite.
 A baseline is checked before any probe runs (`check_baseline`): it must hold results, each

@@ -235,11 +235,13 @@ def _check_decidable(bound: Bound, b: float, s_b: float, baseline: Baseline, see
     model then passes with probability at least (1 + confidence)/2 (97.5 % at 0.95)."""
     unpaired = _planned_unpaired(bound, gate, baseline, seed)
     if not unpaired:
-        # paired, the statistic's error is the per-probe values' own spread (statistics.Pairing),
-        # not the headline's stderr where that is widened or floored for the value alone
+        # paired, an unchanged model's differences are ∓x·b_i, so the verdict's error (the
+        # probe's paired_stderr of them) is x times that rule applied to the baseline's values;
+        # not the headline's stderr, which a probe may floor for the value alone
         details = (baseline.results.get(bound.probe) or {}).get("details") or {}
-        spread = as_number(details.get("spread_stderr"))
-        s_b = spread if spread is not None and math.isfinite(spread) else s_b
+        values = [as_number(v) for v in details.get("probe_values") or ()]
+        if len(values) >= 2 and all(v is not None and math.isfinite(v) for v in values):
+            s_b = gating_of(bound.probe).paired_stderr(details, values)[0]
     if s_b == 0:
         return
     margin = bound.limit * abs(b)

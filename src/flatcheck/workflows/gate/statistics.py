@@ -97,12 +97,13 @@ class Pairing:
     def current_value(self) -> float:
         return self.current_offset + sum(self.current) / self.n
 
-    def excess(self, slope_: float) -> tuple[float, float]:
-        """v − slope·b and its standard error from the per-probe differences c_i − slope·b_i."""
-        d = [c - slope_ * b for c, b in zip(self.current, self.baseline)]
-        mean = sum(d) / self.n
-        var = sum((x - mean) ** 2 for x in d) / (self.n - 1)
-        return self.current_offset - slope_ * self.baseline_offset + mean, math.sqrt(var / self.n)
+    def differences(self, slope_: float) -> list[float]:
+        """The per-probe differences c_i − slope·b_i."""
+        return [c - slope_ * b for c, b in zip(self.current, self.baseline)]
+
+    def excess(self, slope_: float) -> float:
+        """v − slope·b, from the per-probe differences (its error: Gating.paired_stderr)."""
+        return self.current_offset - slope_ * self.baseline_offset + sum(self.differences(slope_)) / self.n
 
 
 def pairing(bound: Bound, current: Mapping[str, Any], baseline: Mapping[str, Any]) -> tuple[Pairing | None, str]:

@@ -167,12 +167,13 @@ def decide(bound: Bound, results: dict[str, Any], baseline: dict[str, Any] | Non
         threshold = slope * b
         check.baseline = b
         if paired is not None:
-            excess, sigma = paired.excess(slope)
+            details = (results.get(bound.probe) or {}).get("details") or {}
+            sigma, interval = gating_of(bound.probe).paired_stderr(details, paired.differences(slope))
             # the interval of v given the threshold: T + (v − T) ± q·σ
-            value, dof = threshold + excess, paired.n - 1
+            value, dof = threshold + paired.excess(slope), paired.n - 1
             check.paired = paired.n
             check.capped = paired.n >= paired.baseline_count
-            check.message = f"paired over {paired.n} probes"
+            check.message = f"paired over {paired.n} probes, interval {interval} of the differences"
         else:
             sigma = math.sqrt(se**2 + (slope * base_se) ** 2)
             dof = welch(se, dof, slope * base_se, dof_of(baseline, bound))
