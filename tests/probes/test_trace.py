@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy import stats
 
-from tests.support.dense import DenseOperator, dense, make_case, mixer_case
+from tests.support.dense import DenseOperator, block_traces, dense, make_case, mixer_case
 from flatcheck.config import probe_requests
 from flatcheck.linalg import hutchinson, hutchpp
 from flatcheck.linalg.trace import INTERVAL_FLOOR, INTERVAL_SKEW, skew_widening
@@ -27,15 +27,6 @@ def _sym(n: int, seed: int, rank: int | None = None) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     B = torch.randn(n, rank or n, generator=g, dtype=torch.float64)
     return B @ B.T / n if rank else (B + B.T) / 2
-
-
-def _block_traces(M: torch.Tensor, layout) -> dict[str, float]:
-    out: dict[str, float] = {}
-    start = 0
-    for size, group in zip(layout.sizes, layout.groups):
-        out[group] = out.get(group, 0.0) + M.diagonal()[start : start + size].sum().item()
-        start += size
-    return out
 
 
 # -- estimators on dense matrices -----------------------------------------------------------
@@ -167,7 +158,7 @@ def test_stochastic_trace_within_reported_error(kind, estimator, matrix):
     assert r.matvecs == 150 and r.seed == 0
     layers = r.details["layers"]
     assert math.isclose(sum(p["value"] for p in layers.values()), r.value, rel_tol=1e-12, abs_tol=1e-14)
-    truth = _block_traces(M, case.problem.layout)
+    truth = block_traces(M, case.problem.layout)
     for name, part in layers.items():
         assert abs(part["value"] - truth[name]) <= Z * part["stderr"] + 1e-12, name
     assert math.isclose(r.details["mean_eigenvalue"], r.value / case.problem.layout.dim)
@@ -181,7 +172,7 @@ def test_exact_ggn_trace(kind, loss):
     r = _run(case, estimator="exact")
     assert r.label == "Tr(G)" and r.stderr is None and r.matvecs == 0 and r.seed is None
     assert abs(r.value - G.trace().item()) <= 1e-8 * abs(G.trace().item())
-    truth = _block_traces(G, case.problem.layout)
+    truth = block_traces(G, case.problem.layout)
     for name, part in r.details["layers"].items():
         assert abs(part["value"] - truth[name]) <= 1e-8 * abs(G.trace().item()), name
 

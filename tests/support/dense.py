@@ -141,6 +141,16 @@ def _dense(case: Case, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return H, G
 
 
+def block_traces(M: torch.Tensor, layout) -> dict[str, float]:
+    """The traces of M's diagonal blocks, one per layout group (a layer's parameters)."""
+    out: dict[str, float] = {}
+    start = 0
+    for size, group in zip(layout.sizes, layout.groups):
+        out[group] = out.get(group, 0.0) + M.diagonal()[start : start + size].sum().item()
+        start += size
+    return out
+
+
 class DenseOperator:
     """A dense symmetric matrix as an operator, for testing estimators on their own."""
 

@@ -1033,6 +1033,29 @@ def test_a_decomposition_baseline_of_an_older_meaning_is_refused(tmp_path):
     load_baseline(_report(tmp_path, {"decomposition": record}))  # the current schema: its own meaning
 
 
+def test_a_hutchpp_baseline_with_the_biased_parts_of_before_is_refused(tmp_path):
+    """Until schema 2.6 each of a Hutch++ trace's per-layer parts carried a cross term that
+    cancelled in the total only (a stranger's MLP: the head 2.8 % high, the first layer 10 %
+    low): a gate reading them against today's unbiased parts would call the fix a change of the
+    model. Such a record is refused by name; one without parts, or of 2.6, is not."""
+    from flatcheck.workflows.gate.baseline import load_baseline
+
+    def report(extra, schema):
+        out = tmp_path / "r.json"
+        res = invoke("trace", CKPT, "--spec", SPEC, "--data", "digits", "--samples", "16", "--estimator", "hutchpp",
+                     "--probes-max", "6", "--json", str(out), "-q", *extra)
+        assert res.exit_code == 0, res.stderr
+        doc = json.loads(out.read_text(encoding="utf-8"))
+        out.write_text(json.dumps({**doc, "schema_version": schema}), encoding="utf-8")
+        return out
+
+    with pytest.raises(InputError, match=r"results.trace: measured with schema 2.5, whose Hutch\+\+ per-layer parts "
+                                         r"were biased.*measure the baseline again"):
+        load_baseline(report([], "2.5"))
+    load_baseline(report([], "2.6"))
+    load_baseline(report(["--no-layers"], "2.5"))
+
+
 def test_a_bare_relative_bound_of_one_or_more_is_said_on_stderr(tmp_path):
     # a bare number is a fraction: 20 is 2000 %, which may be meant (150 %) but usually is not
     with pytest.warns(UserWarning, match=r"rules\[0\]\.max_increase 20 is read as 2000 %; write 20% for 20 percent"):

@@ -419,9 +419,11 @@ def hutchpp(
 
     Tr(A) = Tr(QᵀAQ) + Tr(P⊥AP⊥) with Q an orthonormal basis of A·S; the first term is
     exact, the second is Hutchinson on projected probes. The standard error is that of
-    the Hutchinson part given Q. Per-group parts also carry the cross term 2·diag(QQᵀAP⊥),
-    estimated from the same probes at no extra cost, so each group's part is unbiased for
-    that group's diagonal block and the parts sum to the total.
+    the Hutchinson part given Q. A group's part (D its diagonal 0/1 mask) splits the same
+    way with no cross term: Tr(DA) = Tr(DAQQᵀ) + Tr(DAP⊥), the first Σ_i q_iᵀDAq_i (exact:
+    the entries of Q ⊙ AQ in the group), the second Tr(P⊥DAP⊥) by the cyclic property and
+    P⊥² = P⊥ (Hutchinson: the entries of g ⊙ Ag in the group, g projected). So each part is
+    unbiased for its group's diagonal block, and the parts sum to the total entry by entry.
 
     Without parts, only the sketch A·S needs products: Tr(QᵀAQ) and the residual's gᵀAg are
     quadratic forms, which an operator that streams them (`streams_total`) takes without one.
@@ -465,7 +467,6 @@ def hutchpp(
     else:
         AQ = _in_pieces(op.matmat, Q, progress, k, 3 * k)
     if forms:
-        # gᵀAg alone: the cross term below sums to zero over all entries (Qg = 0)
         resid_values = _in_pieces(lambda M: op.quadratic(M)[0], G, _short_of(progress, 3 * k), 2 * k, 3 * k)
         resid_values = resid_values.cpu()
         r_mean, r_se = _mean_stderr(resid_values)
@@ -476,14 +477,10 @@ def hutchpp(
                              offset)
     AG = _in_pieces(op.matmat, G, _short_of(progress, 3 * k), 2 * k, 3 * k)
 
-    # g ⊙ (QQᵀA g) sums to zero over all entries in exact arithmetic; it is kept in the
-    # per-probe values so that per-group parts add up to the total in any dtype. Made in
-    # place, one (k, P) block beyond Q, G, AQ and AG (the plain expressions held four more).
-    resid = (AG @ Q.T) @ Q
-    head = Q.mul_(AQ)
-    del Q, AQ
-    resid.mul_(2).add_(AG).mul_(G)  # g ⊙ (Ag + 2 QQᵀAg)
-    del G, AG
+    # made in place: no (k, P) block beyond Q, G, AQ and AG
+    head = Q.mul_(AQ)  # q ⊙ Aq
+    resid = AG.mul_(G)  # g ⊙ Ag
+    del Q, AQ, G, AG
     exact_part = rowsum64(head).sum().item()
     resid_values = rowsum64(resid).cpu()
     r_mean, r_se = _mean_stderr(resid_values)

@@ -173,6 +173,16 @@ class TraceGating(Gating):
     def nested_draws(self, details):
         return details.get("estimator") == "hutchinson"
 
+    def superseded(self, probe, result, schema):
+        """Until schema 2.6 a Hutch++ trace's per-layer parts each carried a cross term that
+        summed to zero over all of them but biased every one: a baseline's parts of then are
+        another quantity (its total is not, but one record holds both)."""
+        details = result.get("details") or {}
+        if schema is not None and schema < (2, 6) and details.get("estimator") == "hutchpp" and details.get("layers"):
+            return (f"measured with schema {schema[0]}.{schema[1]}, whose Hutch++ per-layer parts were biased "
+                    "(a cross term that cancelled in the total only; from 2.6 each part is unbiased)")
+        return None
+
     def count_mismatch(self, base_details, options):
         values, now = base_details.get("probe_values"), options.probes_max
         if options.estimator == "hutchpp" and isinstance(values, list) and len(values) != now // 3:
@@ -265,7 +275,7 @@ class TraceProbe:
         limit = probe_limit(ctx)
         rows, memory = None, {}
         if options.estimator == "hutchpp":
-            held = _check_hutchpp_memory(op, options.probes_max, limit, split is not None)
+            held = _check_hutchpp_memory(op, options.probes_max, limit)
             memory = limit_products(ctx, limit, held, "trace")
         elif options.estimator == "hutchinson":
             rows, stored = plan_block(options.block_size, op, split is not None, limit,
@@ -399,14 +409,14 @@ def _route(op: CurvatureOperator, options: TraceOptions, backend) -> str:
     return "hvp_sums" if op.streams_total else "matmat"
 
 
-def _check_hutchpp_memory(op: CurvatureOperator, matvecs: int, limit: int | None, parts: bool) -> int:
-    """Hutch++ holds (k, P) blocks (k = matvecs/3) at once: its sketch S, A·S, the QR's copy
-    and basis Q while it factors (4); with parts, or where the operator takes no quadratic
-    forms, Q, the residual probes G, A·Q, A·G and one block of their products at its end (5).
+def _check_hutchpp_memory(op: CurvatureOperator, matvecs: int, limit: int | None) -> int:
+    """Hutch++ holds four (k, P) blocks (k = matvecs/3) at once: its sketch S, A·S, the QR's
+    copy and basis Q while it factors; with parts, or where the operator takes no quadratic
+    forms, Q, the residual probes G, A·Q and A·G at its end (their products made in place).
     Refuse a count whose blocks cannot fit --max-memory before allocating them; the bytes
     they hold."""
     k = matvecs // 3
-    per = (5 if parts or not op.streams_total else 4) * op.dim * op.dtype.itemsize
+    per = 4 * op.dim * op.dtype.itemsize
     need = k * per
     if limit is not None and need > limit:
         most = 3 * (limit // per)

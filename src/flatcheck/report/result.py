@@ -27,7 +27,9 @@ from typing import Any
 #      --max-memory details.memory.peak_bytes, device and max_memory_covers; a rank whose rules
 #      --budget cut is unresolved too; meta.checkpoint.cast (the stored dtype, and the tensors a
 #      cast to --dtype rounded)
-SCHEMA_VERSION = "2.5"
+# 2.6: a Hutch++ trace's per-layer parts are unbiased (each carried a cross term 2·diag(QQᵀAP⊥)
+#      that cancelled in the total only)
+SCHEMA_VERSION = "2.6"
 
 
 @dataclass(frozen=True)
