@@ -95,15 +95,15 @@ class BlockLanczos(Lanczos):
         # the pending rows are usually the rows of the last step's leftovers, one tensor already
         V = self._pending_block if len(rows) == len(self.pending) and self._pending_block is not None else torch.stack(rows)
         first = self.size
-        for q in V:
-            self._append(q)
+        self._adopt(V)  # V's rows are basis rows from here on, in V's own memory
         HV = self.op.matmat(V)
         if not all_finite(HV):
             raise not_finite(self.op.dtype)
-        # V is in the basis now: the block it came from takes the leftovers (no new P-sized rows)
-        work = self._pending_block if V is self._pending_block else None
-        # the block's own rows and the last block's hold most of HV (block Lanczos' three terms)
-        W, C = self._project_rows(HV, into=work, recent=self.size - self._previous_first)
+        if HV.data_ptr() == V.data_ptr():  # an operator that hands back its input (the identity)
+            HV = HV.clone()
+        # the block's own rows and the last block's hold most of HV (block Lanczos' three terms);
+        # the leftovers are written over HV, which becomes the next block (no new P-sized rows)
+        W, C = self._project_rows(HV, into=HV, recent=self.size - self._previous_first)
         self._previous_first = first
         C = C.to(torch.float64).cpu().numpy()
         self.scale = max(self.scale, float(np.abs(C[:, first:]).max()))

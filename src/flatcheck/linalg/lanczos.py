@@ -9,6 +9,7 @@ of SLQ stay meaningful. The tridiagonal eigenproblem is left to LAPACK through
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, replace
 
@@ -25,7 +26,7 @@ from .trace import Operator, Progress, StopTest
 STALL_FACTOR = 0.5
 # a Gram–Schmidt pass that keeps more than this share of w's norm needs no second pass (DGKS)
 DGKS_ETA = 1 / math.sqrt(2)
-INITIAL_ROWS = 16  # basis rows per block (a full basis gets another block)
+INITIAL_ROWS = 16  # basis rows per block a full basis allocates (a block recurrence adopts its own)
 # P-sized vectors a Lanczos step holds besides its basis: the current and next q, the
 # product w, the projection's two temporaries and the product's own
 WORK_VECTORS = 6
@@ -68,6 +69,7 @@ class Lanczos:
         # into the new tensor, so both are held at once (up to 2× the basis: a 100-step basis
         # of ViT-B/16 would peak at 164 rows, 56 GB), which no memory plan could promise.
         self.blocks: list[Tensor] = []
+        self.starts: list[int] = []  # the index of each block's first row
         self.rows = 0  # rows allocated over all blocks
         self.alpha: list[float] = []
         self.beta: list[float] = []  # off-diagonals of T, len(alpha) − 1 of them
@@ -156,19 +158,18 @@ class Lanczos:
         return [Q for _, Q in self._span(0, self.size)]
 
     def _span(self, first: int, end: int) -> list[tuple[int, Tensor]]:
-        """Basis rows first … end − 1 as (index of the view's first row, view), block by block:
-        every block but the last holds INITIAL_ROWS rows."""
+        """Basis rows first … end − 1 as (index of the view's first row, view), block by block."""
         out = []
-        for b, block in enumerate(self.blocks):
-            lo = b * INITIAL_ROWS
+        for lo, block in zip(self.starts, self.blocks):
             start, stop = max(first, lo), min(end, lo + block.shape[0])
             if start < stop:
                 out.append((start, block[start - lo:stop - lo]))
         return out
 
     def _row(self, i: int) -> Tensor:
-        """Basis row q_i (a view): every block but the last holds INITIAL_ROWS rows."""
-        return self.blocks[i // INITIAL_ROWS][i % INITIAL_ROWS]
+        """Basis row q_i (a view)."""
+        b = bisect.bisect_right(self.starts, i) - 1
+        return self.blocks[b][i - self.starts[b]]
 
     def _combine(self, coeff: Tensor) -> Tensor:
         """coeff (k, size) → coeff @ Q, (k, P), accumulated block by block in one output."""
@@ -212,10 +213,25 @@ class Lanczos:
         """q becomes the basis' next row (a new block of rows where the last is full)."""
         if self.size == self.rows:
             rows = min(INITIAL_ROWS, self.capacity - self.rows)
-            self.blocks.append(torch.empty(rows, self.op.dim, dtype=self.op.dtype, device=self.op.device))
-            self.rows += rows
+            self._add_block(torch.empty(rows, self.op.dim, dtype=self.op.dtype, device=self.op.device))
         self.size += 1
         self._row(self.size - 1).copy_(q)
+
+    def _adopt(self, V: Tensor) -> None:
+        """The rows of V become the basis' next rows, V itself their storage: no copy, and no
+        fresh memory to fill (a P-sized row first written costs a pass of page faults as long
+        as the copy). The caller gives V up; a basis with allocated rows still empty copies."""
+        if self.size < self.rows:
+            for q in V:
+                self._append(q)
+            return
+        self._add_block(V)
+        self.size += V.shape[0]
+
+    def _add_block(self, block: Tensor) -> None:
+        self.starts.append(self.rows)
+        self.blocks.append(block)
+        self.rows += block.shape[0]
 
     def restart(self, v: Tensor) -> bool:
         """Continue from v made orthogonal to the basis; False when nothing of v is left."""
