@@ -524,3 +524,24 @@ def test_non_finite_weights_are_named():
     name = next(n for n, p in model.named_parameters() if p is first)
     with pytest.raises(InputError, match=rf"^model: non-finite values \(NaN/Inf\) in 1 tensors: {re.escape(name)}$"):
         flatcheck.measure(model, (case.X, case.Y), probes=("gini",))
+
+
+def test_an_unknown_keyword_is_weighed_against_every_keyword_measure_takes():
+    """measure(probez=...) listed only the settings (samples, seed …), leaving out probes,
+    options, loss and the rest, and suggested nothing (stranger21)."""
+    import inspect
+
+    model = nn.Sequential(nn.Linear(4, 3))
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    with pytest.raises(TypeError, match=r"^measure\(\) got an unexpected keyword argument 'probez'; "
+                                        r"did you mean 'probes'\?$"):
+        flatcheck.measure(model, (x, y), probez=("trace",))
+    with pytest.raises(TypeError) as caught:
+        flatcheck.measure(model, (x, y), zzz=1)
+    said = str(caught.value)
+    assert "\n" not in said
+    listed = said.split("; it takes ")[1].split(", ")
+    takes = [p.name for p in inspect.signature(flatcheck.measure).parameters.values()
+             if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert sorted(listed) == sorted(takes)
+    assert {"probes", "options", "loss", "test_data", "head", "num_classes", "output_key", "progress"} <= set(listed)

@@ -58,11 +58,18 @@ def refuse_unknown_keywords(call: str, given: Iterable[str], known: Iterable[str
             raise TypeError(f"{call}() got an unexpected keyword argument {name!r}; {hint}")
 
 
-def given_settings(call: str, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """The live settings a call gave, each with its default where not given; an unknown
-    keyword is refused as Python refuses one."""
+def keywords_of(fn: Callable) -> list[str]:
+    """Every keyword `fn` takes: its own keyword-only parameters and the live settings, which
+    takes_settings lists in its signature."""
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def given_settings(call: str, settings: Mapping[str, Any], fn: Callable) -> dict[str, Any]:
+    """The live settings a call of `fn` gave, each with its default where not given; an
+    unknown keyword is refused as Python refuses one, against all of `fn`'s keywords, not only
+    the settings its **settings gathers (a misspelt `probes` lands there too)."""
     known = live_settings()
-    refuse_unknown_keywords(call, settings, known)
+    refuse_unknown_keywords(call, settings, keywords_of(fn))
     return {name: settings.get(name, how.live_default) for name, how in known.items()}
 
 
@@ -103,7 +110,7 @@ def measure(model: nn.Module, data: Any, *, loss: "str | Mapping[str, Any] | Los
     The caller's model is left bitwise as it was — weights, buffers, .grad, requires_grad,
     train/eval mode, device and dtype — and so are the global CPU and CUDA random states.
     """
-    settings = given_settings("measure", settings)
+    settings = given_settings("measure", settings, measure)
     lines = _progress_lines(progress)
     _check_module(model)
     # resolved before anything touches the device: a CUDA name on a machine without CUDA is
@@ -164,7 +171,7 @@ def open_live_session(model: nn.Module, data: Any, *, loss: Any = "cross_entropy
     """measure's Session, for callers that run it more than once (the Tracker): the model
     itself when it is on `device` in `dtype` already, else a copy there (session.model).
     `call` (one of models.spec.LIVE_CALLS) is what messages about the keywords name."""
-    given = given_settings("open_live_session", settings)
+    given = given_settings("open_live_session", settings, open_live_session)
     _check_module(model)
     first = next(iter(model.parameters()), None)
     if first is None:
