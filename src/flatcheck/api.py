@@ -36,7 +36,7 @@ from .linalg.memory import process_allowance, resident_bytes
 from .losses import per_sample_loss
 from .models.checkpoint import LoadedCheckpoint
 from .models.load import build_with_weights
-from .models.sources import resolve_preprocess
+from .models.sources import find_head, resolve_preprocess
 from .models.spec import LIVE_CALLS, ModelSpec, field_words, load_spec
 from .problem import Problem, model_mode
 from .probes.registry import ProbeContext, create_probe, requirements
@@ -141,6 +141,11 @@ def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: Sample
            data_info: dict[str, Any] | None = None) -> Session:
     """A model already on its device and dtype, and its samples: check that they fit
     together, and build the backend every probe of the run goes through."""
+    if spec.head is not None:
+        # a head the spec (or head=) names is a claim about the model: one it does not hold is a
+        # wrong spec whatever the probes, refused now rather than by the probes that read it
+        # (head-trace, relative-flatness) or never (trace), with a report recording it as measured
+        find_head(model, spec)
     num_classes = _check_fit(model, samples, spec, config)
     layout = ParamLayout.from_model(model, config.params)
     problem = Problem(model=model, loss=spec.loss, samples=samples, layout=layout, bn_mode=config.bn_mode)
