@@ -89,7 +89,7 @@ def scan_cmd(
         from ..config import RunConfig, parse_option_assignments, probe_requests
         from ..data.registry import parse_uri
         from ..workflows.presets import preset as find_preset
-        from ..workflows.scan import Placement, run_scan
+        from ..workflows.scan import Placement, refuse_shared_setup, run_scan
         from ..workflows.scan_sources import parse_kwargs
 
         if resume and overwrite:
@@ -129,6 +129,7 @@ def scan_cmd(
                                    mean=mean, std=std, sets=tuple(set_fields or ()))
             entries = _entries(timm_pattern or [], models_file, checkpoints, pretrained, weights_dir,
                                parse_kwargs(model_kwargs or []), _parse_size(input_size), model or [], request)
+            refuse_shared_setup(entries, base, placement)  # before the progress display starts
             with warnings.catch_warnings():
                 if quiet:
                     warnings.simplefilter("ignore")
@@ -337,6 +338,13 @@ def _print_summary(summary, figure: dict | None = None) -> None:
             probe, _, key = f.partition(".")
             value = ((res.get(probe) or {}).get("details") or {}).get(key)
             cells.append(fmt_pm(value, None) if isinstance(value, (int, float)) else "—")
-        table.add_row(r["model"], r["status"] if not r["error"] else f"{r['status']}: {r['error']}"[:60],
-                      f"{r['seconds']:.1f}", *cells)
+        table.add_row(r["model"], r["status"], f"{r['seconds']:.1f}", *cells)
     console().print(table)
+    # each failure's whole line below the table, once for the models it shares: the remedy is at
+    # its end (pass --trust-package …), where a table cell cut it off
+    why: dict[tuple[str, str], list[str]] = {}
+    for r in summary.records:
+        if r["error"]:
+            why.setdefault((r["status"], r["error"]), []).append(r["model"])
+    for (status, error), models in why.items():
+        console().print(f"{status} ({', '.join(models)}): {error}", soft_wrap=True, markup=False, highlight=False)

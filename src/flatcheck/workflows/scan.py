@@ -34,7 +34,7 @@ from ..report.pulse import listening
 from . import child_process
 from .results_io import (HeldOutput, check_records_file, describe_difference, load_results, new_record, record_key,
                          repair_tail, shard_path)
-from .scan_sources import Entry, in_scan_words, offline
+from .scan_sources import Entry, in_scan_words, offline, shared_refusal
 
 RECORD_KIND = "flatcheck.scan"
 
@@ -203,6 +203,7 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
     are other files and do not wait on it."""
     target = shard_path(out, placement.rank, placement.world_size)
     check_output(target)
+    refuse_shared_setup(entries, base, placement)
     settings = json.loads(json.dumps(run_settings(base), default=str))
     with HeldOutput(target, "--out") as held:
         done, cut = prepare_output(held, resume=resume, overwrite=overwrite, retry_errors=retry_errors)
@@ -241,6 +242,14 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
                     hooks.done(record)
         summary.moved, summary.elsewhere = keep_records(held)
     return summary
+
+
+def refuse_shared_setup(entries: list[Entry], base: RunConfig, placement: Placement = Placement()) -> None:
+    """A ConfigError for a refusal every model of this rank would meet alike (scan_sources.
+    shared_refusal): one exit 2 before any model runs, rather than a record per model."""
+    refusal = shared_refusal(placement.mine(entries), base.trust_packages)
+    if refusal is not None:
+        raise ConfigError(refusal)
 
 
 def keep_records(held: HeldOutput) -> tuple[str | None, bool]:

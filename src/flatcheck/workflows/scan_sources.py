@@ -151,6 +151,32 @@ def checkpoint_entries(folder: Path) -> list[Entry]:
     return out
 
 
+def shared_refusal(entries: list[Entry], trust_packages: tuple[str, ...] | list[str] | None) -> str | None:
+    """The one refusal every model of the scan would meet, said before any runs: one spec file
+    serves them all (a folder's spec.yaml) and reading it, or the trust its python module
+    needs (--trust-package), fails. Both are decided by the file and the flags alone, so each
+    model's record would say the same thing. What can differ by model (its weights, its build,
+    a head its spec names) stays a record of that model's, so one bad model never ends a scan."""
+    from ..models.sources import _ImportPolicy
+
+    runnable = [e for e in entries if e.skip_reason is None]
+    if not runnable or any(e.origin != "checkpoint" for e in runnable):
+        return None
+    if len({e.describe.get("spec") for e in runnable}) != 1:
+        return None
+    first = runnable[0]
+    try:
+        spec = first.make_spec()
+        if spec.source == "python" and ":" in spec.arch:
+            # the check that refuses the import, made without importing (sources._ImportPolicy)
+            _ImportPolicy.of(spec, tuple(trust_packages or ())).check_module_name(spec.arch.partition(":")[0])
+    except SpecError as exc:
+        n = len(runnable)
+        every = "the one model" if n == 1 else f"all {n} models"
+        return f"{in_scan_words(str(exc), first.checkpoint)} (the spec of {every} of the scan; none was run)"
+    return None
+
+
 def _place(entry: Entry, ckpt: Path) -> None:
     """The checkpoint's step/epoch on its training run (trajectory.position)."""
     from .trajectory import position
