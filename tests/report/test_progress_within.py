@@ -66,7 +66,8 @@ def test_a_block_counts_vectors():
         block.add(40)
         block.add(20)
         assert lines_of(out) == ["flatcheck trace (hutchinson): block: vectors 1/5 · elapsed 0:00:11"]
-        assert progress.current.line(clock.now).startswith("flatcheck trace (hutchinson): block: vectors 1.5/5 ·")
+        # half a vector is no count: the block's share (stranger21: `vectors 0.64/4`)
+        assert progress.current.line(clock.now).startswith("flatcheck trace (hutchinson): block: 30% of 5 vectors ·")
 
 
 def test_nothing_listens_outside_a_renderer():
@@ -136,8 +137,9 @@ def test_an_eta_past_the_budget_says_the_budget_stops_it():
             clock.now += 5
             progress("spectrum (SLQ)", i, 200)
         line = progress.current.line(clock.now)
-        assert words(line, flag_of).endswith("3/200 · elapsed 0:00:15 · ETA 0:16:25 · --budget stops it in 0:00:45"), line
-        assert words(line).endswith("ETA 0:16:25 · budget stops it in 0:00:45"), line
+        # the count's total and the ETA are what the budget leaves: 45 s at 5 s a unit
+        assert words(line, flag_of).endswith("3/12 · elapsed 0:00:15 · ETA 0:00:45 · --budget stops it in 0:00:45"), line
+        assert words(line).endswith("ETA 0:00:45 · budget stops it in 0:00:45"), line
     # a budget that ends the run within LONG_RUN makes the forecast moot: no hint
     assert not any("will take" in line for line in lines_of(out))
 
@@ -278,7 +280,7 @@ def test_a_cli_trace_shows_its_count_within_a_block(monkeypatch):
     with ProgressRenderer(out, interactive=False, period=3600) as progress:
         api.run(config, progress)
     lines = lines_of(out)
-    assert re.match(r"flatcheck trace \(hutchinson\): (block: vectors [\d.]+/4|product 1: samples \d+/32) · "
+    assert re.match(r"flatcheck trace \(hutchinson\): (block: vectors \d/4|block: \d+% of 4 vectors|product 1: samples \d+/32) · "
                     r"elapsed", lines[0]), lines
     assert lines[-1].startswith("flatcheck trace (hutchinson): done · 4/4")
 

@@ -19,7 +19,11 @@ once it has run FIRST_AFTER seconds or is forecast to run past that (a fast prob
 more than its end line), instead of waiting for the ticker, and so is an ETA that has moved
 far from what the last line said (CORRECTION); once the run's length can be told (a rate and a
 total), a run forecast to take longer than LONG_RUN says so at once, with how to make it
-shorter. An ETA past the probe's share of --budget says the budget will stop it.
+shorter (only in its first half: past it, a shorter run started afresh saves nothing). Where
+--budget ends a probe short of its total, the count's total and the ETA are what the budget
+leaves at the current rate, and the line says the budget stops it (once its share is spent,
+that the unit in progress is the last). A line before any count says `starting` once, then
+`still starting`. A count within a block is whole vectors, or the block's share in percent.
 
 The ETA comes from the work done after the one-off costs (building the graph that later
 products reuse, tracing, the first forward pass, allocator warm-up), which would inflate every
@@ -211,8 +215,11 @@ class ProgressRenderer:
 
     def _say(self, task: Task, now: float) -> None:
         """The task's line, and what it showed: no line of its own is needed for it after."""
-        self._write(task.line(now), now)
+        line = task.line(now)
+        self._write(line, now)
         task.said |= task.shown(now)
+        if line.startswith(f"{PREFIX} {task.desc}: starting"):
+            task.said.add("start")
         left = task.remaining(now)
         if left is not None:
             task.told = (now, left)
@@ -350,7 +357,7 @@ class ProgressRenderer:
         # an unknown total (the probe's start report) pulses until the first unit is done
         about = "~" if task.eta_guess and eta is not None else ""  # from a prior: a guess, as the line says
         # a total forecast below the count done (a stopping rule met early) is the count
-        total = max(task.total, task.done) if task.known else None
+        total = max(task.goal(), task.done) if task.known else None
         self._bar.update(task.bar_id, completed=task.done, total=total, eta=about + clock_text(eta),
                          estimate=estimate)
 

@@ -133,7 +133,10 @@ class Task:
             return None
         t0, d0 = self.anchor
         now = self.progress()
-        if now <= d0:
+        # where a prior prices these units (a change of pace), it holds until one whole unit is
+        # timed: a fraction of one (a batch or two of a form) on a loaded machine swung the ETA
+        # from ~0:00:24 to 0:01:09 within a second, against 0:00:30 left (stranger21)
+        if now <= d0 or (self.prior_rate is not None and now - d0 < 1.0):
             return None
         return max(0.0, self.moved - t0 - self.built) / (now - d0)
 
@@ -147,7 +150,32 @@ class Task:
         if self._priced_ahead():
             at, cost = self.ahead
             return (at - now) + cost * (self.total - at)
-        return max(0.0, self.total - now)
+        return max(0.0, self.goal() - now)
+
+    def goal(self) -> int:
+        """The count the run is forecast to end at: the total, or fewer where --budget ends it
+        first (budget_cut)."""
+        cut = self.budget_cut()
+        return self.total if cut is None else cut
+
+    def budget_cut(self) -> int | None:
+        """The count at which --budget ends the run, where that is short of the total: the
+        units its deadline leaves at the current rate, the one in progress finished (a budget
+        is checked between units). None without a deadline, a rate, or a cut. A line that
+        showed the stopping rule's total (`2/31`, then `3/100` as the rule's forecast moved)
+        while the budget ended it at 3 told of work that would never be done (stranger21)."""
+        if self.deadline is None or not self.known or self.done >= self.total or self._priced_ahead():
+            return None
+        rate = self.rate()
+        rate = self.prior_rate if rate is None else rate
+        if not rate:
+            return None
+        if self.deadline <= self.moved and self.within is None:
+            cut = self.done  # spent at this report: the check after it ends the run
+        else:
+            reach = self.progress() + max(0.0, self.deadline - self.moved) / rate
+            cut = max(math.ceil(reach - 1e-9), self.done + 1)
+        return cut if cut < self.total else None
 
     @property
     def eta_guess(self) -> bool:
@@ -191,8 +219,12 @@ class Task:
         done, total, vectors = self.within
         if vectors == 1:
             return f"product {self.done + 1}: samples {done}/{total}"
-        per = total // vectors
-        return f"block: vectors {done / per:.3g}/{vectors}"
+        per = max(1, total // vectors)
+        if done % per == 0:
+            return f"block: vectors {done // per}/{vectors}"
+        # a backend counts by batch, some vector by vector, some all vectors over a batch at
+        # once: a part of a vector is no count a reader can take, the block's share is
+        return f"block: {100 * done // total}% of {vectors} vectors"
 
     @property
     def known(self) -> bool:
@@ -210,7 +242,8 @@ class Task:
             # stopping rule met may have forecast fewer units than the last block took, or more)
             parts = [f"{self.done}/{self.done}", elapsed]
         elif self.known:
-            parts = [f"{self.done}/{about}{self.total}", elapsed]
+            goal = self.total if end else self.goal()  # a stop's line: how far it got of the plan
+            parts = [f"{self.done}/{about if goal == self.total else ''}{goal}", elapsed]
         elif self.done:  # units done, the total not yet forecast
             parts = [f"{self.done}/?", elapsed]
         else:
@@ -226,7 +259,8 @@ class Task:
             if budget:
                 parts.append(budget)
         elif within is None:
-            parts.insert(0, "starting")
+            # a second line before any count (a first product of minutes) is the same start
+            parts.insert(0, "still starting" if "start" in self.said else "starting")
         if self.value is not None:
             parts.append(value_text(self.value, self.stderr, self.dof))
         return f"{PREFIX} {self.desc}: " + " · ".join(parts)
@@ -248,11 +282,17 @@ class Task:
         return abs(left - stale) >= CORRECTION_SECONDS and not stale / CORRECTION <= left <= stale * CORRECTION
 
     def budget_text(self, now: float) -> str | None:
-        """`--budget stops it in H:MM:SS` where the ETA runs past the probe's share of the budget."""
+        """`--budget stops it in H:MM:SS` where the budget ends the run short of its total (or
+        the ETA runs past the probe's share of the budget); once the share is spent, that the
+        unit in progress is the last (not `in 0:00:00` on each line until it ends)."""
         left = self.remaining(now)
-        if self.deadline is None or left is None or now + left <= self.deadline:
+        if self.deadline is None or left is None:
             return None
-        return f"{setting('budget')} stops it in {clock_text(max(0.0, self.deadline - now))}"
+        if self.budget_cut() is None and now + left <= self.deadline:
+            return None
+        if now >= self.deadline:
+            return f"{setting('budget')} spent: it stops when the unit in progress ends"
+        return f"{setting('budget')} stops it in {clock_text(self.deadline - now)}"
 
     def forecast(self, now: float) -> float | None:
         """Seconds the whole run is forecast to take (from its start), once a rate and a total exist."""
@@ -269,6 +309,11 @@ class Task:
             return None
         if self.deadline is not None and self.deadline - self.started <= LONG_RUN:
             return None  # the budget already ends it within LONG_RUN
+        if now - self.started > whole / 2:
+            # past halfway a shorter run started afresh saves less than it costs, and the ETA
+            # lines say how long: a forecast that first crosses LONG_RUN this late is the
+            # stopping rule's noise (3:01 said at 1:33 of a run that took 2:18, stranger21)
+            return None
         samples, fewer = self.samples, ""
         if samples is not None and samples > 1:
             fit = 1 << max(0, int(math.log2(max(1.0, samples * LONG_RUN * 0.8 / whole))))
