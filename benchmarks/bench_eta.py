@@ -31,8 +31,8 @@ from bench_lmax_cli import SAMPLES, make_inputs  # noqa: E402  (the same model a
 
 ROOT = Path(__file__).resolve().parents[1]
 # a count: units done (`3/10`, `3/?`, `1/~10` of a prior's total) or passes within a unit
-# (`samples 32/64`, `vectors 2/5`)
-COUNT = re.compile(r"(?:: (?:done · )?\d+/~?(?:\d+|\?)|(?:samples|vectors) [\d.]+/\d+) · ")
+# (`samples 32/64`, `vectors 2/5`, or a block's share: `14% of 9 vectors`)
+COUNT = re.compile(r"(?:: (?:done · )?\d+/~?(?:\d+|\?)|(?:samples|vectors) [\d.]+/\d+|\d+% of \d+ (?:samples|vectors)) · ")
 ETA = re.compile(r"ETA ~?(\d+):(\d\d):(\d\d)")  # `~`: from a prior's total
 ELAPSED = re.compile(r"elapsed (\d+):(\d\d):(\d\d)")
 HINT = "will take about"
