@@ -1,4 +1,4 @@
-"""spectrum's notes: how to get a usable error bar when its ± rests on few starts."""
+"""rank's notes (its ± is a spread over starts): how to get a usable error bar when it rests on few starts."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from flatcheck.report.render import ROUGH_DOF
 from tests.support.dense import make_case
 
 
-@pytest.mark.parametrize("probe", ["spectrum", "rank"])
+@pytest.mark.parametrize("probe", ["rank"])
 @pytest.mark.parametrize("starts", [2, ROUGH_DOF + 1])
 def test_a_rough_error_bar_says_how_to_get_a_usable_one(probe, starts):
     """The default 2 starts gave ‖H‖_F 1.187 ± 0.19 against an exact 2.155 (stranger test):
     the table marks a ± on dof below ROUGH_DOF rough, and the note says which flag narrows it.
-    The default stays at 2 starts for its cost."""
+    The default stays at 2 starts for its cost. (spectrum's ± is floored by the per-start
+    variance instead, on a normal interval: test_spectrum_coverage.)"""
     (req,) = probe_requests([probe], {probe: {"starts": starts, "lanczos_steps": 10}})
     r = create_probe(probe).run(ProbeContext(make_case("mlp").backend(), seed=0), req.options)
     assert r.dof == starts - 1

@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import ConfigError, setting
 from ..linalg.lanczos import lanczos_bytes, plan_steps
 from ..linalg.memory import gib
-from ..linalg.slq import SLQ, density, slq
+from ..linalg.slq import INTERVAL_START_FLOOR, SLQ, density, slq, start_variance_floor
 from ..operators import CurvatureOperator
 from ..report.plots import check_plot_target, plot_density, plot_nodes
 from ..report.progress_hooks import counted, report_stop
@@ -181,15 +181,18 @@ class SpectrumProbe:
     the density is the mean over start vectors of Gaussian kernels at the nodes.
 
     Per start vector Tr(H) ≈ P·Σ w θ and Tr(H²) ≈ P·Σ w θ² (unbiased: the Gauss rule is exact
-    for these polynomials); their means and standard errors over start vectors are reported,
-    with ‖H‖_F = √Tr(H²) (its error by the delta method) as the value, the mean eigenvalue
+    for these polynomials); their means are reported with standard errors floored by each
+    start's known variance, estimated from the run's own Tr(H²), Tr(H⁴) and Ritz values (a
+    normal interval, dof null: linalg.slq.start_variance_floor says which moment each floor
+    uses), with ‖H‖_F = √Tr(H²) (its error from Tr(H²)'s interval) as the value, the mean eigenvalue
     Tr/P, and the spectral norm max|θ| — a lower bound on ‖H‖₂ (Ritz values interlace the
     eigenvalues), equal to it once the extreme Ritz value has converged. A Lanczos breakdown
     means the start vector's Krylov space is invariant: that rule stops early and is exact.
     """
 
     name: ClassVar[str] = "spectrum"
-    # every field is an average over the same few start vectors: t with their dof; a rerun raises them
+    # every field is an average over the same few start vectors (one normal interval, its stderr
+    # floored by the per-start variance: start_variance_floor); a rerun raises them
     gating: ClassVar[Gating] = Gating(effort_option="starts", every_field_shares_draws=True)
     summary: ClassVar[str] = "eigenvalue density, Tr(H), Tr(H²), ‖H‖_F by stochastic Lanczos quadrature"
     Options: ClassVar[type] = SpectrumOptions
@@ -212,10 +215,10 @@ class SpectrumProbe:
             except ValueError as exc:
                 raise ConfigError(f"{setting('sigma')}: {exc}") from None
         P = op.dim
-        trace, trace_se = mean_stderr(result.moment(1))
-        trace_sq, trace_sq_se = mean_stderr(result.moment(2))
-        frob = math.sqrt(max(trace_sq, 0.0))
-        frob_se = trace_sq_se / (2 * frob) if frob > 0 else None
+        moments = start_variance_floor(result)
+        trace, trace_se = moments["trace"].value, moments["trace"].stderr
+        trace_sq, trace_sq_se = moments["trace_sq"].value, moments["trace_sq"].stderr
+        frob, frob_se = moments["frobenius"].value, moments["frobenius"].stderr
         spectral = max(abs(result.nodes_min), abs(result.nodes_max))
         bn_mode = ctx.backend.problem.bn_mode
         symbol = "H" if options.matrix == "hessian" else "G"
@@ -239,7 +242,8 @@ class SpectrumProbe:
             plot_path = options.plot
 
         notes = (f"Tr({symbol}) {trace:.4g} ± {trace_se:.2g}, Tr({symbol}²) {trace_sq:.4g} ± {trace_sq_se:.2g}, "
-                 f"‖{symbol}‖₂ ≥ {spectral:.4g}, nodes in [{result.nodes_min:.4g}, {result.nodes_max:.4g}]; "
+                 f"‖{symbol}‖₂ ≥ {spectral:.4g}, ‖{symbol}‖_F ≥ {moments['frobenius'].ritz_lower_bound:.4g} (Ritz values), "
+                 f"nodes in [{result.nodes_min:.4g}, {result.nodes_max:.4g}]; "
                  f"{options.starts} starts × {max(steps_taken)} steps; bn {bn_mode}")
         if invariant:
             # closed to β ≤ √eps·‖T‖: exact in float64 on a spectrum resolved above that, while in
@@ -247,7 +251,8 @@ class SpectrumProbe:
             dtype = str(op.dtype).removeprefix("torch.")
             notes += (f"; {invariant} start(s) closed their Krylov space early (to √eps·‖{symbol}‖ in {dtype}: "
                       "nodes closer than that merge; Tr and Tr² are not affected)")
-        notes += rough_note(len(result.rules))
+        notes += ("; ± floored by the per-start variance (from Tr²/Tr⁴ and the Ritz values' bounds; "
+                  "normal interval)")
         if unresolved is not None:
             notes += f"; UNRESOLVED: {unresolved}"
         notes += memory_note(memory) + reorth_note(memory)
@@ -257,8 +262,9 @@ class SpectrumProbe:
             probe=self.name,
             value=frob,
             stderr=frob_se,
-            # a spread over the start vectors: Student's t with starts − 1 degrees of freedom
-            dof=len(result.rules) - 1,
+            # normal: the stderr is at least the known per-start variance's (start_variance_floor),
+            # not a spread of starts − 1 dof alone
+            dof=None,
             matvecs=op.matvecs,
             seconds=time.perf_counter() - start,
             seed=ctx.seed,
@@ -273,9 +279,14 @@ class SpectrumProbe:
                 "starts": options.starts,
                 "steps_taken": steps_taken,
                 "stop_reason": stop_reason(result),
-                "trace": {"value": trace, "stderr": trace_se},
-                "trace_sq": {"value": trace_sq, "stderr": trace_sq_se},
-                "frobenius": {"value": frob, "stderr": frob_se},
+                # every stderr below is for value ± z·stderr, z normal (linalg.slq.start_variance_floor):
+                # the larger of the starts' spread (spread_stderr) and the known per-start variance's
+                # floor (known_stderr); ‖·‖_F's is the square root of trace_sq's interval.
+                # ritz_lower_bound: what the Ritz values prove (Tr² ≥ Σθ²), whatever the weights
+                "interval": INTERVAL_START_FLOOR,
+                **{key: {"value": est.value, "stderr": est.stderr, "spread_stderr": est.spread_stderr,
+                         "known_stderr": est.known_stderr, "ritz_lower_bound": est.ritz_lower_bound}
+                   for key, est in moments.items()},
                 "mean_eigenvalue": {"value": trace / P, "stderr": trace_se / P},
                 "spectral_norm": spectral,
                 "spectral_norm_note": "max |Ritz value|: a lower bound on the spectral norm",
