@@ -242,7 +242,8 @@ class SpectrumProbe:
             plot_path = options.plot
 
         notes = (f"Tr({symbol}) {trace:.4g} ± {trace_se:.2g}, Tr({symbol}²) {trace_sq:.4g} ± {trace_sq_se:.2g}, "
-                 f"‖{symbol}‖₂ ≥ {spectral:.4g}, ‖{symbol}‖_F ≥ {moments['frobenius'].ritz_lower_bound:.4g} (Ritz values), "
+                 f"‖{symbol}‖₂ ≥ {spectral:.4g}, "
+                 f"‖{symbol}‖_F ≥ {moments['frobenius'].ritz_lower_bound:.4g} (Ritz values), "
                  f"nodes in [{result.nodes_min:.4g}, {result.nodes_max:.4g}]; "
                  f"{options.starts} starts × {max(steps_taken)} steps; bn {bn_mode}")
         if invariant:
