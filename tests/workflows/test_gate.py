@@ -1056,6 +1056,28 @@ def test_a_hutchpp_baseline_with_the_biased_parts_of_before_is_refused(tmp_path)
     load_baseline(report(["--no-layers"], "2.5"))
 
 
+def test_a_spectrum_baseline_with_the_bare_spread_of_before_is_refused(tmp_path):
+    """Until schema 2.6 spectrum's standard errors were the spread of its few starts (a
+    stranger's MLP: Tr(H) 0.55 ± 0.3 against the truth 3.69); from 2.6 each is floored by a
+    start's known variance. A gate weighing an old record's error beside a new one mixes the two
+    intervals: refused by name; a record of 2.6 is not."""
+    from flatcheck.workflows.gate.baseline import load_baseline
+
+    out = tmp_path / "r.json"
+    res = invoke("spectrum", CKPT, "--spec", SPEC, "--data", "digits", "--samples", "16", "--starts", "2",
+                 "--lanczos-steps", "5", "--json", str(out), "-q")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    for schema, refused in (("2.5", True), ("2.6", False)):
+        out.write_text(json.dumps({**doc, "schema_version": schema}), encoding="utf-8")
+        if refused:
+            with pytest.raises(InputError, match=r"results.spectrum: measured with schema 2.5, whose spectrum standard "
+                                                 r"errors were the spread of its starts alone.*measure the baseline again"):
+                load_baseline(out)
+        else:
+            load_baseline(out)
+
+
 def test_a_bare_relative_bound_of_one_or_more_is_said_on_stderr(tmp_path):
     # a bare number is a fraction: 20 is 2000 %, which may be meant (150 %) but usually is not
     with pytest.warns(UserWarning, match=r"rules\[0\]\.max_increase 20 is read as 2000 %; write 20% for 20 percent"):

@@ -92,8 +92,9 @@ EXPLANATIONS: dict[str, Explanation] = {
         moves="the same as trace and lmax; the density's resolution depends on --lanczos-steps and --sigma.",
         source="Ghorbani et al. 2019 and Granziol 2020, App. B (stochastic Lanczos quadrature).",
         cost="--starts × --lanczos-steps curvature products (default 2 × 100 = 200). The ± of Tr, Tr² and "
-             "‖H‖_F rests on --starts − 1 degrees of freedom: the default's is rough (the table says so), and a "
-             "matrix one eigenvalue dominates skews a few starts low; --starts 20 gives a usable one. Memory: the "
+             "‖H‖_F is the spread of the starts floored by one start's known variance (2·Tr f(H)², from the run's own "
+             "moments and Ritz values), a normal interval: a matrix one eigenvalue dominates skews a few starts "
+             "low, and the floor keeps their ± from shrinking with them; --starts 20 narrows it. Memory: the "
              "Lanczos basis, "
              "--lanczos-steps × P numbers, or two vectors with --reorth none (auto: when the basis does not fit "
              "--max-memory). Under --budget a start may stop short of its steps: the result is then unresolved, "

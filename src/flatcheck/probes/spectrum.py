@@ -132,7 +132,8 @@ def starts_option() -> Any:
     # grows with the steps, and 3 × 100 on a torchvision ResNet-18 (64 samples, 2 cores) took
     # 195 s against the 3-minute goal for a default run. A gate that finds the interval too
     # wide raises the starts (effort_option) when its policy is rerun.
-    return option(2, "Rademacher start vectors (≥ 2, for a standard error; its degrees of freedom are starts − 1)")
+    return option(2, "Rademacher start vectors (≥ 2, for a standard error: spectrum's floored by a start's known "
+                     "variance, rank's on starts − 1 degrees of freedom)")
 
 
 def reorth_option() -> Any:
@@ -173,6 +174,20 @@ class SpectrumOptions:
             check_plot_target(self.plot)
 
 
+@dataclass(frozen=True)
+class SpectrumGating(Gating):
+    """Until schema 2.6 spectrum's standard errors were the spread of its few starts on t with
+    starts − 1 dof, far too small where the starts miss the top eigenvalues; from 2.6 each is
+    floored by a start's known variance (a normal interval). A gate weighing an old record's
+    error beside a new one would mix the two."""
+
+    def superseded(self, probe, result, schema):
+        if schema is not None and schema < (2, 6):
+            return (f"measured with schema {schema[0]}.{schema[1]}, whose spectrum standard errors were the spread of "
+                    "its starts alone (from 2.6 each is floored by a start's known variance)")
+        return None
+
+
 @register_probe
 class SpectrumProbe:
     """Stochastic Lanczos quadrature: `starts` Rademacher start vectors (normalised), each with
@@ -193,7 +208,7 @@ class SpectrumProbe:
     name: ClassVar[str] = "spectrum"
     # every field is an average over the same few start vectors (one normal interval, its stderr
     # floored by the per-start variance: start_variance_floor); a rerun raises them
-    gating: ClassVar[Gating] = Gating(effort_option="starts", every_field_shares_draws=True)
+    gating: ClassVar[Gating] = SpectrumGating(effort_option="starts", every_field_shares_draws=True)
     summary: ClassVar[str] = "eigenvalue density, Tr(H), Tr(H²), ‖H‖_F by stochastic Lanczos quadrature"
     Options: ClassVar[type] = SpectrumOptions
     requires: ClassVar[frozenset[type]] = frozenset({Hvp, GGNVp})

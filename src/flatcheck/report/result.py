@@ -28,7 +28,10 @@ from typing import Any
 #      --budget cut is unresolved too; meta.checkpoint.cast (the stored dtype, and the tensors a
 #      cast to --dtype rounded)
 # 2.6: a Hutch++ trace's per-layer parts are unbiased (each carried a cross term 2·diag(QQᵀAP⊥)
-#      that cancelled in the total only)
+#      that cancelled in the total only); spectrum's stderrs (the value's and details.trace,
+#      trace_sq, frobenius) are floored by a start's known variance, for a normal interval (dof
+#      null, details.interval "normal_start_variance_floor"; spread_stderr, known_stderr and
+#      ritz_lower_bound beside them), and frobenius.stderr is always given
 SCHEMA_VERSION = "2.6"
 
 
