@@ -1021,24 +1021,27 @@ def test_a_decomposition_baseline_of_an_older_meaning_is_refused(tmp_path):
     """Before schema 2.5 decomposition's details.ggn_trace was the GGN trace over layer weights
     only (14.15 against Tr(G) 17.77 on a tanh MLP): a gate comparing it with today's Tr(G) would
     call the difference a change of the model. Exit 2, naming what changed."""
-    from flatcheck.workflows.gate.baseline import load_baseline
+    from flatcheck.workflows.gate.baseline import check_superseded, load_baseline
 
     record = {"probe": "decomposition", "value": 14.15, "stderr": None,
               "details": {"route": "exact", "ggn_trace": 14.15}}
     path = tmp_path / "old.json"
     path.write_text(json.dumps({"schema_version": "2.4", "results": {"decomposition": record}}), encoding="utf-8")
+    reads = {"decomposition": ["details.ggn_trace"]}
     with pytest.raises(InputError, match=r"results.decomposition: measured with schema 2.4, whose details.ggn_trace "
                                          r"is the GGN trace over layer weights only.*measure the baseline again"):
-        load_baseline(path)
-    load_baseline(_report(tmp_path, {"decomposition": record}))  # the current schema: its own meaning
+        check_superseded(load_baseline(path), reads)
+    check_superseded(load_baseline(path), {"lmax": ["value"]})  # no rule reads it: left alone
+    check_superseded(load_baseline(_report(tmp_path, {"decomposition": record})), reads)  # its own meaning
 
 
 def test_a_hutchpp_baseline_with_the_biased_parts_of_before_is_refused(tmp_path):
     """Until schema 2.6 each of a Hutch++ trace's per-layer parts carried a cross term that
     cancelled in the total only (a stranger's MLP: the head 2.8 % high, the first layer 10 %
     low): a gate reading them against today's unbiased parts would call the fix a change of the
-    model. Such a record is refused by name; one without parts, or of 2.6, is not."""
-    from flatcheck.workflows.gate.baseline import load_baseline
+    model. Such a record is refused by name where a rule reads its parts; its total, a record
+    without parts, and one of 2.6 are not (the cross term sums to zero over a probe's entries)."""
+    from flatcheck.workflows.gate.baseline import check_superseded, load_baseline
 
     def report(extra, schema):
         out = tmp_path / "r.json"
@@ -1049,33 +1052,37 @@ def test_a_hutchpp_baseline_with_the_biased_parts_of_before_is_refused(tmp_path)
         out.write_text(json.dumps({**doc, "schema_version": schema}), encoding="utf-8")
         return out
 
+    parts, total = {"trace": ["value", "details.layers.1.value"]}, {"trace": ["value"]}
     with pytest.raises(InputError, match=r"results.trace: measured with schema 2.5, whose Hutch\+\+ per-layer parts "
                                          r"were biased.*measure the baseline again"):
-        load_baseline(report([], "2.5"))
-    load_baseline(report([], "2.6"))
-    load_baseline(report(["--no-layers"], "2.5"))
+        check_superseded(load_baseline(report([], "2.5")), parts)
+    check_superseded(load_baseline(report([], "2.5")), total)
+    check_superseded(load_baseline(report([], "2.6")), parts)
+    check_superseded(load_baseline(report(["--no-layers"], "2.5")), total)
 
 
 def test_a_spectrum_baseline_with_the_bare_spread_of_before_is_refused(tmp_path):
     """Until schema 2.6 spectrum's standard errors were the spread of its few starts (a
     stranger's MLP: Tr(H) 0.55 ± 0.3 against the truth 3.69); from 2.6 each is floored by a
     start's known variance. A gate weighing an old record's error beside a new one mixes the two
-    intervals: refused by name; a record of 2.6 is not."""
-    from flatcheck.workflows.gate.baseline import load_baseline
+    intervals: refused by name where a rule reads it (by its details.interval, not the schema
+    alone); a record of the floor is not."""
+    from flatcheck.workflows.gate.baseline import check_superseded, load_baseline
 
     out = tmp_path / "r.json"
     res = invoke("spectrum", CKPT, "--spec", SPEC, "--data", "digits", "--samples", "16", "--starts", "2",
                  "--lanczos-steps", "5", "--json", str(out), "-q")
     assert res.exit_code == 0, res.stderr
     doc = json.loads(out.read_text(encoding="utf-8"))
-    for schema, refused in (("2.5", True), ("2.6", False)):
-        out.write_text(json.dumps({**doc, "schema_version": schema}), encoding="utf-8")
-        if refused:
-            with pytest.raises(InputError, match=r"results.spectrum: measured with schema 2.5, whose spectrum standard "
-                                                 r"errors were the spread of its starts alone.*measure the baseline again"):
-                load_baseline(out)
-        else:
-            load_baseline(out)
+    reads = {"spectrum": ["details.trace.value"]}
+    check_superseded(load_baseline(out), reads)
+    old = {**doc["results"]["spectrum"], "details": {k: v for k, v in doc["results"]["spectrum"]["details"].items()
+                                                       if k != "interval"}}
+    out.write_text(json.dumps({**doc, "schema_version": "2.5", "results": {"spectrum": old}}), encoding="utf-8")
+    with pytest.raises(InputError, match=r"results.spectrum: its standard errors are the spread of its starts alone, "
+                                         r"measured before.*measure the baseline again"):
+        check_superseded(load_baseline(out), reads)
+    check_superseded(load_baseline(out), {"trace": ["value"]})  # no rule reads it: left alone
 
 
 def test_a_bare_relative_bound_of_one_or_more_is_said_on_stderr(tmp_path):

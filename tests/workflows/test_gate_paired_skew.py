@@ -98,3 +98,33 @@ def test_an_unchanged_model_passes_a_paired_rule_at_every_seed():
     B, _ = matrices()
     verdicts = {check.verdict for check, _, _ in paired_checks(B, B, 100, 100)}
     assert verdicts == {"pass"}
+
+
+def test_a_baseline_from_before_the_interval_field_is_planned_as_it_will_be_decided():
+    """A Hutchinson record of schema 2.4 names no details.interval, so the plan read it as a bare
+    t interval while the verdict (the run's record) widened: the plan admitted baselines on
+    which the unchanged model then came out inconclusive (a reviewer's replay: 189 of 900 at
+    6–10 probes, with `inconclusive: fail` a failed gate). Planned as decided: every baseline
+    the plan admits passes its unchanged model."""
+    from flatcheck.workflows.gate import checks
+    from flatcheck.workflows.gate.baseline import Baseline
+
+    cfg = parse_gate_config({"rules": [{"field": "trace.value", "max_increase": "40%"}], "inconclusive": "fail"})
+    B, _ = matrices(top=60.0)
+    admitted = 0
+    for seed in range(60):
+        S = rademacher_signs(6, B.shape[0], torch.Generator().manual_seed(seed), device="cpu").double()
+        values = ((S @ B) * S).sum(1)
+        base = traced(values, seed)
+        for key in ("interval", "spread_stderr", "skewness"):  # as schema 2.4 wrote it
+            base["details"].pop(key)
+        base["stderr"] = values.std().item() / math.sqrt(6)
+        baseline = Baseline({"trace": base}, {"schema_version": "2.4", "seed": seed}, "--baseline old.json")
+        try:
+            checks._check_decidable(cfg.bounds[0], base["value"], base["stderr"], baseline, seed, 0.95, cfg)
+        except Exception:  # noqa: BLE001  refused up front, with the probes it needs
+            continue
+        admitted += 1
+        (check,) = evaluate(cfg, {"trace": traced(values, seed)}, {"trace": base})
+        assert check.verdict == "pass", (seed, check.message)
+    assert admitted >= 10  # the plan still admits the baselines that support the rule

@@ -63,7 +63,7 @@ class DecompositionGating(Gating):
     """Until schema 2.5 `details.ggn_trace` was the GGN trace over the layer weights alone, and
     a weight used twice lacked its cross terms; a baseline of then is another quantity."""
 
-    def superseded(self, probe, result, schema):
+    def superseded(self, probe, result, schema, fields):
         if schema is not None and schema < (2, 5) and "ggn_trace" in (result.get("details") or {}):
             return (f"measured with schema {schema[0]}.{schema[1]}, whose details.ggn_trace is the GGN trace over "
                     "layer weights only (from 2.5 it is Tr(G) over every parameter, and shared weights count their "

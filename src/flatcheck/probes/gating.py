@@ -164,9 +164,12 @@ class Gating:
             return spread, "t"
         return spread * skew_widening(torch.tensor(list(differences), dtype=torch.float64)), INTERVAL_SKEW
 
-    def superseded(self, probe: str, result: Result, schema: tuple[int, int] | None) -> str | None:
+    def superseded(self, probe: str, result: Result, schema: tuple[int, int] | None,
+                   fields: Sequence[str]) -> str | None:
         """What this probe's record of an older schema means by a field that the current
-        version means otherwise, or None. Comparing the two would gate two quantities as one."""
+        version means otherwise, or None: asked only of a probe the gate's rules read, with
+        their fields below it (`fields`: "value", "details.layers.3.value", …). Comparing the
+        two would gate two quantities as one."""
         return None
 
     def planned_identity(self, options: Any) -> tuple[Any, Any]:

@@ -181,10 +181,11 @@ class SpectrumGating(Gating):
     floored by a start's known variance (a normal interval). A gate weighing an old record's
     error beside a new one would mix the two."""
 
-    def superseded(self, probe, result, schema):
-        if schema is not None and schema < (2, 6):
-            return (f"measured with schema {schema[0]}.{schema[1]}, whose spectrum standard errors were the spread of "
-                    "its starts alone (from 2.6 each is floored by a start's known variance)")
+    def superseded(self, probe, result, schema, fields):
+        # by the record, not the schema alone: 2.6 came a few commits before the floor did
+        if (result.get("details") or {}).get("interval") != INTERVAL_START_FLOOR:
+            return ("its standard errors are the spread of its starts alone, measured before spectrum floored each "
+                    "by a start's known variance (schema 2.6)")
         return None
 
 

@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 from ..errors import ConfigError, ModelError, setting
 from ..linalg import hutchinson, hutchpp
 from ..linalg.memory import gib, limit_words
-from ..linalg.trace import INTERVAL_FLOOR, INTERVAL_SKEW, interval_stderr, plan_block
+from ..linalg.trace import INTERVAL_FLOOR, INTERVAL_SKEW, PIECES, interval_stderr, plan_block
 from ..operators import CurvatureOperator, LayoutParts
 from ..linalg.random import SIGN_STREAM
 from ..report.result import ProbeResult
@@ -170,15 +170,26 @@ class TraceGating(Gating):
             return interval_stderr(spread, torch.tensor(values, dtype=torch.float64))
         return spread
 
+    def paired_stderr(self, details, differences):
+        """As Gating's, where a Hutchinson record of before schema 2.5 (no details.interval) is
+        read as this version's Hutchinson, whose interval always widens: a gate plans a paired
+        rule on the baseline's record and decides it on the run's, and the two must agree, or
+        the plan would admit a baseline on which an unchanged model comes out inconclusive."""
+        if details.get("estimator") == "hutchinson" and details.get("interval") is None:
+            details = {**details, "interval": INTERVAL_SKEW}
+        return super().paired_stderr(details, differences)
+
     def nested_draws(self, details):
         return details.get("estimator") == "hutchinson"
 
-    def superseded(self, probe, result, schema):
+    def superseded(self, probe, result, schema, fields):
         """Until schema 2.6 a Hutch++ trace's per-layer parts each carried a cross term that
         summed to zero over all of them but biased every one: a baseline's parts of then are
-        another quantity (its total is not, but one record holds both)."""
+        another quantity, for the rules that read them (its total is not: the cross term sums
+        to zero over every entry of a probe, its projected vector being orthogonal to Q)."""
         details = result.get("details") or {}
-        if schema is not None and schema < (2, 6) and details.get("estimator") == "hutchpp" and details.get("layers"):
+        reads_parts = any(f.startswith(PART_FIELDS) for f in fields)
+        if reads_parts and schema is not None and schema < (2, 6) and details.get("estimator") == "hutchpp":
             return (f"measured with schema {schema[0]}.{schema[1]}, whose Hutch++ per-layer parts were biased "
                     "(a cross term that cancelled in the total only; from 2.6 each part is unbiased)")
         return None
@@ -412,14 +423,16 @@ def _route(op: CurvatureOperator, options: TraceOptions, backend) -> str:
 def _check_hutchpp_memory(op: CurvatureOperator, matvecs: int, limit: int | None) -> int:
     """Hutch++ holds four (k, P) blocks (k = matvecs/3) at once: its sketch S, A·S, the QR's
     copy and basis Q while it factors; with parts, or where the operator takes no quadratic
-    forms, Q, the residual probes G, A·Q and A·G at its end (their products made in place).
-    Refuse a count whose blocks cannot fit --max-memory before allocating them; the bytes
-    they hold."""
-    k = matvecs // 3
-    per = 4 * op.dim * op.dtype.itemsize
-    need = k * per
+    forms, Q, the residual probes G, A·Q and A·G at its end (their products made in place);
+    and, while a block's products are made, the piece in flight (a PIECES-th of the block, when
+    progress is shown). Refuse a count whose blocks cannot fit --max-memory before allocating
+    them; the bytes they hold."""
+    def need_of(k: int) -> int:
+        return (4 * k + -(-k // PIECES)) * op.dim * op.dtype.itemsize
+
+    need = need_of(matvecs // 3)
     if limit is not None and need > limit:
-        most = 3 * (limit // per)
+        most = 3 * max((k for k in range(matvecs // 3 + 1) if need_of(k) <= limit), default=0)
         fix = f"--probes-max {most} fits" if most >= 6 else "no --probes-max ≥ 6 fits"
         raise ConfigError(f"probe trace: --probes-max {matvecs}: Hutch++ would hold {need:,} bytes ({gib(need)}) of "
                           f"(k, P) blocks for {op.dim:,} parameters, more than the {limit:,} bytes ({gib(limit)}) "

@@ -7,7 +7,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ...errors import ConfigError, InputError
 from ...probes.gating import gating_of
@@ -93,7 +93,18 @@ def check_records(baseline: Baseline) -> None:
         why = _foreign_quantity(key, record) or gating_of(key).check_record(key, record, schema)
         if why:
             raise InputError(f"{baseline.where}: results.{key}: {why}: another probe's result, or an edited report")
-        why = gating_of(key).superseded(key, record, schema)
+
+
+def check_superseded(baseline: Baseline, fields: Mapping[str, Sequence[str]]) -> None:
+    """A record of an older schema whose fields the rules read (`fields`: per probe, the paths
+    below it) and which this version means otherwise (`Gating.superseded`) is refused: comparing
+    the two would gate two quantities as one. A record no rule reads is left alone."""
+    schema = schema_tuple(baseline.schema)
+    for key, record in baseline.results.items():
+        read = fields.get(key)
+        if not read or not isinstance(record, Mapping):
+            continue
+        why = gating_of(key).superseded(key, record, schema, read)
         if why:
             raise InputError(f"{baseline.where}: results.{key}: {why}; measure the baseline again with this version")
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from ...errors import InputError
 from ...probes.gating import gating_of
 from ..results_io import FieldMissing, as_number, keys_near, resolve_field
-from .baseline import Baseline, check_records, foreign_fields
+from .baseline import Baseline, check_records, check_superseded, foreign_fields
 from .config import Bound, GateConfig
 from .statistics import dof as dof_of, error_bound, no_probe_values, other_draws, quantile, slope as slope_of
 from .verdicts import baseline_number, unresolved
@@ -61,6 +61,10 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
                              f"{'; …' if len(diff) > 3 else ''}){_dtype_hint(baseline.meta, current_meta, diff)}; "
                              f"compare anyway with --allow-foreign-baseline")
     check_records(baseline)
+    read: dict[str, list[str]] = {}
+    for bound in gate.bounds:
+        read.setdefault(bound.probe, []).append(bound.path.partition(".")[2])
+    check_superseded(baseline, read)
     level = confidence if confidence is not None else gate.confidence
     for bound in gate.bounds:
         if not bound.relative:
