@@ -27,6 +27,12 @@ StopTest = Callable[[], bool]  # true once the caller's budget is spent
 
 @runtime_checkable
 class Operator(Protocol):
+    """A symmetric linear operator the estimators take. `matmat(V)` ((k, P) → (k, P)) returns
+    a new tensor the caller owns: not V, not a view of it, not a buffer the operator reuses
+    across calls, and V is left as it was. The estimators rely on it to save P-sized copies:
+    block Lanczos keeps the product as the storage of its next basis rows and writes its
+    leftovers over it, and Hutch++ forms its per-entry products in place."""
+
     dim: int
     dtype: torch.dtype
     device: torch.device
@@ -352,15 +358,20 @@ def _short_of(progress: Progress | None, total: int) -> Progress | None:
 def _in_pieces(apply: Callable[[Tensor], Tensor], M: Tensor, progress: Progress | None, done: int,
                total: int) -> Tensor:
     """apply(M) (rows of M → rows), in PIECES pieces of rows with progress(done + rows, total)
-    after each; in one call when nothing listens."""
+    after each; in one call when nothing listens. Each piece is written into one output as it
+    comes: a list of pieces and their concatenation would hold the block twice."""
     if progress is None:
         return apply(M)
     step = max(1, -(-M.shape[0] // PIECES))
-    out = []
+    out: Tensor | None = None
     for i in range(0, M.shape[0], step):
-        out.append(apply(M[i:i + step]))
+        piece = apply(M[i:i + step])
+        if out is None:
+            out = piece.new_empty((M.shape[0], *piece.shape[1:]))
+        out[i:i + piece.shape[0]] = piece
+        del piece
         progress(done + min(i + step, M.shape[0]), total)
-    return torch.cat(out)
+    return out
 
 
 # P-sized vectors beside a block: a streamed block's one float vector, its product and the
