@@ -289,11 +289,11 @@ def _build_python_untrusted(spec: ModelSpec) -> nn.Module:
 
 
 def _build_python(spec: ModelSpec, trust_packages: tuple[str, ...]) -> nn.Module:
-    return _construct(spec, _import_callable(spec, _ImportPolicy.of(spec, trust_packages)))
+    return _construct(spec, _import_callable(spec, ImportPolicy.of(spec, trust_packages)))
 
 
 @dataclass(frozen=True)
-class _ImportPolicy:
+class ImportPolicy:
     """What `arch: MODULE:CALLABLE` may import, decided from names alone.
 
     MODULE is looked up first as MODULE.py (or a package folder) in the spec's
@@ -313,7 +313,7 @@ class _ImportPolicy:
     told: tuple[str, ...] = ()  # the --trust-package names, which alone open a discovered spec's folder
 
     @classmethod
-    def of(cls, spec: ModelSpec, trust_packages: tuple[str, ...]) -> "_ImportPolicy":
+    def of(cls, spec: ModelSpec, trust_packages: tuple[str, ...]) -> "ImportPolicy":
         if spec.embedded:
             # the working directory, not the checkpoint's folder (a download's): a module named
             # with --trust-package may be a file where the user runs, as `python -m` finds it
@@ -404,7 +404,7 @@ def local_module_path(spec: ModelSpec) -> Path | None:
     without importing it; None for other sources and for modules imported from elsewhere."""
     if spec.source != "python" or ":" not in spec.arch:
         return None
-    found = _ImportPolicy.of(spec, ()).local_spec(spec.arch.partition(":")[0])
+    found = ImportPolicy.of(spec, ()).local_spec(spec.arch.partition(":")[0])
     if found is None:
         return None
     if found.submodule_search_locations:
@@ -412,7 +412,7 @@ def local_module_path(spec: ModelSpec) -> Path | None:
     return Path(found.origin) if found.origin else None
 
 
-def _import_callable(spec: ModelSpec, policy: _ImportPolicy) -> Callable[..., nn.Module]:
+def _import_callable(spec: ModelSpec, policy: ImportPolicy) -> Callable[..., nn.Module]:
     module_name, _, attr_path = spec.arch.partition(":")
     if not module_name or not attr_path:
         raise SpecError(f"{spec.where}: field 'arch' must be 'module.path:callable', got {spec.arch!r}")
@@ -430,7 +430,7 @@ def _import_callable(spec: ModelSpec, policy: _ImportPolicy) -> Callable[..., nn
     return target
 
 
-def _import(spec: ModelSpec, module_name: str, policy: _ImportPolicy) -> ModuleType:
+def _import(spec: ModelSpec, module_name: str, policy: ImportPolicy) -> ModuleType:
     # A model file kept next to its spec must import without installing it. An embedded spec's
     # trusted module comes from the installed packages first, the working directory after.
     local = policy.local(module_name) and not (

@@ -100,7 +100,7 @@ class ModelSpec:
     label: str | None = field(default=None, compare=False)
     # how a spec nobody named was found beside its checkpoint (models.discover), for messages;
     # set, it also marks a spec the user did not choose, whose python modules beside it are
-    # imported only under --trust-package (sources._ImportPolicy)
+    # imported only under --trust-package (sources.ImportPolicy)
     found: str | None = field(default=None, compare=False)
     # where a python spec that is no file (--model python:…) imports its own modules from:
     # the working directory, as a spec file's own folder

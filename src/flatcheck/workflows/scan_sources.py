@@ -157,7 +157,7 @@ def shared_refusal(entries: list[Entry], trust_packages: tuple[str, ...] | list[
     needs (--trust-package), fails. Both are decided by the file and the flags alone, so each
     model's record would say the same thing. What can differ by model (its weights, its build,
     a head its spec names) stays a record of that model's, so one bad model never ends a scan."""
-    from ..models.sources import _ImportPolicy
+    from ..models.sources import ImportPolicy
 
     runnable = [e for e in entries if e.skip_reason is None]
     if not runnable or any(e.origin != "checkpoint" for e in runnable):
@@ -168,8 +168,8 @@ def shared_refusal(entries: list[Entry], trust_packages: tuple[str, ...] | list[
     try:
         spec = first.make_spec()
         if spec.source == "python" and ":" in spec.arch:
-            # the check that refuses the import, made without importing (sources._ImportPolicy)
-            _ImportPolicy.of(spec, tuple(trust_packages or ())).check_module_name(spec.arch.partition(":")[0])
+            # the check that refuses the import, made without importing (sources.ImportPolicy)
+            ImportPolicy.of(spec, tuple(trust_packages or ())).check_module_name(spec.arch.partition(":")[0])
     except SpecError as exc:
         n = len(runnable)
         every = "the one model" if n == 1 else f"all {n} models"
