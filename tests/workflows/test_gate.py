@@ -1065,6 +1065,8 @@ def test_a_hutchpp_baseline_with_the_biased_parts_of_before_is_refused(tmp_path)
     check_superseded(load_baseline(report([], "2.5")), total)
     check_superseded(load_baseline(report([], "2.6")), parts)
     check_superseded(load_baseline(report(["--no-layers"], "2.5")), total)
+    # without parts there is nothing biased: a part rule meets the partless-baseline message instead
+    check_superseded(load_baseline(report(["--no-layers"], "2.5")), parts)
 
 
 def test_a_spectrum_baseline_with_the_bare_spread_of_before_is_refused(tmp_path):

@@ -189,7 +189,9 @@ class TraceGating(Gating):
         to zero over every entry of a probe, its projected vector being orthogonal to Q)."""
         details = result.get("details") or {}
         reads_parts = any(f.startswith(PART_FIELDS) for f in fields)
-        if reads_parts and schema is not None and schema < (2, 6) and details.get("estimator") == "hutchpp":
+        # a record without parts is left to the partless-baseline message, which says how to remake it
+        if reads_parts and schema is not None and schema < (2, 6) and details.get("estimator") == "hutchpp" \
+                and details.get("layers"):
             return (f"measured with schema {schema[0]}.{schema[1]}, whose Hutch++ per-layer parts were biased "
                     "(a cross term that cancelled in the total only; from 2.6 each part is unbiased)")
         return None
