@@ -26,12 +26,17 @@ import torch
 
 from .lanczos import Lanczos, record_step, tridiagonal_eigh
 from .random import rademacher
-from .trace import Operator, Progress
+from .trace import Z95, Operator, Progress
 
 # the interval a spectrum moment's (value, stderr) stand for: value ± z·stderr, z the normal
-# quantile, stderr floored by the per-start variance (start_variance_floor)
+# quantile, stderr floored by the per-start variance (start_variance_floor); the Frobenius
+# norm's symmetric enclosure is for the 95 % level (Z95)
 INTERVAL_START_FLOOR = "normal_start_variance_floor"
-Z95 = 1.959963984540054  # Φ⁻¹(0.975): the level the Frobenius norm's symmetric enclosure is for
+
+
+def mean_stderr(values: np.ndarray) -> tuple[float, float]:
+    """The mean of per-start values and their spread over √n (n ≥ 2)."""
+    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(len(values)))
 
 
 @dataclass(frozen=True)
@@ -204,7 +209,7 @@ def start_variance_floor(result: SLQ) -> dict[str, MomentEstimate]:
     """
     n = len(result.rules)
     m1, m2 = result.moment(1), result.moment(2)
-    spread1, spread2 = (float(m.std(ddof=1)) / math.sqrt(n) if n > 1 else None for m in (m1, m2))
+    spread1, spread2 = (mean_stderr(m)[1] if n > 1 else None for m in (m1, m2))
     t1, t2 = float(m1.mean()), float(m2.mean())
     sure2 = result.ritz_power_sum(2)
     square = max(t2, sure2)

@@ -107,9 +107,10 @@ class TraceEstimate:
 # the interval a Hutchinson estimate's (stderr, dof) stand for (TraceEstimate.interval)
 INTERVAL_FLOOR = "normal_product_variance_floor"
 INTERVAL_SKEW = "t_skewness_enclosure"
+Z95 = 1.959963984540054  # Φ⁻¹(0.975): the two-sided 95 % normal quantile
 # the one-sided Cornish–Fisher term of the studentized mean at the two-sided 95 % level,
-# (2z² + 1)/6 with z = Φ⁻¹(0.975) (Johnson 1978; Hall 1992, §3.5)
-SKEW_TERM = (2 * 1.959963984540054**2 + 1) / 6
+# (2z² + 1)/6 with z = Z95 (Johnson 1978; Hall 1992, §3.5)
+SKEW_TERM = (2 * Z95**2 + 1) / 6
 
 
 def skewness(values: Tensor) -> float | None:

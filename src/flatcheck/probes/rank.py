@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..linalg.slq import Quadrature
+from ..linalg.slq import Quadrature, mean_stderr
 from ..operators import CurvatureOperator
 from ..report.result import ProbeResult
 from ..backends.base import GGNVp, Hvp, Outputs
@@ -41,8 +41,8 @@ from .gating import Gating
 from .registry import ProbeContext, register_probe
 from .kit import finer_dtype, option
 from ._memory import memory_note
-from .spectrum import (budget_cut, budget_unresolved, check_slq_options, lanczos_steps_option, mean_stderr,
-                       plan_slq, reorth_note, reorth_option, rough_note, run_slq, starts_option, stop_reason)
+from .spectrum import (budget_cut, budget_unresolved, check_slq_options, lanczos_steps_option, plan_slq,
+                       reorth_note, reorth_option, rough_note, run_slq, starts_option, stop_reason)
 
 NEURON_RULE = (
     "Σ N_l = Σ out_features of every Linear + Σ out_channels of every Conv (one neuron per channel, "

@@ -151,10 +151,6 @@ def _sigma(text: str) -> float | None:
         raise ConfigError(f"{setting('sigma')} must be 'auto' or a positive number, got {text!r}") from None
 
 
-def mean_stderr(values: np.ndarray) -> tuple[float, float]:
-    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(len(values)))
-
-
 @dataclass(frozen=True)
 class SpectrumOptions:
     matrix: Literal["hessian", "ggn"] = option("hessian", "hessian or ggn")
