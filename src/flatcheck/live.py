@@ -27,6 +27,7 @@ from .data.batches import SampleSet
 from .data.catalogue import MissingSplitError
 from .data.memory import default_batch_size, memory_data
 from .errors import ConfigError, InputError, SpecError, setting
+from .models.checkpoint import preview
 from .models.outputs import attach_output_selector
 from .models.spec import LIVE, LossSpec, ModelSpec, spec_from_dict
 from .problem import model_mode, uses_batch_statistics
@@ -265,8 +266,7 @@ def _check_module(model: Any) -> None:
     bad = [name for name, t in (*model.named_parameters(), *model.named_buffers())
            if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
-        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise InputError(f"model: non-finite values (NaN/Inf) in {len(bad)} tensors: {shown}")
+        raise InputError(f"model: non-finite values (NaN/Inf) in {len(bad)} tensors: {preview(bad)}")
 
 
 def _live_device(model: nn.Module, device: Any) -> torch.device:

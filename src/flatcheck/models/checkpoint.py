@@ -166,7 +166,7 @@ def _select(obj: Any, spec: CheckpointSpec, path: Path) -> dict[str, Tensor]:
     if not tensors:
         where = f"under key {spec.key!r} " if spec.key else ""
         raise CheckpointError(
-            f"{path}: not a checkpoint: no tensors {where}found (top-level keys: {_preview(list(obj)) or 'none'}); "
+            f"{path}: not a checkpoint: no tensors {where}found (top-level keys: {preview(list(obj)) or 'none'}); "
             f"if the weights are nested deeper, set checkpoint.key"
         )
     return tensors
@@ -187,7 +187,7 @@ def _walk(obj: Mapping, key: str, path: Path) -> Mapping:
                 break
         else:
             raise CheckpointError(
-                f"{path}: checkpoint.key {key!r} not found; top-level keys: {_preview(list(obj))}"
+                f"{path}: checkpoint.key {key!r} not found; top-level keys: {preview(list(obj))}"
             )
     if not isinstance(node, Mapping):
         raise CheckpointError(f"{path}: checkpoint.key {key!r} holds {type(node).__name__}, not a state dict")
@@ -198,7 +198,7 @@ def _strip_prefixes(state: dict[str, Tensor], prefix: str | None, path: Path) ->
     if prefix:
         if not any(k.startswith(prefix) for k in state):
             raise CheckpointError(
-                f"{path}: checkpoint.strip_prefix {prefix!r} matches no key; keys look like: {_preview(list(state))}"
+                f"{path}: checkpoint.strip_prefix {prefix!r} matches no key; keys look like: {preview(list(state))}"
             )
         state = _rename(state, lambda k: k[len(prefix):] if k.startswith(prefix) else k, path)
     stripped = True
@@ -279,7 +279,7 @@ def apply_state_dict(model: nn.Module, state_dict: dict[str, Tensor], *, source:
         if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
     ]
     problems = [
-        f"{label} {len(items)} ({_preview(items)})"
+        f"{label} {len(items)} ({preview(items)})"
         for label, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", mismatched))
         if items
     ]
@@ -296,7 +296,7 @@ def apply_state_dict(model: nn.Module, state_dict: dict[str, Tensor], *, source:
         if (v.is_floating_point() or v.is_complex()) and not bool(torch.isfinite(v).all())
     ]
     if bad:
-        raise CheckpointError(f"{source} has non-finite values (NaN/Inf) in {len(bad)} tensors: {_preview(bad)}")
+        raise CheckpointError(f"{source} has non-finite values (NaN/Inf) in {len(bad)} tensors: {preview(bad)}")
     try:
         model.load_state_dict(cast, strict=True)
     except RuntimeError as exc:
@@ -313,7 +313,7 @@ def _refuse_integer_weights(state: dict[str, Tensor], expected: dict[str, Tensor
     ]
     if bad:
         raise CheckpointError(
-            f"{source} stores {len(bad)} floating-point tensors of the model as integers: {_preview(bad)}; "
+            f"{source} stores {len(bad)} floating-point tensors of the model as integers: {preview(bad)}; "
             f"save the float weights (quantised checkpoints are not supported)"
         )
 
@@ -345,7 +345,7 @@ def _kind(obj: Any) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _preview(items: list) -> str:
+def preview(items: list) -> str:
     items = [str(i) for i in items]  # checkpoints may have non-string keys (ints)
     head = ", ".join(items[:_SHOW])
     return head if len(items) <= _SHOW else f"{head}, ... and {len(items) - _SHOW} more"
