@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # On a lent GPU machine (device tool): every GPU measurement flatcheck needs, in one run of at
-# most 8 minutes. Each stage has its own time limit (seconds, overridable), so one that runs long
-# leaves the others their share; the limits of `all` add up to 480 s. Rows are written as they
-# finish, so a stage cut by its limit keeps what it measured.
+# most 9 minutes (a lease is 15 minutes, one call at most 10, and a start takes one or two). Each
+# stage has its own time limit (seconds, overridable), so one that runs long leaves the others their
+# share; the limits of `all` add up to 545 s. Rows are written as they finish, so a stage cut by
+# its limit keeps what it measured.
 #
 #   stage       limit  what it measures
 #   setup         20   nvidia-smi, torch/timm versions, the peers' wheels from .whl/ if present
-#   tests         75   tests/backends/test_cuda.py: every backend on the GPU against dense
+#   tests         60   tests/backends/test_cuda.py: every backend on the GPU against dense
 #                      float64 truth computed on the CPU
-#   throughput   160   benchmarks/bench_gpu_throughput.py: products/s, samples/s and FLOP/s as a
+#   throughput   150   benchmarks/bench_gpu_throughput.py: products/s, samples/s and FLOP/s as a
 #                      fraction of the non-TF32 float32 peak, for trace (HVP and vᵀHv), lmax,
 #                      adaptive sharpness (2nd order) and mls (estimate) on ViT-B/16 and ResNet-50;
 #                      the batch is flatcheck's own (grown past 128 when the memory plan fits)
-#   tf32          65   benchmarks/bench_tf32.py: each probe's value in float64, float32 and TF32
+#   tf32          60   benchmarks/bench_tf32.py: each probe's value in float64, float32 and TF32
 #                      on the demo DigitsCNN and test_vit, with the seconds TF32 saves
 #   preset       115   benchmarks/bench_realsize.py --preset mls-vs-sharpness on ViT-B/16 at two
 #                      reduced sample counts, projected to 1,000 samples (a line through both;
 #                      counts below a full batch understate the per-sample slope)
-#   peers         45   benchmarks/bench_peers.py --device cuda --full on ResNet-18, only when the
-#                      peers' wheels are in .whl/ (else a line saying so)
+#   peers        140   benchmarks/bench_peers.py --device cuda --full on ResNet-18: λmax and SLQ
+#                      (65 s), then the traces (75 s); only when the peers' wheels are in .whl/
+#                      (else a line saying so)
 #   compile        -   (not in `all`) bench_gpu_throughput.py --compile-costs: one HVP's seconds by
 #                      autograd, func eager and func compiled on ViT-B/16 and ResNet-50, the compile
 #                      time, and whether --compile pays at 100 products; COMPILE_TIMEOUT (300)
@@ -32,8 +34,14 @@
 # The machine has torch, timm, typer, rich, safetensors, pyyaml and scipy but no network, so the
 # peers travel as wheels in .whl/ (see benchmarks/README.md) and flatcheck runs from src/.
 set -uo pipefail
-RESULTS=${RESULTS:-${OUT:+$OUT/results}}; RESULTS=${RESULTS:-benchmarks/results}; mkdir -p "$RESULTS"
+# The device tool returns at most 8 files from $OUT, so there everything is written to a staging
+# folder and packed into $OUT/gpu_check.tgz after every stage (a stage cut by the call's own limit
+# still leaves the stages before it packed).
+PACK=${OUT:-}
+if [ -n "$PACK" ]; then STAGE=/tmp/gpu_check; RESULTS=${RESULTS:-$STAGE/results}; OUT=$STAGE; fi
+RESULTS=${RESULTS:-benchmarks/results}; mkdir -p "$RESULTS"
 OUT=${OUT:-out}; mkdir -p "$OUT"
+pack() { [ -n "$PACK" ] && tar czf "$PACK/.gpu_check.tgz" -C "$OUT" . && mv "$PACK/.gpu_check.tgz" "$PACK/gpu_check.tgz"; true; }
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 stage=${1:-all}; shift || true
 want() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }
@@ -45,35 +53,47 @@ timeout "${SETUP_TIMEOUT:-20}" bash -c '
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
   python3 -c "import torch, timm; print(\"torch\", torch.__version__, \"timm\", timm.__version__, torch.cuda.get_device_name(0))"
   nproc' 2>&1 | tee "$OUT/gpu.txt"
+pack
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site:$PYTHONPATH
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null | tr 'A-Z' 'a-z' \
       | sed -e 's/^nvidia //' -e 's/[^a-z0-9]\+/_/g' -e 's/_$//')
 gpu=${gpu:-gpu}
 
 if want tests; then
-  timeout "${TESTS_TIMEOUT:-75}" python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda.py 2>&1 \
+  timeout "${TESTS_TIMEOUT:-60}" python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda.py 2>&1 \
     | tee "$OUT/tests.log" | tail -25
+  pack
 fi
 if want throughput; then
-  timeout "${THROUGHPUT_TIMEOUT:-160}" python3 benchmarks/bench_gpu_throughput.py --device cuda --samples 256 \
+  timeout "${THROUGHPUT_TIMEOUT:-150}" python3 benchmarks/bench_gpu_throughput.py --device cuda --samples 256 \
     --products 8 --lanczos 8 --count-samples 4 --out "$RESULTS/gpu_throughput_$gpu.md" \
     --jsonl "$RESULTS/gpu_throughput_$gpu.jsonl" ${THROUGHPUT_ARGS:-} 2>&1 | tee "$OUT/throughput.log" | tail -20
+  pack
 fi
 if want tf32; then
-  timeout "${TF32_TIMEOUT:-65}" python3 benchmarks/bench_tf32.py --device cuda --samples 256 \
+  timeout "${TF32_TIMEOUT:-60}" python3 benchmarks/bench_tf32.py --device cuda --samples 256 \
     --probes "${TF32_PROBES:-trace,lmax,adaptive-sharpness,mls}" --out "$RESULTS/tf32_effect_$gpu.md" \
     --jsonl "$RESULTS/tf32_effect_$gpu.jsonl" ${TF32_ARGS:-} 2>&1 | tee "$OUT/tf32.log" | tail -15
+  pack
 fi
 if want preset; then
   timeout "${PRESET_TIMEOUT:-115}" python3 benchmarks/bench_realsize.py --device cuda --preset mls-vs-sharpness \
-    --models vit_base_patch16_224 --samples "${PRESET_SAMPLES:-32,64}" --batch-size auto --project 1000 \
+    --models vit_base_patch16_224 --samples "${PRESET_SAMPLES:-16,32}" --batch-size auto --project 1000 \
     --timeout "${PRESET_CHILD_TIMEOUT:-55}" --out "$RESULTS/preset_vitb_$gpu.md" \
     --jsonl "$RESULTS/preset_vitb_$gpu.jsonl" ${PRESET_ARGS:-} 2>&1 | tee "$OUT/preset.log" | tail -15
+  pack
 fi
 if want peers; then
   if [ -d /tmp/site ]; then
-    timeout "${PEERS_TIMEOUT:-45}" python3 benchmarks/bench_peers.py --device cuda --full --models resnet18 --save \
-      --results-dir "$RESULTS" --row-timeout "${ROW_TIMEOUT:-40}" ${PEERS_ARGS:-} 2>&1 | tee "$OUT/peers.log" | tail -20
+    # λmax and SLQ first (item 6's certified-accuracy rows), then the traces at equal products;
+    # each call saves after every task, into its own folder
+    for part in "eig,slq ${PEERS_EIG_TIMEOUT:-65}" "trace ${PEERS_TRACE_TIMEOUT:-75}"; do
+      set -- $part; mkdir -p "$RESULTS/peers_${1/,/_}"
+      timeout "$2" python3 benchmarks/bench_peers.py --device cuda --full --models resnet18 --tasks "$1" \
+        --backends autograd --save --results-dir "$RESULTS/peers_${1/,/_}" --row-timeout "${ROW_TIMEOUT:-40}" \
+        ${PEERS_ARGS:-} 2>&1 | tee -a "$OUT/peers.log" | tail -12
+      pack
+    done
   else
     echo "peers: no wheels in .whl/, so no peer rows (see benchmarks/README.md)" | tee "$OUT/peers.log"
   fi
@@ -82,10 +102,12 @@ if [ "$stage" = compile ]; then
   timeout "${COMPILE_TIMEOUT:-300}" python3 benchmarks/bench_gpu_throughput.py --device cuda --compile-costs \
     --samples "${COMPILE_SAMPLES:-128}" --out "$RESULTS/compile_costs_$gpu.md" --jsonl "$RESULTS/compile_costs_$gpu.jsonl" \
     ${COMPILE_ARGS:-} 2>&1 | tee "$OUT/compile.log" | tail -15
+  pack
 fi
 if [ "$stage" = realsize ]; then
   timeout "${REALSIZE_TIMEOUT:-600}" python3 benchmarks/bench_realsize.py --device cuda \
     --models "${REALSIZE_MODELS:-vit_base_patch16_224,vit_small_patch16_224,vit_tiny_patch16_224}" \
     --samples "${REALSIZE_SAMPLES:-8,16}" --timeout "${CHILD_TIMEOUT:-90}" \
     --out "$RESULTS/realsize_vit_gpu.md" --jsonl "$RESULTS/realsize_vit_gpu.jsonl" ${REALSIZE_ARGS:-} 2>&1 | tail -60
+  pack
 fi
