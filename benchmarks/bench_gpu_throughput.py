@@ -323,9 +323,11 @@ def compile_costs(case: ModelCase, model, *, samples: int, batch: int | None, de
         row["func_compiled_s"] = statistics.median(seconds(compiled, repeat))
         row["compile_s"] = max(0.0, first - row["func_compiled_s"])
         row["compile_error"] = compiled.compile_error
-        choice = compile_pays(device_type=device.type, planned_products=planned, eager_seconds=row["func_eager_s"],
+        # compiling must beat the product that would run otherwise: the faster eager route
+        route = min(("autograd", row["autograd_s"]), ("func", row["func_eager_s"]), key=lambda r: r[1])
+        choice = compile_pays(device_type=device.type, planned_products=planned, eager_seconds=route[1],
                               compiled_seconds=None if compiled.compile_error else row["func_compiled_s"],
-                              compile_seconds=row["compile_s"])
+                              compile_seconds=row["compile_s"], eager_route=route[0])
         row.update(compile_chosen=choice.compile, reason=choice.reason)
     except Exception as exc:  # noqa: BLE001 - a row records what went wrong
         row["error"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"

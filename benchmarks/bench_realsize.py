@@ -143,8 +143,10 @@ def device_table(rows: list[dict], args) -> list[str]:
     lines = [
         f"# Every probe on timm ViTs at ImageNet size (random weights, 224 px, 1,000 classes), {name}",
         "",
-        f"`python benchmarks/bench_realsize.py --device {args.device} --samples {args.samples} --batch-size "
-        f"{args.batch_size} --timeout {args.timeout:g}`; torch {torch.__version__}. One process per model and sample "
+        f"`python benchmarks/bench_realsize.py --device {args.device} --models {args.models} --samples {args.samples} "
+        f"--batch-size {args.batch_size} --timeout {args.timeout:g}"
+        f"{f' --preset {args.preset}' if getattr(args, 'preset', None) else ''}"
+        f"{f' --project {args.project}' if getattr(args, 'project', None) else ''}`; torch {torch.__version__}. One process per model and sample "
         "count runs the probes one after another through `flatcheck.measure` (float32, batch "
         f"{args.batch_size}, defaults except: trace exact GGN with 8 sampled classes; head-trace without --verify). "
         "Seconds are the probe's own, synchronised, without the process start, model build or first CUDA "

@@ -76,6 +76,16 @@ def test_compiling_is_chosen_when_the_planned_products_repay_it():
     assert not choose(compiled_seconds=0.5).compile  # no gain per product: never
 
 
+def test_compiling_must_beat_the_faster_eager_route():
+    """ViT-B/16 on an H200 (benchmarks/results/compile_costs_h200.md): autograd 0.769 s, func eager
+    1.09 s, compiled 0.831 s. Against eager func, 300 products would repay the 152 s compile; against
+    autograd, the route that runs otherwise, no count does."""
+    costs = dict(compiled_seconds=0.831, compile_seconds=152.0, planned_products=10**4)
+    assert choose(eager_seconds=1.092, eager_route="func", **costs).compile
+    c = choose(eager_seconds=0.769, eager_route="autograd", **costs)
+    assert not c.compile and "eager (autograd)" in c.reason
+
+
 @pytest.mark.parametrize("kw, words", [
     (dict(device_type="cpu"), "CUDA device only"),
     (dict(planned_products=0), "no products planned"),
