@@ -134,6 +134,7 @@ def test_callers_model_left_bitwise_as_it_was(dtype, bn_mode):
                                         "adaptive-sharpness": {"noise_draws": 4, "probes_max": 10}},
                                dtype=dtype, bn_mode=bn_mode)
     assert report.meta["dtype"] == dtype and report.meta["bn_mode"] == bn_mode
+    assert report.meta["allow_tf32"] is False  # the default, recorded
     assert_same(model, before)
     assert model.training and model[1].track_running_stats
 

@@ -141,6 +141,17 @@ def test_the_header_says_when_float64_inputs_were_rounded():
     assert "rounded" not in plain
 
 
+def test_the_header_says_when_products_ran_with_tf32():
+    """TF32 moved the demo's lmax 18 times its certified bound on an H200
+    (benchmarks/results/tf32_effect_h200.md): a table from such a run says so beside the dtype."""
+    result = ProbeResult(probe="lmax", value=13.66, stderr=None, matvecs=40, seconds=1.0, seed=0, label="λmax(H)")
+    tf32 = {**META, "allow_tf32": True}
+    text = " ".join(printed(lambda c: render(Report(meta=tf32, results={"lmax": result}), c), width=200).split())
+    assert "float32 (TF32) · seed" in text, text
+    plain = printed(lambda c: render(Report(meta={**META, "allow_tf32": False}, results={"lmax": result}), c), width=200)
+    assert "TF32" not in plain
+
+
 def test_layer_shares_kept_for_a_resolved_total():
     clear = trace_result(10.0, 0.5, {"conv1": (6.0, 0.4), "head": (4.0, 0.3)})
     text = printed(layers_table(clear))

@@ -83,7 +83,7 @@ def header(report: Report) -> str:
         # float64 inputs measured as their float32 rounding (data.rounded): the values are not the file's own
         + (" (float64 inputs rounded to float32)" if d.get("rounded") else "")
         + f" · loss {m['model']['loss']} · bn {m['bn_mode']} · "
-        f"{m['device']} {m['dtype']} · seed {m['seed']}"
+        f"{m['device']} {m['dtype']}{' (TF32)' if m.get('allow_tf32') else ''} · seed {m['seed']}"
     )
 
 
