@@ -531,6 +531,23 @@ def test_data_read_in_another_dtype_names_the_dtype_to_run_at():
         check_baseline(cfg, base, now, seed=0)
 
 
+def test_a_baseline_made_with_tf32_against_a_run_without_is_refused():
+    """TF32 moved the demo's lmax 18 times its certified bound on an H200: a TF32 baseline and an
+    exact run measure different numbers, so the gate says which flag to run with (exit 2)."""
+    from flatcheck.workflows.gate.checks import check_baseline
+
+    cfg = gate({"field": "gini.value", "max_increase": "10%"})
+    base = _baseline({"gini": result(0.1, None, probe="gini").to_dict()}, **META, allow_tf32=True)
+    with pytest.raises(InputError, match=r"made with TF32 products and this run is without TF32: run with "
+                                         r"--allow-tf32, or compare anyway with --allow-foreign-baseline"):
+        check_baseline(cfg, base, {**META, "allow_tf32": False}, seed=0)
+    check_baseline(cfg, base, {**META, "allow_tf32": False}, seed=0, allow_foreign=True)
+    check_baseline(cfg, base, {**META, "allow_tf32": True}, seed=0)  # both with it: fine
+    check_baseline(cfg, base, META, seed=0)  # a run that does not say: not refused on a guess
+    older = _baseline({"gini": result(0.1, None, probe="gini").to_dict()}, **META)  # before the field
+    check_baseline(cfg, older, {**META, "allow_tf32": True}, seed=0)
+
+
 def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
     from flatcheck.workflows.gate.checks import check_baseline
 

@@ -49,6 +49,19 @@ def _dtype_hint(base: Mapping[str, Any], now: Mapping[str, Any], diff: list[str]
     return f"; the baseline was made in {was} and this run is {is_}: run with --dtype {was}"
 
 
+def _check_tf32(baseline: Baseline, current_meta: Mapping[str, Any]) -> None:
+    """TF32 products move some values past their own error bars (on an H200 the demo's lmax by 18
+    times its certified bound: benchmarks/results/tf32_effect_h200.md), so a run with it and one
+    without do not measure one number. A report from before the field was recorded says nothing
+    and is not refused."""
+    was, is_ = baseline.meta.get("allow_tf32"), current_meta.get("allow_tf32")
+    if isinstance(was, bool) and isinstance(is_, bool) and was != is_:
+        words = {True: "with TF32 products", False: "without TF32"}
+        raise InputError(f"{baseline.where}: made {words[was]} and this run is {words[is_]}: run "
+                         f"{'with' if was else 'without'} --allow-tf32, or compare anyway with "
+                         "--allow-foreign-baseline")
+
+
 def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[str, Any], *, seed: int,
                    confidence: float | None = None, allow_foreign: bool = False) -> list[Bound]:
     """Refuse (exit 2, one line) a baseline no verdict could be defended on (see the module).
@@ -60,6 +73,7 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
             raise InputError(f"{baseline.where}: made on another model or data set ({'; '.join(diff[:3])}"
                              f"{'; …' if len(diff) > 3 else ''}){_dtype_hint(baseline.meta, current_meta, diff)}; "
                              f"compare anyway with --allow-foreign-baseline")
+        _check_tf32(baseline, current_meta)
     check_records(baseline)
     read: dict[str, list[str]] = {}
     for bound in gate.bounds:
