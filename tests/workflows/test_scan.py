@@ -569,6 +569,27 @@ def test_a_budget_is_part_of_a_scans_settings():
     assert a != b and (a["budget"], b["budget"]) == (None, 60.0)
 
 
+def test_tf32_is_part_of_a_scans_settings_when_on():
+    """TF32 products moved the demo's lmax 18 times its certified bound on an H200: a scan resumed
+    with --allow-tf32 toggled must not mix its records. Off, the fingerprint is the earlier one."""
+    import dataclasses
+    from pathlib import Path
+
+    from flatcheck.config import RunConfig, probe_requests
+    from flatcheck.workflows.results_io import run_settings_of
+    from flatcheck.workflows.scan import fingerprint, run_settings
+    from flatcheck.workflows.scan_sources import timm_entry
+
+    base = RunConfig(checkpoint=None, spec=Path("<per model>"), probes=probe_requests("trace", {}))
+    tf32 = dataclasses.replace(base, allow_tf32=True)
+    entry = timm_entry("test_vit", pretrained=False, kwargs={}, input_size=None, weights_dir=None)
+    assert "allow_tf32" not in run_settings(base) and run_settings(tf32)["allow_tf32"] is True
+    assert fingerprint(entry, base) != fingerprint(entry, tf32)
+    a, b = (run_settings_of({"settings": run_settings(c), "results": {"trace": {}}}, with_options=True)
+            for c in (base, tf32))
+    assert a != b and (a["allow_tf32"], b["allow_tf32"]) == (None, True)
+
+
 FORK = """
 import sys, torch
 from flatcheck.workflows import child_process

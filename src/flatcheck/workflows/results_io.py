@@ -29,7 +29,7 @@ TRAJECTORY_FIELDS = ("step", "epoch")
 # The run settings that decide what a number means (the scan's fingerprint fields, less the
 # model): results whose settings differ are not points of one comparison.
 SETTINGS_FIELDS = ("data", "data_root", "split", "samples", "batch_size", "dtype", "bn_mode", "seed", "params",
-                   "backend", "probes", "budget")  # budget: only when given
+                   "backend", "probes", "budget", "allow_tf32")  # budget, allow_tf32: only when given / on
 
 
 def new_record(model: str, *, kind: str, fingerprint: str, origin: str, settings: dict[str, Any],
@@ -373,6 +373,8 @@ def run_settings_of(rec: dict[str, Any], *, with_options: bool) -> dict[str, Any
     if not out["params"]:
         out["params"] = None
     out["budget"] = given.get("budget")  # a budgeted run stops early: not the same setting
+    # TF32 products are not exact float32 ones; off and not recorded (older reports) read alike
+    out["allow_tf32"] = True if meta.get("allow_tf32") is True or given.get("allow_tf32") is True else None
     if with_options:
         out["probe_options"] = {p: o for p, o in given["probes"]}
     return out

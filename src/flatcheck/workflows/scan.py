@@ -94,6 +94,8 @@ def run_settings(base: RunConfig) -> dict[str, Any]:
         # speed): records made with one are not those of a run without. Only when given, so
         # that earlier scans' fingerprints (and --resume over them) stay as they were.
         **({"budget": base.budget} if base.budget is not None else {}),
+        # TF32 products move some values past their error bars; likewise only when on
+        **({"allow_tf32": True} if base.allow_tf32 else {}),
     }
 
 
