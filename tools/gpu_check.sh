@@ -25,8 +25,12 @@
 #                      autograd, func eager and func compiled on ViT-B/16 and ResNet-50, the compile
 #                      time, and whether --compile pays at 100 products; COMPILE_TIMEOUT (300)
 #   realsize       -   (not in `all`) every probe on timm ViTs, REALSIZE_TIMEOUT (600)
+#   next           -   the rows session 22's lease did not reach, in about 9 minutes: tests (60),
+#                      ResNet-50's loops (120), the peers' SLQ (60) and traces (110) on ResNet-18,
+#                      and every probe on ViT-B/16 at 16 and 32 samples at flatcheck's batch (150)
 #
-#   bash tools/gpu_check.sh [all|tests|throughput|tf32|preset|peers|compile|realsize]
+#   bash tools/gpu_check.sh [all|next|tests|throughput|tf32|preset|peers|compile|realsize]
+#   (or a comma-separated list of stages: tests,peers)
 #   THROUGHPUT_TIMEOUT=300 THROUGHPUT_ARGS="--samples 512" bash tools/gpu_check.sh throughput
 #
 # Results go to $RESULTS: $OUT/results when the device tool sets $OUT (copy them into
@@ -44,7 +48,16 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 pack() { [ -n "$PACK" ] && tar czf "$PACK/.gpu_check.tgz" -C "$OUT" . && mv "$PACK/.gpu_check.tgz" "$PACK/gpu_check.tgz"; true; }
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 stage=${1:-all}; shift || true
-want() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }
+case $stage in
+  all) stages=tests,throughput,tf32,preset,peers ;;
+  next) stages=tests,throughput,peers,realsize
+        : "${THROUGHPUT_TIMEOUT:=120}" "${THROUGHPUT_ARGS:=--models resnet50}"
+        : "${PEERS_PARTS:=slq:60 trace:110}"
+        : "${REALSIZE_TIMEOUT:=150}" "${REALSIZE_MODELS:=vit_base_patch16_224}" "${REALSIZE_SAMPLES:=16,32}"
+        : "${REALSIZE_ARGS:=--batch-size auto --project 1000}" "${CHILD_TIMEOUT:=70}" ;;
+  *) stages=$stage ;;
+esac
+want() { [[ ",$stages," == *",$1,"* ]]; }
 
 timeout "${SETUP_TIMEOUT:-20}" bash -c '
   if ls .whl/*.whl >/dev/null 2>&1; then
@@ -87,10 +100,10 @@ if want peers; then
   if [ -d /tmp/site ]; then
     # λmax and SLQ first (item 6's certified-accuracy rows), then the traces at equal products;
     # each call saves after every task, into its own folder
-    for part in "eig,slq ${PEERS_EIG_TIMEOUT:-65}" "trace ${PEERS_TRACE_TIMEOUT:-75}"; do
-      set -- $part; mkdir -p "$RESULTS/peers_${1/,/_}"
-      timeout "$2" python3 benchmarks/bench_peers.py --device cuda --full --models resnet18 --tasks "$1" \
-        --backends autograd --save --results-dir "$RESULTS/peers_${1/,/_}" --row-timeout "${ROW_TIMEOUT:-40}" \
+    for part in ${PEERS_PARTS:-eig,slq:65 trace:75}; do
+      tasks=${part%%:*}; limit=${part##*:}; mkdir -p "$RESULTS/peers_${tasks//,/_}"
+      timeout "$limit" python3 benchmarks/bench_peers.py --device cuda --full --models resnet18 --tasks "$tasks" \
+        --backends autograd --save --results-dir "$RESULTS/peers_${tasks//,/_}" --row-timeout "${ROW_TIMEOUT:-40}" \
         ${PEERS_ARGS:-} 2>&1 | tee -a "$OUT/peers.log" | tail -12
       pack
     done
@@ -98,16 +111,16 @@ if want peers; then
     echo "peers: no wheels in .whl/, so no peer rows (see benchmarks/README.md)" | tee "$OUT/peers.log"
   fi
 fi
-if [ "$stage" = compile ]; then
+if want compile; then
   timeout "${COMPILE_TIMEOUT:-300}" python3 benchmarks/bench_gpu_throughput.py --device cuda --compile-costs \
     --samples "${COMPILE_SAMPLES:-128}" --out "$RESULTS/compile_costs_$gpu.md" --jsonl "$RESULTS/compile_costs_$gpu.jsonl" \
     ${COMPILE_ARGS:-} 2>&1 | tee "$OUT/compile.log" | tail -15
   pack
 fi
-if [ "$stage" = realsize ]; then
+if want realsize; then
   timeout "${REALSIZE_TIMEOUT:-600}" python3 benchmarks/bench_realsize.py --device cuda \
     --models "${REALSIZE_MODELS:-vit_base_patch16_224,vit_small_patch16_224,vit_tiny_patch16_224}" \
     --samples "${REALSIZE_SAMPLES:-8,16}" --timeout "${CHILD_TIMEOUT:-90}" \
-    --out "$RESULTS/realsize_vit_gpu.md" --jsonl "$RESULTS/realsize_vit_gpu.jsonl" ${REALSIZE_ARGS:-} 2>&1 | tail -60
+    --out "$RESULTS/realsize_vit_$gpu.md" --jsonl "$RESULTS/realsize_vit_$gpu.jsonl" ${REALSIZE_ARGS:-} 2>&1 | tail -60
   pack
 fi
