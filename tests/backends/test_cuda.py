@@ -1,8 +1,13 @@
 """CUDA: every backend on the GPU against dense float64 ground truth computed on the CPU.
 
-Skipped where torch sees no GPU (the CI machine); run on a lent GPU machine with
-`python -m pytest tests/backends/test_cuda.py`. The OOM-halving logic itself is tested on the CPU
-in test_conformance.py; here it meets a real CUDA out-of-memory error.
+The GPU tests are skipped where torch sees no GPU (the CI machine); run them on a lent GPU machine
+with `python -m pytest tests/backends/test_cuda.py`. The OOM-halving logic itself is tested on the
+CPU in test_conformance.py; here it meets a real CUDA out-of-memory error.
+
+A test whose body does not depend on CUDA is parametrized by device and runs on the CPU too, in
+the fast tier, against the same truth with the same tolerances: its helpers (a problem moved to
+the device, a probe given a memory allowance) call the library's API, and CI, without a GPU,
+would otherwise not see that API change under them until the next GPU run.
 """
 
 from __future__ import annotations
@@ -24,7 +29,17 @@ from flatcheck.data.batches import SampleSet
 from flatcheck.linalg.thick_restart import restart_bytes
 from flatcheck.probes import ProbeContext, create_probe, parse_options
 
-pytestmark = [pytest.mark.realsize, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+# a GPU test is real-size (`make test-all`) and skipped where torch sees no GPU
+ON_GPU = (pytest.mark.realsize, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))
+DEVICES = ["cpu", pytest.param("cuda", marks=ON_GPU)]
+
+
+def gpu_only(test):
+    """A test of what only a GPU has (its allocator, TF32, the CLI's --device cuda)."""
+    for mark in ON_GPU:
+        test = mark(test)
+    return test
+
 
 ROOT = Path(__file__).resolve().parents[2]
 EPS64 = torch.finfo(torch.float64).eps
@@ -34,11 +49,11 @@ CASES = [("mlp", "cross_entropy", "eval"), ("cnn", "cross_entropy", "eval"), ("c
          ("cnn", "cross_entropy", "train")]
 
 
-def _on_cuda(case, dtype=torch.float64) -> Problem:
-    """The same problem as `case` (model, data, batching, loss), moved to the GPU in `dtype`."""
-    model = case.model.to(device="cuda", dtype=dtype)
+def _on_device(case, device: str, dtype=torch.float64) -> Problem:
+    """The same problem as `case` (model, data, batching, loss), moved to `device` in `dtype`."""
+    model = case.model.to(device=device, dtype=dtype)
     samples = SampleSet(TensorDataset(case.X, case.Y), samples=case.X.shape[0],
-                        batch_size=case.problem.samples.batch_size, device=torch.device("cuda"), dtype=dtype)
+                        batch_size=case.problem.samples.batch_size, device=torch.device(device), dtype=dtype)
     return Problem(model=model, loss=case.problem.loss, samples=samples, layout=ParamLayout.from_model(model),
                    bn_mode=case.problem.bn_mode)
 
@@ -47,61 +62,67 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double().cpu() - b).norm() / b.norm()).item()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind,loss,bn_mode", CASES)
-def test_products_on_cuda_match_dense(backend, kind, loss, bn_mode):
+def test_products_on_cuda_match_dense(backend, kind, loss, bn_mode, device):
     case = make_case(kind, loss=loss, bn_mode=bn_mode)
     H, G = dense(case)  # on the CPU, before the model moves
-    b = create_backend(backend, _on_cuda(case))
+    b = create_backend(backend, _on_device(case, device))
     V = torch.randn(5, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    Vc = V.cuda()
+    Vc = V.to(device)
     assert _rel(b.hvp(Vc), V @ H) < 1e3 * EPS64
     assert _rel(b.ggn_vp(Vc), V @ G) < 1e3 * EPS64
     got = b.ggn_trace().per_param.sum().item()
     assert abs(got - G.trace().item()) <= 1e3 * EPS64 * G.trace().item()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind,loss,bn_mode", CASES)
-def test_vhv_by_forward_tangents_on_cuda_matches_dense(kind, loss, bn_mode):
+def test_vhv_by_forward_tangents_on_cuda_matches_dense(kind, loss, bn_mode, device):
     """The total-only trace route (backends/quadform.py) traced and run on the GPU."""
     case = make_case(kind, loss=loss, bn_mode=bn_mode)
     H, _ = dense(case)
-    b = create_backend("autograd", _on_cuda(case))
+    b = create_backend("autograd", _on_device(case, device))
     S = (torch.randint(0, 2, (4, H.shape[0]), generator=torch.Generator().manual_seed(3)) * 2 - 1).to(torch.int8)
-    got = b.vhv(S.cuda())
+    got = b.vhv(S.to(device))
     assert b.vhv_error is None
     want = ((S.double() @ H) * S.double()).sum(1)
     assert (got.cpu() - want).abs().max().item() <= 1e3 * EPS64 * H.abs().sum().item()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_float32_on_cuda_is_float32_accurate(backend):
+def test_float32_on_cuda_is_float32_accurate(backend, device):
     """TF32 (10 mantissa bits, ~5e-4 relative) is off unless asked for: products stay near float32 round-off."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     case = make_case("cnn")
     H, _ = dense(case)
-    b = create_backend(backend, _on_cuda(case, torch.float32))
+    b = create_backend(backend, _on_device(case, device, torch.float32))
     V = torch.randn(4, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    assert _rel(b.hvp(V.float().cuda()), V.float().double() @ H) < 1e3 * EPS32
+    assert _rel(b.hvp(V.float().to(device)), V.float().double() @ H) < 1e3 * EPS32
 
 
-def test_compiled_hvp_on_cuda_matches_dense():
+# compiling takes seconds of CPU: the CPU's run is in `make test-all`, as test_compile.py's are
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.process), *DEVICES[1:]])
+def test_compiled_hvp_on_cuda_matches_dense(device):
     case = make_case("cnn")
     H, _ = dense(case)
-    b = create_backend("func", _on_cuda(case), compile=True)
+    b = create_backend("func", _on_device(case, device), compile=True)
     V = torch.randn(3, H.shape[0], dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     # an eager fallback would hide a broken compile, so none may happen; torch's own warnings
     # while compiling are not turned into errors, which would break the compile they describe
     # (Inductor warns that it splits a softmax reduction, then compiles it)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        got = b.hvp(V.cuda())
+        got = b.hvp(V.to(device))
     assert b.compile_error is None
     assert not [w for w in seen if "--compile" in str(w.message)]
     assert _rel(got, V @ H) < 1e3 * EPS64
 
 
+@gpu_only
 def test_a_real_cuda_out_of_memory_halves_the_chunk():
     """A block that does not fit in a capped allocator is cut until it does, and the result is unchanged."""
     torch.manual_seed(0)
@@ -140,6 +161,7 @@ def _trace_json(tmp_path, device: str, *extra: str) -> dict:
     return json.loads(out.read_text())
 
 
+@gpu_only
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cli_on_cuda_equals_cpu(tmp_path, backend):
     """Same seed, same probes, same data: the GPU's trace is the CPU's to float64 round-off."""
@@ -151,18 +173,23 @@ def test_cli_on_cuda_equals_cpu(tmp_path, backend):
     assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
 
 
-def _probe_on_cuda(case, probe: str, max_memory: int, **opts):
-    ctx = ProbeContext(create_backend("func", _on_cuda(case)), seed=0, max_memory=max_memory)
+def _probe_on(case, device: str, probe: str, allowance: int, **opts):
+    """`probe` run on `case` moved to `device`, its working set allowed `allowance` bytes: what
+    api.run leaves a probe of the process's --max-memory (ProbeContext.memory_allowance), given
+    here directly so the plan does not depend on what the process happens to hold."""
+    ctx = ProbeContext(create_backend("func", _on_device(case, device)), seed=0, memory_allowance=allowance)
     return create_probe(probe).run(ctx, parse_options(probe, opts))
 
 
-def test_restarted_lmax_on_cuda_matches_dense():
-    """The thick-restarted basis (a --max-memory too small for the full one) on the GPU: the top
+@pytest.mark.parametrize("device", DEVICES)
+def test_restarted_lmax_on_cuda_matches_dense(device):
+    """The thick-restarted basis (an allowance too small for the full one) on the GPU: the top
     two eigenvalues within the Kato–Temple bound of their reported residuals."""
     case = make_case("mlp")
     H, _ = dense(case)
     per, fixed = restart_bytes(0, H.shape[0], torch.float64)
-    res = _probe_on_cuda(case, "lmax", 2 * (fixed + 12 * per) + 1, k=2, tol=1e-9)
+    # lmax plans a restarted basis in half its allowance (probes/lmax.py): 12 rows fit
+    res = _probe_on(case, device, "lmax", 2 * (fixed + 12 * per) + 1, k=2, tol=1e-9)
     d = res.details
     assert d["basis"] == "thick-restart" and d["basis_rows"] == 12 and all(d["converged"])
     ev = torch.linalg.eigvalsh(H).flip(0)
@@ -171,20 +198,22 @@ def test_restarted_lmax_on_cuda_matches_dense():
         assert abs(value - truth) <= r * r / gap + 1e-12 * abs(truth)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("probe,opts", [("trace", {"rtol": "none", "probes_max": 12, "block_size": 4}),
                                         ("spectrum", {"lanczos_steps": 12})])
-def test_a_small_max_memory_on_cuda_gives_the_unchunked_values(probe, opts):
+def test_a_small_max_memory_on_cuda_gives_the_unchunked_values(probe, opts, device):
     """Micro-batches planned against a small device allowance change no value (float64, 1e-12)."""
     case = make_case("mlp")
-    whole = _probe_on_cuda(case, probe, 2**40, **opts)
+    whole = _probe_on(case, device, probe, 2**40, **opts)
     memory = whole.details["memory"]
-    assert memory["microbatch_samples"] is None
-    cut = _probe_on_cuda(case, probe, memory["stored_vector_bytes"] + 2 * memory["graph_bytes_per_sample"] + 1,
-                         **opts)
+    assert memory["limit_bytes"] == 2**40 and memory["microbatch_samples"] is None
+    cut = _probe_on(case, device, probe, memory["stored_vector_bytes"] + 2 * memory["graph_bytes_per_sample"] + 1,
+                    **opts)
     assert cut.details["memory"]["microbatch_samples"] == 2
     assert abs(cut.value - whole.value) <= 1e-12 * abs(whole.value)
 
 
+@gpu_only
 def test_max_memory_on_cuda_caps_what_the_device_holds(tmp_path):
     """--max-memory on a GPU is device memory: what torch holds there (model, samples) is taken
     off it, and a cap the device already holds more than is one line, exit 2."""
@@ -206,6 +235,7 @@ def _demo_report(**kw) -> dict:
                          data="digits", samples=600, dtype="float64", device="cuda", probes=probes, **kw)).to_dict()
 
 
+@gpu_only
 def test_the_batch_grows_on_cuda_and_measures_what_a_chosen_one_does():
     """On a GPU the default batch grows when the memory plan fits it (the demo's 600 samples:
     one batch), the report says so, and the values are a chosen batch's to round-off, far
