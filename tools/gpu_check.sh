@@ -7,7 +7,7 @@
 #
 #   stage       limit  what it measures
 #   setup         20   nvidia-smi, torch/timm versions, the peers' wheels from .whl/ if present
-#   tests         60   tests/backends/test_cuda.py: every backend on the GPU against dense
+#   tests         60   tests/backends/test_cuda.py -m realsize: every backend on the GPU against dense
 #                      float64 truth computed on the CPU
 #   throughput   150   benchmarks/bench_gpu_throughput.py: products/s, samples/s and FLOP/s as a
 #                      fraction of the non-TF32 float32 peak, for trace (HVP and vᵀHv), lmax,
@@ -73,7 +73,7 @@ gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/nul
 gpu=${gpu:-gpu}
 
 if want tests; then
-  timeout "${TESTS_TIMEOUT:-60}" python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda.py 2>&1 \
+  timeout "${TESTS_TIMEOUT:-60}" python3 -m pytest -q -p no:cacheprovider -m realsize tests/backends/test_cuda.py 2>&1 \
     | tee "$OUT/tests.log" | tail -25
   pack
 fi
