@@ -234,6 +234,10 @@ def test_load_yaml_files_and_error_class(tmp_path):
         with pytest.raises(ConfigError) as info:
             load_yaml(source, "--config FILE", error=ConfigError)
         assert str(info.value).startswith(f"--config FILE: {message}") and "\n" not in str(info.value)
+    # PyYAML's own name for a parsed string is not shown: the message names the file once, first
+    with pytest.raises(ConfigError, match=r"--config FILE: not valid YAML \(.* at line 2, column 1") as info:
+        load_yaml(tmp_path / "broken.yaml", "--config FILE", error=ConfigError)
+    assert "<unicode string>" not in str(info.value)
     (tmp_path / "latin1.yaml").write_bytes(b"a: caf\xe9\n")
     with pytest.raises(SpecError, match="latin1.yaml: not valid UTF-8"):
         load_yaml(tmp_path / "latin1.yaml", "latin1.yaml")

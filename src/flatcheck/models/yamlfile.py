@@ -69,7 +69,9 @@ def load_yaml(source: str | bytes | Path, where: str, *, error: type[InputError]
     except DuplicateKeyError as exc:
         raise error(f"{where}: {exc}; YAML would silently keep the last, so remove one") from None
     except yaml.YAMLError as exc:
-        raise error(f"{where}: not valid YAML ({' '.join(str(exc).split())})") from None
+        # PyYAML names a parsed string "<unicode string>"; `where` already names the file
+        words = " ".join(str(exc).split()).replace('in "<unicode string>", ', "at ")
+        raise error(f"{where}: not valid YAML ({words})") from None
 
 
 def _read(path: Path, where: str, error: type[InputError]) -> bytes:
