@@ -322,7 +322,10 @@ def _print_summary(summary, figure: dict | None = None) -> None:
         console().print(f"scan → {summary.out}: nothing left to do, all {summary.already} models are already "
                         f"in it ({_counts(summary.counts(summary.earlier))}; --resume)")
         return
-    table = Table(title=f"scan → {summary.out}: {_counts(summary.counts())}{kept}", title_justify="left")
+    # the counts on a line of their own: as the table's title they wrapped to the table's width
+    console().print(f"scan → {summary.out}: {_counts(summary.counts())}{kept}", soft_wrap=True, markup=False,
+                    highlight=False)
+    table = Table()
     probes = list(dict.fromkeys(p for r in summary.records for p in r.get("results", {})))
     # a preset's figure may plot a detail rather than the headline (mls-vs-sharpness: the
     # normalized MLS): that field gets its own column, so the table shows what the figure will
