@@ -382,7 +382,7 @@ def test_a_probe_that_reports_no_units_still_ends_with_its_line():
         clock.now += 1
         progress("lmax (lanczos)", 3, 40, value=2.146)  # converged before its forecast
         clock.now += 1
-        progress.ended("lmax", 2.146, None)
+        progress.ended("lmax", 2.146, None, None, 1.4e-7)  # its bound, as the table shows it
         clock.now += 5  # relative-flatness runs: lmax's end line is not this late
         progress.began("relative-flatness")
         progress.ended("relative-flatness", 2.846, 0.01)
@@ -400,7 +400,7 @@ def test_a_probe_that_reports_no_units_still_ends_with_its_line():
         progress("decomposition: Tr(G)", 1, 1)
         progress.ended("decomposition", 0.5, None)
     assert lines_of(out) == ["flatcheck head-trace: done · 1/1 · elapsed 0:00:02 · 0.4685",
-                             "flatcheck lmax (lanczos): done · 3/3 · elapsed 0:00:02 · 2.146",
+                             "flatcheck lmax (lanczos): done · 3/3 · elapsed 0:00:02 · 2.146 (within 1.4e-07)",
                              "flatcheck relative-flatness: done · 1/1 · elapsed 0:00:00 · 2.846 ± 0.01",
                              "flatcheck jacobian (exact): done · 16/16 · elapsed 0:00:00 · 41.86",
                              "flatcheck decomposition: done · 16/16 · elapsed 0:00:00",

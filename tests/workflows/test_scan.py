@@ -744,6 +744,7 @@ def test_a_scan_childs_hooks_reach_the_parents_display_in_order():
     forward("trace (hutchpp)", 6, 6, value=7.0, stderr=float("nan"))
     forward.stopped("trace (hutchpp)", "budget", 30)
     forward.ended("trace", 7.0, 0.4, 1)
+    forward.ended("lmax", 2.1, None, None, 1.4e-7)  # an iteration's bound crosses too
 
     heard = []
 
@@ -764,7 +765,8 @@ def test_a_scan_childs_hooks_reach_the_parents_display_in_order():
         ("budget", ("trace (hutchpp)", 4.0), {}),
         ("progress", "trace (hutchpp)", 6, 6, {"value": 7.0, "stderr": None}),
         ("stopped", ("trace (hutchpp)", "budget", 30), {}),
-        ("ended", ("trace", 7.0, 0.4, 1), {}),
+        ("ended", ("trace", 7.0, 0.4, 1, None), {}),
+        ("ended", ("lmax", 2.1, None, None, 1.4e-7), {}),
     ]
     counts = []
     for msg in sent:

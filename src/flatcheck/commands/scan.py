@@ -235,8 +235,8 @@ class _ModelProgress:
     def began(self, probe):
         self.progress.began(self._named(probe))
 
-    def ended(self, probe, value, stderr, dof=None):
-        self.progress.ended(self._named(probe), value, stderr, dof)
+    def ended(self, probe, value, stderr, dof=None, bound=None):
+        self.progress.ended(self._named(probe), value, stderr, dof, bound)
 
     def stopped(self, desc, reason, planned=None):
         self.progress.stopped(self._named(desc), reason, planned)

@@ -244,7 +244,8 @@ class ProgressRenderer:
             self._flush()  # a probe that failed and was caught (no ended) still ends its stage
             self._probe = (probe, self.clock(), self._ends)
 
-    def ended(self, probe: str, value: float | None, stderr: float | None, dof: int | None = None) -> None:
+    def ended(self, probe: str, value: float | None, stderr: float | None, dof: int | None = None,
+              bound: float | None = None) -> None:
         """Probe `probe` ended with this headline. Off a terminal its last stage, if it stopped
         short of its total, ends now, and a probe that wrote no end line of its own gets one:
         a closed form (head-trace, relative-flatness) reports no units, yet the guide promises
@@ -263,12 +264,13 @@ class ProgressRenderer:
             # whose line the headline would mislabel
             if held is not None and held.desc.split(" (")[0] == probe:
                 if held.value is None:
-                    held.value, held.stderr, held.dof = value, stderr, dof
+                    held.value, held.stderr, held.dof, held.bound = value, stderr, dof, bound
                 elif _same(held.value, value) and _same(held.stderr, stderr):
-                    held.dof = dof  # the line's own estimate is the headline: its dof is the headline's
+                    # the line's own estimate is the headline: its dof and bound are the headline's
+                    held.dof, held.bound = dof, bound
             self._flush()
             if began is not None and began[0] == probe and began[2] == self._ends:
-                task = Task(probe, started=began[1], dof=dof)
+                task = Task(probe, started=began[1], dof=dof, bound=bound)
                 task.update(now, 1, 1, value, stderr)
                 self._finish(task, now)
 
@@ -351,7 +353,7 @@ class ProgressRenderer:
         hint = task.long_run_news(now, self.budget_ok)
         if hint is not None:
             self._bar.console.print(words(hint, self.name_of), markup=False, highlight=False)
-        estimate = " · ".join(t for t in (task.within_text(), value_text(task.value, task.stderr, task.dof),
+        estimate = " · ".join(t for t in (task.within_text(), value_text(task.value, task.stderr, task.dof, task.bound),
                                           task.budget_text(now)) if t)
         estimate = words(estimate, self.name_of)
         # an unknown total (the probe's start report) pulses until the first unit is done

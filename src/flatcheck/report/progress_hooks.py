@@ -38,7 +38,8 @@ def report_probe(listener: Any, probe: str, result: Any = None) -> None:
         return
     hook = getattr(listener, "ended", None)
     if hook is not None:
-        hook(probe, result.value, result.stderr, result.dof)
+        # the bound of a value an iteration stopped within (lmax), as the tables show it
+        hook(probe, result.value, result.stderr, result.dof, getattr(result, "error_bound", None))
 
 
 def counted(progress: Callable[..., None] | None) -> Callable[..., None] | None:

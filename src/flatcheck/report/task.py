@@ -33,13 +33,14 @@ def clock_text(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def value_text(value: float | None, stderr: float | None, dof: int | None = None) -> str:
+def value_text(value: float | None, stderr: float | None, dof: int | None = None,
+               bound: float | None = None) -> str:
     if value is None:
         return ""
-    from .render import fmt_estimate, rough_mark
+    from .render import fmt_result
 
-    # "0 within noise: …" and "(rough ±: dof 1)" as the tables say them
-    return fmt_estimate(value, stderr) + rough_mark(stderr, dof)
+    # "0 within noise: …", "(within 1.4e-07)" and "(rough ±: dof 1)" as the tables say them
+    return fmt_result(value, stderr, error_bound=bound, dof=dof)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Task:
     value: float | None = None
     stderr: float | None = None
     dof: int | None = None  # the degrees of freedom of the headline's stderr, where it ended with one
+    bound: float | None = None  # the headline's error bound, where an iteration stopped within one
     anchor: tuple[float, int] | None = None  # (time, done) at the first completed-work report
     last: float = 0.0
     finished: bool = False
@@ -262,7 +264,7 @@ class Task:
             # a second line before any count (a first product of minutes) is the same start
             parts.insert(0, "still starting" if "start" in self.said else "starting")
         if self.value is not None:
-            parts.append(value_text(self.value, self.stderr, self.dof))
+            parts.append(value_text(self.value, self.stderr, self.dof, self.bound))
         return f"{PREFIX} {self.desc}: " + " · ".join(parts)
 
     def shown(self, now: float) -> set[str]:

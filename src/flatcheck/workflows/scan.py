@@ -325,8 +325,9 @@ class _Forward:
     def began(self, probe: str) -> None:
         self.send(["began", probe])
 
-    def ended(self, probe: str, value: float | None, stderr: float | None, dof: int | None = None) -> None:
-        self.send(["ended", probe, _finite_or_none(value), _finite_or_none(stderr), dof])
+    def ended(self, probe: str, value: float | None, stderr: float | None, dof: int | None = None,
+              bound: float | None = None) -> None:
+        self.send(["ended", probe, _finite_or_none(value), _finite_or_none(stderr), dof, _finite_or_none(bound)])
 
     def stopped(self, desc: str, reason: str, planned: int | None = None) -> None:
         self.send(["stopped", desc, reason, planned])
