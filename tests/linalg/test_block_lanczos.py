@@ -61,7 +61,8 @@ def test_the_top_values_agree_with_the_dense_spectrum_within_their_bounds():
     for i, (v, b) in enumerate(zip(r.values, r.bounds)):
         assert abs(v - truth[i].item()) <= b.value + 64 * EPS * truth.abs().max().item()
         assert b.value <= 1e-8 * abs(v)
-    assert r.matvecs == 2 * r.iterations and r.method == "block lanczos"
+    # a step takes the whole block, or one row where it is likely the last (likely_last)
+    assert 2 * r.iterations - 2 <= r.matvecs <= 2 * r.iterations and r.method == "block lanczos"
 
 
 def test_both_copies_of_a_repeated_top_eigenvalue_are_found():
@@ -131,7 +132,9 @@ def test_progress_counts_products_and_ends_at_its_total():
     seen = []
     r = block_lanczos_top(Dense(H), 1, generator=torch.Generator().manual_seed(0), tol=1e-6,
                           progress=lambda done, total, **kw: seen.append((done, total, kw["value"])))
-    assert [d for d, _, _ in seen[:-1]] == [BLOCK * (i + 1) for i in range(len(seen) - 1)]
+    done = [d for d, _, _ in seen[:-1]]
+    # a step's products: the whole block, or one row where the step is likely the last
+    assert done[0] == BLOCK and all(b - a in (1, BLOCK) for a, b in zip(done, done[1:]))
     assert seen[-1][:2] == (r.matvecs, r.matvecs) and seen[-1][2] == pytest.approx(r.values[0])
 
 

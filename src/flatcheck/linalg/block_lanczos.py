@@ -15,7 +15,11 @@ gap can still hide one; the tests measure how often the truth lies within the bo
 The price is products: the top Ritz value converges about as a one-vector Krylov space of half
 the dimension would, so a certified stop takes more products than the one-vector recurrence
 (measured in benchmarks/results/lmax_resnet18.md). Each block is one `matmat` of BLOCK rows,
-which a backend can serve from one graph.
+which a backend can serve from one graph. A step the bound's decay says is likely the last is
+taken a row at a time instead (`likely_last`), each product checked: a stop that the first row
+already certifies leaves the rest of the block untaken, so the run can end at any count of
+products, not only at a multiple of BLOCK. Taking the rows one by one spans, after the last,
+the same space as the block step, so no product is lost by it.
 
 Every product is kept as its coefficients in the basis (as Lanczos.residuals keeps them), so
 the residuals of any Ritz vector are exact from the products already taken: no product checks
@@ -34,7 +38,7 @@ import torch
 from torch import Tensor
 
 from .certify import GAP_FROM_BLOCK_KRYLOV, MIN_EXTRA, TOO_FEW, ritz_bounds, round_off_floor
-from .forecast import COLD_STEPS, DecayForecast
+from .forecast import COLD_STEPS, SKIP, DecayForecast
 from .lanczos import (STALL_FACTOR, EigenResult, Lanczos, breakdown_threshold,
                       coefficient_residuals, default_max_iter)
 from .random import gaussian
@@ -50,6 +54,9 @@ STALL_STEPS = 4
 # from their pairs: the two are of one order)
 NOISE_FACTOR = 4.0
 GAP_SAFETY = 2.0
+# a block step whose forecast worst relative bound is within this of its target is taken a row
+# at a time (likely_last); the decay speeds up as Lanczos converges, so the forecast errs long
+SPLIT_WITHIN = 2.0
 
 
 class BlockLanczos(Lanczos):
@@ -88,12 +95,25 @@ class BlockLanczos(Lanczos):
                 out.append(w / norm)
         return out
 
-    def step(self) -> None:
+    def step(self, rows: int | None = None) -> None:
+        """One product per pending row taken: all of them (a block step), or the first `rows`.
+
+        A step over the first rows only is a Rayleigh–Ritz on the basis and those rows: the
+        rows left out stay pending, and the new leftovers are made orthogonal to them as well,
+        their coefficients recorded at those rows' places, so coefficients() still holds every
+        product over the basis rows and then the pending rows in order, and every residual
+        stays exact. The Ritz values can only rise with the larger space (Cauchy interlacing),
+        and a later step over the rest reaches the block step's span."""
         if not self.can_step:
             raise RuntimeError("block Lanczos cannot step: invariant subspace found or at capacity")
-        rows = self.pending[: self.capacity - self.size]
+        take = min(len(self.pending), self.capacity - self.size, rows if rows is not None else len(self.pending))
+        if take < 1:
+            raise ValueError(f"a block Lanczos step takes at least one row, not {rows}")
+        left = self.pending[take:]  # pending rows no product takes this step
         # the pending rows are usually the rows of the last step's leftovers, one tensor already
-        V = self._pending_block if len(rows) == len(self.pending) and self._pending_block is not None else torch.stack(rows)
+        block = self._pending_block
+        V = torch.stack(self.pending[:take]) if block is None else block[:take] if left else block
+        whole = take == len(self.pending)
         first = self.size
         self._adopt(V)  # V's rows are basis rows from here on, in V's own memory
         HV = self.op.matmat(V)
@@ -102,14 +122,19 @@ class BlockLanczos(Lanczos):
         if HV.data_ptr() == V.data_ptr():  # an operator that hands back its input (the identity)
             HV = HV.clone()
         # the block's own rows and the last block's hold most of HV (block Lanczos' three terms);
-        # the leftovers are written over HV, which becomes the next block (no new P-sized rows)
+        # the leftovers are written over HV, which becomes the next block (no new P-sized rows).
+        # After a step over part of the pending rows, the window keeps the last whole step's
+        # rows, where the products of the rows still to come have theirs.
         W, C = self._project_rows(HV, into=HV, recent=self.size - self._previous_first)
-        self._previous_first = first
+        if whole:
+            self._previous_first = first
         C = C.to(torch.float64).cpu().numpy()
         self.scale = max(self.scale, float(np.abs(C[:, first:]).max()))
-        # the next block: the leftovers made orthonormal in place (modified Gram–Schmidt); each
-        # product's column gets its leftover's coefficients on the rows accepted so far
-        accepted: list[Tensor] = []
+        # the next block: the leftovers made orthonormal in place (modified Gram–Schmidt) against
+        # the pending rows not taken and each other; each product's column gets its leftover's
+        # coefficients on the rows accepted so far (the untaken ones first: their places follow
+        # the basis in coefficients())
+        accepted: list[Tensor] = list(left)
         for w, c in zip(W, C):
             extra = []
             for q in accepted:
@@ -129,7 +154,7 @@ class BlockLanczos(Lanczos):
             else:  # round-off, the whole space, or no room: outside the basis, added to residuals by the triangle inequality
                 self.outside.append(norm)
             self.columns.append(np.concatenate([c, np.asarray(extra)]))
-        self._pending_block = W if len(accepted) == W.shape[0] else None
+        self._pending_block = W if not left and len(accepted) == W.shape[0] else None
         self.pending = accepted
         self.invariant = not accepted
 
@@ -195,7 +220,10 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
         if not lz.can_step:
             stop = "invariant" if lz.invariant else "max_iter"
             break
-        lz.step()
+        # a row at a time where the step is likely the last, and after such a row until the
+        # products are back at a multiple of the block: every count a whole-block run checks is
+        # checked (the same spaces), so a split never stops later than the block would
+        lz.step(1 if likely_last(history) or (op.matvecs - start_matvecs) % block else None)
         steps += 1
         top = _top(lz, k)
         values, res, bounds, _ = top
@@ -209,7 +237,8 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
             stop = "converged"
             break
         if math.isfinite(worst):
-            history.append((steps, worst))
+            # positions in block steps' worth of products, whatever rows the steps took
+            history.append((done / block, worst))
             if not_halving(history, STALL_STEPS) and res[0] <= NOISE_FACTOR * lz.asymmetry():
                 stop = "stalled"
                 break
@@ -278,6 +307,21 @@ def _top(lz: BlockLanczos, k: int):
     scale = max(lz.scale, max(abs(v) for v in values))
     bounds = ritz_bounds(values[:k], res[:k], below, round_off_floor(lz.op.dtype, scale), GAP_SAFETY)
     return values, res, bounds, (S, order)
+
+
+def likely_last(history: list[tuple[float, float]]) -> bool:
+    """Whether the next block step is likely the last: the worst relative bound, falling at its
+    rate over the last two checks for one more block step's worth, reaches SPLIT_WITHIN of its
+    target. Such a step is taken a row at a time, each row's product checked, so that a stop
+    the first row already certifies saves the rest of the block's products; elsewhere a block
+    stays one `matmat` (on a GPU about the time of one row)."""
+    if len(history) < 2 + SKIP:  # the first fall is many times any later one's (forecast.SKIP)
+        return False
+    (at0, w0), (at1, w1) = history[-2:]
+    if not (w1 < w0 and at1 > at0):
+        return False
+    # log-linear in products: one block step on from the last check
+    return math.log(w1) - (math.log(w0) - math.log(w1)) / (at1 - at0) <= math.log(SPLIT_WITHIN)
 
 
 def not_halving(history: list[tuple[int, float]], least: int) -> bool:
