@@ -13,7 +13,6 @@ A = Σ_k λ_k u_k u_kᵀ so that Tr(Jᵀ A J) = Σ_k λ_k ‖Jᵀ u_k‖² needs
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .models.spec import LossSpec
@@ -21,10 +20,8 @@ from .models.spec import LossSpec
 
 def per_sample_loss(logits: Tensor, y: Tensor, loss: LossSpec) -> Tensor:
     """Loss of each sample, shape (B,)."""
-    if loss.name == "cross_entropy":
-        return F.cross_entropy(logits, y, reduction="none")
-    if loss.name == "label_smoothing":
-        return F.cross_entropy(logits, y, reduction="none", label_smoothing=loss.alpha)
+    if loss.name in ("cross_entropy", "label_smoothing"):
+        return _pivoted_cross_entropy(logits, y, loss.alpha if loss.name == "label_smoothing" else 0.0)
     target = one_hot(y, logits)
     if loss.name == "mse":
         return 0.5 * (logits - target).pow(2).sum(-1)
@@ -40,18 +37,46 @@ def one_hot(y: Tensor, logits: Tensor) -> Tensor:
     return (y.unsqueeze(-1) == classes).to(logits.dtype)
 
 
+def _pivoted_cross_entropy(z: Tensor, y: Tensor, alpha: float) -> Tensor:
+    """−Σ_j t_j log softmax(z)_j, t = (1 − α)·e_y + α/C, pivoted on m = argmax z:
+
+        ℓ = log1p(S) + Σ_j c_j z_j,   S = Σ_{j≠m} exp(z_j − z_m),   c = (e_m − e_y) + α·(e_y − 1/C),
+
+    equal in real arithmetic since Σ_j t_j = 1 and log Σ_j exp(z_j) = z_m + log1p(S).
+    Why not F.cross_entropy: its gradient at the target is exp(log p_y) − 1 and its second
+    derivatives p⊙v − p(pᵀv), differences of nearly equal numbers once 1 − p_y falls below
+    the dtype's eps (a float32 model at training accuracy 1 and loss ~1e-8), where they keep
+    only round-off. Here every derivative of log1p(S) is a sum of small terms of one sign,
+    and c is constant (zero for a correct hard-label sample: no +g − g at one index), in
+    reverse mode, double backward and forward over reverse alike. m is an index: no Python
+    branch, so the loss still traces (flatcheck.engines.quadform)."""
+    m = z.argmax(-1, keepdim=True)
+    e_m = one_hot(m.squeeze(-1), z)
+    s = (torch.exp(z - z.gather(-1, m)) * (1 - e_m)).sum(-1)  # z_j ≤ z_m: no overflow
+    c = e_m - one_hot(y, z)
+    if alpha:
+        c = c + alpha * (one_hot(y, z) - 1.0 / z.shape[-1])
+    return torch.log1p(s) + (c * z).sum(-1)
+
+
 def output_hessian_factors(logits: Tensor, y: Tensor, loss: LossSpec) -> tuple[Tensor, Tensor]:
     """Factors (U, lam) with A_n = Σ_k lam[n,k] · U[n,:,k] U[n,:,k]ᵀ; U is (B, C, K), lam (B, K).
 
     Cross entropy (with or without smoothing, since the soft target sums to one):
     A = diag(p) − ppᵀ = Σ_c p_c (e_c − p)(e_c − p)ᵀ, i.e. U[:, :, c] = e_c − p, lam = p.
+    The entry (m, m), m = argmax p, is 1 − p_m, written Σ_{j≠m} p_j: on a saturated softmax
+    1 − p_m rounds to nothing in float32 while the sum keeps its relative accuracy.
     """
     logits = logits.detach()
     b, c = logits.shape
     eye = torch.eye(c, dtype=logits.dtype, device=logits.device).expand(b, c, c)
     if loss.name in ("cross_entropy", "label_smoothing"):
         p = logits.softmax(-1)
-        return eye - p.unsqueeze(-1), p
+        m = logits.argmax(-1)
+        rows = torch.arange(b, device=logits.device)
+        U = eye - p.unsqueeze(-1)
+        U[rows, m, m] = (p * (1 - one_hot(m, logits))).sum(-1)  # Σ_{j≠m} p_j
+        return U, p
     if loss.name == "mse":
         return eye, torch.ones_like(logits)
     if loss.name == "sigmoid_mse":
@@ -63,8 +88,12 @@ def apply_output_hessian(logits: Tensor, y: Tensor, loss: LossSpec, u: Tensor) -
     """A_n u_n for a batch: logits (B, C), u (..., B, C) → same shape as u."""
     logits = logits.detach()
     if loss.name in ("cross_entropy", "label_smoothing"):
+        # p ⊙ (u − pᵀu) = p ⊙ (d − pᵀd), d = u − u_m, m = argmax p: pᵀu ≈ u_m on a saturated
+        # softmax and the difference loses everything; d_m = 0, so pᵀd sums only small terms
         p = logits.softmax(-1)
-        return p * u - p * (p * u).sum(-1, keepdim=True)
+        m = logits.argmax(-1, keepdim=True)
+        d = u - u.gather(-1, m.expand(*u.shape[:-1], 1))
+        return p * (d - (p * d).sum(-1, keepdim=True))
     if loss.name == "mse":
         return u
     if loss.name == "sigmoid_mse":
