@@ -546,3 +546,27 @@ def test_an_unknown_keyword_is_weighed_against_every_keyword_measure_takes():
              if p.kind is inspect.Parameter.KEYWORD_ONLY]
     assert sorted(listed) == sorted(takes)
     assert {"probes", "options", "loss", "test_data", "head", "num_classes", "output_key", "progress"} <= set(listed)
+
+
+def test_the_report_counts_samples_whose_softmax_saturates():
+    """data.softmax_saturation: 1 − max p per sample without cancellation (Σ of the other
+    classes' p), the count under 1e-3, the least and the mean; checked against float64 from the
+    same logits, in a float32 run where 1 − p_max falls below float32's eps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    with torch.no_grad():
+        model[0].weight.mul_(40.0)
+    X = torch.randn(24, 4)
+    Y = model(X).argmax(1)
+    report = flatcheck.measure(model, DataLoader(TensorDataset(X, Y), batch_size=8), probes=["gini"])
+    got = report.meta["data"]["softmax_saturation"]
+    with torch.no_grad():
+        z = model.double()(X.double())
+    p = z.softmax(1)
+    share = p.sum(1) - p.max(1).values  # float64: every share here is far above its eps
+    assert share.min().item() < 1e-7  # below float32's eps: 1 − p_max in float32 would read 0
+    assert got["threshold"] == 1e-3 and got["samples"] == int((share < 1e-3).sum())
+    assert got["least"] == pytest.approx(share.min().item(), rel=1e-5)
+    assert got["mean"] == pytest.approx(share.mean().item(), rel=1e-5)
+    mse = flatcheck.measure(model.float(), DataLoader(TensorDataset(X, Y), batch_size=8), probes=["gini"], loss="mse")
+    assert "softmax_saturation" not in mse.meta["data"]  # no softmax in the loss

@@ -146,7 +146,7 @@ def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: Sample
         # wrong spec whatever the probes, refused now rather than by the probes that read it
         # (head-trace, relative-flatness) or never (trace), with a report recording it as measured
         find_head(model, spec)
-    num_classes = _check_fit(model, samples, spec, config)
+    num_classes, saturation = _check_fit(model, samples, spec, config)
     layout = ParamLayout.from_model(model, config.params)
     problem = Problem(model=model, loss=spec.loss, samples=samples, layout=layout, bn_mode=config.bn_mode)
     backend = create_backend(config.backend, problem, compile=config.compile)
@@ -155,6 +155,8 @@ def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: Sample
         problem, backend, lambda p: create_backend(config.backend, p, compile=config.compile),
         default=config.batch_size, chosen=config.batch_size != DEFAULT_BATCH_SIZE, max_memory=config.max_memory)
     info = dict(data_info or {})
+    if saturation is not None:
+        info["softmax_saturation"] = saturation
     if device.type == "cuda" or growth.grown:
         info["batch_size_reason"] = growth.reason
     return Session(config, spec, checkpoint, model, problem.samples, backend, device, num_classes, preprocess,
@@ -169,9 +171,11 @@ def _input_hint(spec: ModelSpec) -> str:
     return "check the data's shape against the model" if spec.label in (None, *LIVE_CALLS) else "check --input-size"
 
 
-def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig) -> int:
+def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec,
+               config: RunConfig) -> tuple[int, dict[str, Any] | None]:
     """The model's class count, read from a forward of the first batch that checks shapes,
-    with clear errors; then every batch is checked (`_check_batches`)."""
+    with clear errors; then every batch is checked (`_check_batches`, whose saturation count
+    comes back with it)."""
     batch = next(iter(samples))
     try:
         with model_mode(model, config.bn_mode), torch.no_grad():
@@ -188,16 +192,28 @@ def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: Ru
     if spec.num_classes is not None and c != spec.num_classes:
         raise InputError(f"{spec.where}: {field_words(spec.where, 'num_classes')} is {spec.num_classes} but the "
                          f"model returns {c} logits")
-    _check_batches(model, samples, spec, config, c)
-    return c
+    return c, _check_batches(model, samples, spec, config, c)
 
 
-def _check_batches(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig, classes: int) -> None:
+# A sample whose softmax leaves less than this to the classes below its top one is counted
+# as saturated in the report (data.softmax_saturation). Before schema 2.7 float32 curvature
+# products lost about float32's eps of absolute precision in each sample's output Hessian,
+# whose size is that share (losses.py): the mean share is what a gate reads to tell whether
+# an older float32 baseline's values are still those of its model (workflows/gate/checks.py).
+SATURATED = 1e-3
+
+
+def _check_batches(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig,
+                   classes: int) -> dict[str, Any] | None:
     """One no-grad forward over every batch: labels in range, outputs and loss finite.
 
     Every estimator averages over all samples, so one bad sample anywhere turns every
     result into NaN; found here, it is named. The inputs were checked by the SampleSet.
+    Returns, for a softmax loss, how many samples leave less than SATURATED to the classes
+    below their top one, the least such share and their mean (data.softmax_saturation).
     """
+    softmax = spec.loss.name in ("cross_entropy", "label_smoothing")
+    count, least, total = 0, math.inf, 0.0
     with model_mode(model, config.bn_mode), torch.no_grad():
         for batch in samples:
             top, low = int(batch.y.max()), int(batch.y.min())
@@ -206,6 +222,24 @@ def _check_batches(model: nn.Module, samples: SampleSet, spec: ModelSpec, config
                                 f"has {classes} outputs (labels must be 0..{classes - 1})")
             out = model(batch.x)
             _check_finite_outputs(out, per_sample_loss(out, batch.y, spec.loss), batch.first, samples, spec, config)
+            if softmax:
+                share = _below_top(out)
+                count += int((share < SATURATED).sum())
+                least = min(least, float(share.min()))
+                total += float(share.double().sum())
+    if not softmax:
+        return None
+    return {"threshold": SATURATED, "samples": count, "least": least, "mean": total / samples.n}
+
+
+def _below_top(logits: torch.Tensor) -> torch.Tensor:
+    """1 − max softmax(logits) per sample, as Σ_{j≠m} p_j with m the top class: no cancellation
+    where the top probability rounds to 1."""
+    z = logits.flatten(1)
+    top = z.argmax(1, keepdim=True)
+    others = torch.ones_like(z).scatter_(1, top, 0.0)
+    rest = ((z - z.gather(1, top)).exp() * others).sum(1)  # Σ_{j≠m} p_j / p_m, each term ≤ 1
+    return rest / (1 + rest)
 
 
 def _check_finite_outputs(out: torch.Tensor, loss: torch.Tensor, first: int, samples: SampleSet,

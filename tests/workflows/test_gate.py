@@ -548,6 +548,34 @@ def test_a_baseline_made_with_tf32_against_a_run_without_is_refused():
     check_baseline(cfg, older, {**META, "allow_tf32": True}, seed=0)
 
 
+@pytest.mark.parametrize("schema, dtype, mean, refused", [
+    ("2.6", "float32", 5e-8, True),    # every sample saturated (a stranger's CNN, loss 5e-8): off by ~1
+    ("2.6", "float32", 1.7e-4, True),  # loss 1.7e-4: lmax was 1.5–5 times outside its bound
+    ("2.6", "float32", 2.75e-3, False),  # the demo CNN: about 4e-5 relative at most
+    ("2.6", "float64", 5e-8, False),   # float64 had the digits to spare
+    ("2.7", "float32", 5e-8, False),   # made with the stable formulas
+])
+def test_an_older_float32_baseline_of_a_saturated_softmax_is_refused(schema, dtype, mean, refused):
+    """Before schema 2.7 float32 curvature products of cross entropy lost float32's eps of
+    absolute precision per sample against an output Hessian the size of 1 − max p: this run's
+    data.softmax_saturation says whether an older float32 baseline's values are its model's."""
+    import copy
+
+    from flatcheck.workflows.gate.checks import check_baseline
+
+    cfg = gate({"field": "gini.value", "max_increase": "10%"})
+    base = _baseline({"gini": result(0.1, None, probe="gini").to_dict()}, **META, dtype=dtype, schema_version=schema)
+    now = copy.deepcopy(META)
+    now["data"]["softmax_saturation"] = {"threshold": 1e-3, "samples": 64, "least": mean / 3, "mean": mean}
+    if refused:
+        with pytest.raises(InputError, match=r"before schema 2.7.*measure the baseline again with this version"):
+            check_baseline(cfg, base, now, seed=0)
+    else:
+        check_baseline(cfg, base, now, seed=0)
+    check_baseline(gate({"field": "gini.value", "max": 1.0}), base, now, seed=0)  # no rule reads the baseline
+    check_baseline(cfg, base, META, seed=0)  # a run that does not say (no softmax loss): not refused
+
+
 def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():
     from flatcheck.workflows.gate.checks import check_baseline
 

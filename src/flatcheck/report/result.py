@@ -32,7 +32,13 @@ from typing import Any
 #      trace_sq, frobenius) are floored by a start's known variance, for a normal interval (dof
 #      null, details.interval "normal_start_variance_floor"; spread_stderr, known_stderr and
 #      ritz_lower_bound beside them), and frobenius.stderr is always given
-SCHEMA_VERSION = "2.6"
+# 2.7: cross entropy's (and label smoothing's) curvature is computed without cancellation where
+#      the softmax saturates (losses.py: before, a float32 run lost float32's eps of absolute
+#      precision per sample, and a model whose samples leave 1e-7 below their top class had its
+#      λmax off by 1 %); meta.allow_tf32; data.softmax_saturation (the samples under 1e-3, the
+#      least and the mean share below the top class), by which a gate tells an older float32
+#      baseline that the cancellation affected
+SCHEMA_VERSION = "2.7"
 
 
 @dataclass(frozen=True)

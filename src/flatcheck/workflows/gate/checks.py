@@ -50,9 +50,9 @@ def _dtype_hint(base: Mapping[str, Any], now: Mapping[str, Any], diff: list[str]
 
 
 def _check_tf32(baseline: Baseline, current_meta: Mapping[str, Any]) -> None:
-    """TF32 products move some values past their own error bars (on an H200 the demo's lmax by 18
-    times its certified bound: benchmarks/results/tf32_effect_h200.md), so a run with it and one
-    without do not measure one number. A report from before the field was recorded says nothing
+    """TF32 products move some values past their own error bars (on an H200 the demo's top
+    eigenvalue by 18 times its certified bound: benchmarks/results/tf32_effect_h200.md), so a run
+    with it and one without do not measure one number. A report from before the field was recorded says nothing
     and is not refused."""
     was, is_ = baseline.meta.get("allow_tf32"), current_meta.get("allow_tf32")
     if isinstance(was, bool) and isinstance(is_, bool) and was != is_:
@@ -60,6 +60,36 @@ def _check_tf32(baseline: Baseline, current_meta: Mapping[str, Any]) -> None:
         raise InputError(f"{baseline.where}: made {words[was]} and this run is {words[is_]}: run "
                          f"{'with' if was else 'without'} --allow-tf32, or compare anyway with "
                          "--allow-foreign-baseline")
+
+
+# Before schema 2.7 a float32 run's curvature products of a softmax loss lost about float32's
+# eps of absolute precision per sample, against an output Hessian the size of the share the
+# sample leaves below its top class (losses.py): relative error about eps / mean share. Beyond a
+# tenth of the top eigenvalue's default tolerance (1e-3) such a baseline's values are not its
+# model's.
+_FLOAT32_EPS = 2.0**-23
+_STALE_SOFTMAX = 1e-4
+
+
+def _check_softmax_cancellation(baseline: Baseline, current_meta: Mapping[str, Any]) -> None:
+    """A float32 cross-entropy baseline from before schema 2.7 of a model whose softmax is
+    saturated (this run's data.softmax_saturation) measured its curvature with cancellation:
+    refused, saying why, where the error could pass a tenth of that tolerance."""
+    from .baseline import schema_tuple
+
+    saturation = (current_meta.get("data") or {}).get("softmax_saturation")
+    schema = schema_tuple(baseline.schema)
+    if not isinstance(saturation, Mapping) or schema is None or schema >= (2, 7):
+        return
+    if baseline.meta.get("dtype") != "float32" or not isinstance(saturation.get("mean"), (int, float)):
+        return
+    error = _FLOAT32_EPS / saturation["mean"] if saturation["mean"] > 0 else math.inf
+    if error > _STALE_SOFTMAX:
+        raise InputError(
+            f"{baseline.where}: made in float32 by a flatcheck before schema 2.7, whose softmax curvature lost "
+            f"precision where the softmax saturates; this model leaves on average {saturation['mean']:.2g} below "
+            f"its top class ({saturation['samples']} samples under {saturation['threshold']:g}), so those values "
+            f"could be off by about {error:.1g} relative: measure the baseline again with this version")
 
 
 def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[str, Any], *, seed: int,
@@ -74,6 +104,8 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
                              f"{'; …' if len(diff) > 3 else ''}){_dtype_hint(baseline.meta, current_meta, diff)}; "
                              f"compare anyway with --allow-foreign-baseline")
         _check_tf32(baseline, current_meta)
+    if any(b.relative for b in gate.bounds):
+        _check_softmax_cancellation(baseline, current_meta)
     check_records(baseline)
     read: dict[str, list[str]] = {}
     for bound in gate.bounds:
