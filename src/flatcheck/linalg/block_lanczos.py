@@ -112,7 +112,9 @@ class BlockLanczos(Lanczos):
         left = self.pending[take:]  # pending rows no product takes this step
         # the pending rows are usually the rows of the last step's leftovers, one tensor already
         block = self._pending_block
-        V = torch.stack(self.pending[:take]) if block is None else block[:take] if left else block
+        # a split step copies the rows it takes: as a view they would keep the whole block's
+        # memory alive in the basis, one P-sized row per row left, for the rest of the run
+        V = torch.stack(self.pending[:take]) if block is None else block[:take].clone() if left else block
         whole = take == len(self.pending)
         first = self.size
         self._adopt(V)  # V's rows are basis rows from here on, in V's own memory
@@ -212,18 +214,24 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     # the progress line's total: the steps the bound's decay says are left, a block's rows a step;
     # before the bound has fallen once, a cold stop of one eigenvalue shows the measured prior
     forecast = DecayForecast(goes_on or limit, per_step=block, prior_steps=COLD_STEPS if k == 1 else 0)
-    history: list[tuple[int, float]] = []  # (block step, worst relative bound), finite ones
+    history: list[tuple[float, float]] = []  # (block steps' worth of products, worst relative bound), finite ones
     stop, steps, top = "max_iter", 0, None
+    owed = 0  # rows of a block step being taken one at a time, still to take
     while True:
         if lz.invariant and lz.size < min(k + MIN_EXTRA, dim):
             lz.restart(gaussian(block, dim, generator, dtype=op.dtype, device=op.device))
+            owed = 0  # the block being split is gone: the restart's rows step whole
         if not lz.can_step:
             stop = "invariant" if lz.invariant else "max_iter"
             break
-        # a row at a time where the step is likely the last, and after such a row until the
-        # products are back at a multiple of the block: every count a whole-block run checks is
-        # checked (the same spaces), so a split never stops later than the block would
-        lz.step(1 if likely_last(history) or (op.matvecs - start_matvecs) % block else None)
+        # a row at a time where the step is likely the last, and then the rest of that block's
+        # rows one at a time: every count a whole-block run checks is checked (the same spaces),
+        # so a split never stops later than the block would; counted in the rows the block has
+        # (fewer than `block` where a row was dropped or a restart found fewer)
+        if owed == 0 and likely_last(history):
+            owed = len(lz.pending)
+        lz.step(1 if owed else None)
+        owed = max(0, owed - 1)
         steps += 1
         top = _top(lz, k)
         values, res, bounds, _ = top
@@ -324,7 +332,7 @@ def likely_last(history: list[tuple[float, float]]) -> bool:
     return math.log(w1) - (math.log(w0) - math.log(w1)) / (at1 - at0) <= math.log(SPLIT_WITHIN)
 
 
-def not_halving(history: list[tuple[int, float]], least: int) -> bool:
+def not_halving(history: list[tuple[float, float]], least: int) -> bool:
     """The worst relative bound (history: (position, bound), position growing) has not fallen
     by STALL_FACTOR over the last `least` positions, or half the latest position if more."""
     at, worst = history[-1]
