@@ -570,3 +570,19 @@ def test_the_report_counts_samples_whose_softmax_saturates():
     assert got["mean"] == pytest.approx(share.mean().item(), rel=1e-5)
     mse = flatcheck.measure(model.float(), DataLoader(TensorDataset(X, Y), batch_size=8), probes=["gini"], loss="mse")
     assert "softmax_saturation" not in mse.meta["data"]  # no softmax in the loss
+
+
+def test_allow_tf32_is_recorded_where_it_acts_only():
+    """--allow-tf32 on the CPU changes no product (TF32 is CUDA float32 matmuls): the report says
+    false, so a gate or a scan does not take a CPU run with the flag for another quantity."""
+    import datetime
+
+    from flatcheck import api
+    from flatcheck.config import RunConfig, probe_requests
+
+    root = Path(__file__).resolve().parents[1]
+    config = RunConfig(checkpoint=root / "demo" / "digits_cnn.safetensors", spec=root / "model_specs" / "demo_digits.yaml",
+                       data="digits", samples=16, probes=probe_requests("gini", {}), allow_tf32=True)
+    session = api.open_session(config)
+    assert session.device.type == "cpu"
+    assert api._meta(session, datetime.datetime.now(datetime.timezone.utc), 0.0)["allow_tf32"] is False

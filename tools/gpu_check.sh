@@ -25,7 +25,7 @@
 #                      autograd, func eager and func compiled on ViT-B/16 and ResNet-50, the compile
 #                      time, and whether --compile pays at 100 products; COMPILE_TIMEOUT (300)
 #   realsize       -   (not in `all`) every probe on timm ViTs, REALSIZE_TIMEOUT (600)
-#   next           -   the rows session 22's lease did not reach, in about 9 minutes: tests (60),
+#   next           -   the rows not measured yet (gpu_checks.md), in about 9 minutes: tests (60),
 #                      ResNet-50's loops (120), the peers' SLQ (60) and traces (110) on ResNet-18,
 #                      and every probe on ViT-B/16 at 16 and 32 samples at flatcheck's batch (150)
 #

@@ -320,8 +320,8 @@ def _meta(s: Session, started: _dt.datetime, seconds: float) -> dict:
         "device": str(s.device) + (f" ({torch.cuda.get_device_name(s.device)})" if s.device.type == "cuda" else ""),
         "dtype": c.dtype,
         # TF32 moves some probes' values past their own error bars (docs/performance.md): a
-        # report says whether its products ran with it
-        "allow_tf32": c.allow_tf32,
+        # report says whether its products ran with it, which they do only in float32 on CUDA
+        "allow_tf32": bool(c.allow_tf32 and s.device.type == "cuda" and c.dtype == "float32"),
         "backend": c.backend,
         "compile": c.compile,
         "seed": c.seed,

@@ -563,17 +563,24 @@ def test_an_older_float32_baseline_of_a_saturated_softmax_is_refused(schema, dty
 
     from flatcheck.workflows.gate.checks import check_baseline
 
-    cfg = gate({"field": "gini.value", "max_increase": "10%"})
-    base = _baseline({"gini": result(0.1, None, probe="gini").to_dict()}, **META, dtype=dtype, schema_version=schema)
+    from flatcheck.workflows.gate.checks import _check_softmax_cancellation
+
+    records = {"gini": result(0.1, None, probe="gini").to_dict(), "trace": traced([10.0, 11.0, 9.0])}
+    base = _baseline(records, **META, dtype=dtype, schema_version=schema)
     now = copy.deepcopy(META)
     now["data"]["softmax_saturation"] = {"threshold": 1e-3, "samples": 64, "least": mean / 3, "mean": mean}
+    on_trace = gate({"field": "trace.value", "max_increase": "10%"})
     if refused:
-        with pytest.raises(InputError, match=r"before schema 2.7.*measure the baseline again with this version"):
-            check_baseline(cfg, base, now, seed=0)
+        with pytest.raises(InputError, match=r"before schema 2.7.*measure the baseline again with this version, "
+                                             r"or compare anyway with --allow-foreign-baseline"):
+            _check_softmax_cancellation(on_trace, base, now)
+        check_baseline(on_trace, base, now, seed=0, allow_foreign=True)  # the named way past it
     else:
-        check_baseline(cfg, base, now, seed=0)
-    check_baseline(gate({"field": "gini.value", "max": 1.0}), base, now, seed=0)  # no rule reads the baseline
-    check_baseline(cfg, base, META, seed=0)  # a run that does not say (no softmax loss): not refused
+        _check_softmax_cancellation(on_trace, base, now)
+    # gini is an average of p, not of the loss's derivatives: its rules never read that error
+    check_baseline(gate({"field": "gini.value", "max_increase": "10%"}), base, now, seed=0)
+    _check_softmax_cancellation(gate({"field": "trace.value", "max": 50}), base, now)  # no rule reads the baseline
+    _check_softmax_cancellation(on_trace, base, META)  # a run that does not say (no softmax loss)
 
 
 def test_a_baseline_too_wide_for_the_rule_is_refused_with_the_probes_it_needs():

@@ -69,7 +69,7 @@ class ActivationsProbe:
     """
 
     name: ClassVar[str] = "activations"
-    gating: ClassVar[Gating] = Gating()  # exact counts
+    gating: ClassVar[Gating] = Gating(loss_curvature=False)  # exact counts
     summary: ClassVar[str] = "activation and death frequency per ReLU-like layer"
     Options: ClassVar[type] = ActivationsOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})

@@ -77,6 +77,9 @@ class Gating:
     same_draws: tuple[str, ...] = ()
     every_field_shares_draws: bool = False
     declared: bool = True
+    # whether the values go through the loss's derivatives or values (losses.py): a float32
+    # record of a saturated softmax from before schema 2.7 had them with cancellation
+    loss_curvature: bool = True
 
     def effort(self, result: "Result | None" = None, field_: str | None = None) -> str | None:
         """The option a rerun raises for a rule on `field_` (a full dotted path) of this result:

@@ -26,7 +26,7 @@ class GiniProbe:
     top-1 accuracy and the loss of the spec; p = softmax of the logits."""
 
     name: ClassVar[str] = "gini"
-    gating: ClassVar[Gating] = Gating()  # exact averages
+    gating: ClassVar[Gating] = Gating(loss_curvature=False)  # exact averages of p
     summary: ClassVar[str] = "1 − ‖p‖², entropy, accuracy, mean loss"
     Options: ClassVar[type] = GiniOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})

@@ -53,7 +53,7 @@ class HeadTraceProbe:
     """
 
     name: ClassVar[str] = "head-trace"
-    gating: ClassVar[Gating] = Gating()  # closed form
+    gating: ClassVar[Gating] = Gating(loss_curvature=False)  # closed form
     summary: ClassVar[str] = "exact Hessian trace w.r.t. the final linear layer (closed form)"
     Options: ClassVar[type] = HeadTraceOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})

@@ -102,7 +102,7 @@ class JacobianProbe:
     Options: ClassVar[type] = JacobianOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
     gating: ClassVar[Gating] = Gating(quantity_options=("output",), tolerance_option="lanczos_tol",
-                                      routes=frozenset({"exact", "estimate"}))
+                                      routes=frozenset({"exact", "estimate"}), loss_curvature=False)
     command_help: ClassVar[str] = "Input-output Jacobian norms per sample (Frobenius, spectral): mean and max."
 
     def run(self, ctx: ProbeContext, options: JacobianOptions) -> ProbeResult:

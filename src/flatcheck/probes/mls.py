@@ -78,7 +78,7 @@ class MLSProbe:
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})
     # J of the logits is not J of the softmax
     gating: ClassVar[Gating] = Gating(quantity_options=("output",), tolerance_option="lanczos_tol",
-                                      routes=frozenset({"exact", "estimate"}))
+                                      routes=frozenset({"exact", "estimate"}), loss_curvature=False)
     command_help: ClassVar[str] = "MLS, normalized MLS, NMLS, log local volume and local dimensionality, with bounds."
 
     def run(self, ctx: ProbeContext, options: MLSOptions) -> ProbeResult:

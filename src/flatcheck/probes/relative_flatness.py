@@ -45,7 +45,7 @@ class RelativeFlatnessProbe:
     """
 
     name: ClassVar[str] = "relative-flatness"
-    gating: ClassVar[Gating] = Gating()  # closed form
+    gating: ClassVar[Gating] = Gating(loss_curvature=False)  # closed form
     summary: ClassVar[str] = "relative flatness κ of the final linear layer (closed form)"
     Options: ClassVar[type] = RelativeFlatnessOptions
     requires: ClassVar[frozenset[type]] = frozenset({Outputs})

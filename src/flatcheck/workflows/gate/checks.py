@@ -71,12 +71,17 @@ _FLOAT32_EPS = 2.0**-23
 _STALE_SOFTMAX = 1e-4
 
 
-def _check_softmax_cancellation(baseline: Baseline, current_meta: Mapping[str, Any]) -> None:
+def _check_softmax_cancellation(gate: GateConfig, baseline: Baseline, current_meta: Mapping[str, Any]) -> None:
     """A float32 cross-entropy baseline from before schema 2.7 of a model whose softmax is
-    saturated (this run's data.softmax_saturation) measured its curvature with cancellation:
-    refused, saying why, where the error could pass a tenth of that tolerance."""
+    saturated measured its loss's curvature with cancellation: refused, saying why, where the
+    error could pass a tenth of that tolerance and a relative rule reads a probe whose values go
+    through the loss (Gating.loss_curvature). The baseline's own saturation was not recorded:
+    this run's (data.softmax_saturation) stands for it, the model a gate compares being the
+    baseline's own or its successor."""
     from .baseline import schema_tuple
 
+    if not any(b.relative and gating_of(b.probe).loss_curvature for b in gate.bounds):
+        return
     saturation = (current_meta.get("data") or {}).get("softmax_saturation")
     schema = schema_tuple(baseline.schema)
     if not isinstance(saturation, Mapping) or schema is None or schema >= (2, 7):
@@ -89,7 +94,8 @@ def _check_softmax_cancellation(baseline: Baseline, current_meta: Mapping[str, A
             f"{baseline.where}: made in float32 by a flatcheck before schema 2.7, whose softmax curvature lost "
             f"precision where the softmax saturates; this model leaves on average {saturation['mean']:.2g} below "
             f"its top class ({saturation['samples']} samples under {saturation['threshold']:g}), so those values "
-            f"could be off by about {error:.1g} relative: measure the baseline again with this version")
+            f"could be off by about {error:.1g} relative: measure the baseline again with this version, or "
+            "compare anyway with --allow-foreign-baseline")
 
 
 def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[str, Any], *, seed: int,
@@ -104,8 +110,7 @@ def check_baseline(gate: GateConfig, baseline: Baseline, current_meta: Mapping[s
                              f"{'; …' if len(diff) > 3 else ''}){_dtype_hint(baseline.meta, current_meta, diff)}; "
                              f"compare anyway with --allow-foreign-baseline")
         _check_tf32(baseline, current_meta)
-    if any(b.relative for b in gate.bounds):
-        _check_softmax_cancellation(baseline, current_meta)
+        _check_softmax_cancellation(gate, baseline, current_meta)
     check_records(baseline)
     read: dict[str, list[str]] = {}
     for bound in gate.bounds:
