@@ -33,7 +33,7 @@ from .data.roots import refuse_missing
 from .engines import batchfill
 from .errors import ConfigError, DataError, InputError, ModelError, first_line, setting
 from .linalg.memory import process_allowance, resident_bytes
-from .losses import per_sample_loss
+from .losses import below_top, per_sample_loss
 from .models.checkpoint import LoadedCheckpoint
 from .models.load import build_with_weights
 from .models.sources import find_head, resolve_preprocess
@@ -223,23 +223,13 @@ def _check_batches(model: nn.Module, samples: SampleSet, spec: ModelSpec, config
             out = model(batch.x)
             _check_finite_outputs(out, per_sample_loss(out, batch.y, spec.loss), batch.first, samples, spec, config)
             if softmax:
-                share = _below_top(out)
+                share = below_top(out)
                 count += int((share < SATURATED).sum())
                 least = min(least, float(share.min()))
                 total += float(share.double().sum())
     if not softmax:
         return None
     return {"threshold": SATURATED, "samples": count, "least": least, "mean": total / samples.n}
-
-
-def _below_top(logits: torch.Tensor) -> torch.Tensor:
-    """1 − max softmax(logits) per sample, as Σ_{j≠m} p_j with m the top class: no cancellation
-    where the top probability rounds to 1."""
-    z = logits.flatten(1)
-    top = z.argmax(1, keepdim=True)
-    others = torch.ones_like(z).scatter_(1, top, 0.0)
-    rest = ((z - z.gather(1, top)).exp() * others).sum(1)  # Σ_{j≠m} p_j / p_m, each term ≤ 1
-    return rest / (1 + rest)
 
 
 def _check_finite_outputs(out: torch.Tensor, loss: torch.Tensor, first: int, samples: SampleSet,

@@ -50,13 +50,26 @@ def _pivoted_cross_entropy(z: Tensor, y: Tensor, alpha: float) -> Tensor:
     and c is constant (zero for a correct hard-label sample: no +g − g at one index), in
     reverse mode, double backward and forward over reverse alike. m is an index: no Python
     branch, so the loss still traces (flatcheck.engines.quadform)."""
-    m = z.argmax(-1, keepdim=True)
-    e_m = one_hot(m.squeeze(-1), z)
-    s = (torch.exp(z - z.gather(-1, m)) * (1 - e_m)).sum(-1)  # z_j ≤ z_m: no overflow
+    e_m, s = _rest_over_top(z)
     c = e_m - one_hot(y, z)
     if alpha:
         c = c + alpha * (one_hot(y, z) - 1.0 / z.shape[-1])
     return torch.log1p(s) + (c * z).sum(-1)
+
+
+def _rest_over_top(z: Tensor) -> tuple[Tensor, Tensor]:
+    """(e_m, S): the one-hot of m = argmax z and S = Σ_{j≠m} exp(z_j − z_m) = Σ_{j≠m} p_j / p_m,
+    a sum of terms ≤ 1 (no overflow) that keeps its relative accuracy where p_m rounds to 1."""
+    m = z.argmax(-1, keepdim=True)
+    e_m = one_hot(m.squeeze(-1), z)
+    return e_m, (torch.exp(z - z.gather(-1, m)) * (1 - e_m)).sum(-1)
+
+
+def below_top(logits: Tensor) -> Tensor:
+    """1 − max softmax(logits) per sample, as S/(1 + S): no cancellation where the top
+    probability rounds to 1 (the report's data.softmax_saturation reads it)."""
+    s = _rest_over_top(logits)[1]
+    return s / (1 + s)
 
 
 def output_hessian_factors(logits: Tensor, y: Tensor, loss: LossSpec) -> tuple[Tensor, Tensor]:
@@ -75,7 +88,7 @@ def output_hessian_factors(logits: Tensor, y: Tensor, loss: LossSpec) -> tuple[T
         m = logits.argmax(-1)
         rows = torch.arange(b, device=logits.device)
         U = eye - p.unsqueeze(-1)
-        U[rows, m, m] = (p * (1 - one_hot(m, logits))).sum(-1)  # Σ_{j≠m} p_j
+        U[rows, m, m] = below_top(logits)  # Σ_{j≠m} p_j
         return U, p
     if loss.name == "mse":
         return eye, torch.ones_like(logits)

@@ -353,8 +353,8 @@ class ProgressRenderer:
         hint = task.long_run_news(now, self.budget_ok)
         if hint is not None:
             self._bar.console.print(words(hint, self.name_of), markup=False, highlight=False)
-        estimate = " · ".join(t for t in (task.within_text(), value_text(task.value, task.stderr, task.dof, task.bound),
-                                          task.budget_text(now)) if t)
+        value = value_text(task.value, task.stderr, task.dof, task.bound)
+        estimate = " · ".join(t for t in (task.within_text(), value, task.budget_text(now)) if t)
         estimate = words(estimate, self.name_of)
         # an unknown total (the probe's start report) pulses until the first unit is done
         about = "~" if task.eta_guess and eta is not None else ""  # from a prior: a guess, as the line says

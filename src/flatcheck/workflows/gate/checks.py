@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from ...errors import InputError
 from ...probes.gating import gating_of
 from ..results_io import FieldMissing, as_number, keys_near, resolve_field
-from .baseline import Baseline, check_records, check_superseded, foreign_fields
+from .baseline import Baseline, check_records, check_superseded, foreign_fields, schema_tuple
 from .config import Bound, GateConfig
 from .statistics import dof as dof_of, error_bound, no_probe_values, other_draws, quantile, slope as slope_of
 from .verdicts import baseline_number, unresolved
@@ -52,8 +52,8 @@ def _dtype_hint(base: Mapping[str, Any], now: Mapping[str, Any], diff: list[str]
 def _check_tf32(baseline: Baseline, current_meta: Mapping[str, Any]) -> None:
     """TF32 products move some values past their own error bars (on an H200 the demo's top
     eigenvalue by 18 times its certified bound: benchmarks/results/tf32_effect_h200.md), so a run
-    with it and one without do not measure one number. A report from before the field was recorded says nothing
-    and is not refused."""
+    with it and one without do not measure one number. A report from before the field was
+    recorded says nothing and is not refused."""
     was, is_ = baseline.meta.get("allow_tf32"), current_meta.get("allow_tf32")
     if isinstance(was, bool) and isinstance(is_, bool) and was != is_:
         words = {True: "with TF32 products", False: "without TF32"}
@@ -78,8 +78,6 @@ def _check_softmax_cancellation(gate: GateConfig, baseline: Baseline, current_me
     through the loss (Gating.loss_curvature). The baseline's own saturation was not recorded:
     this run's (data.softmax_saturation) stands for it, the model a gate compares being the
     baseline's own or its successor."""
-    from .baseline import schema_tuple
-
     if not any(b.relative and gating_of(b.probe).loss_curvature for b in gate.bounds):
         return
     saturation = (current_meta.get("data") or {}).get("softmax_saturation")
