@@ -106,18 +106,57 @@ def test_likely_last_reads_the_decay_of_the_last_two_checks():
     assert not likely_last([(2.0, 9.0), (3.0, 4.0), (4.0, 4.0)])  # not falling
     # half a block step's fall of 4×: 16× a block step
     assert likely_last([(2.0, 1e3), (3.0, 40.0), (3.5, 10.0)])
-    assert not likely_last([(2.0, 1e4), (3.0, 400.0), (3.5, 100.0)])
+    assert not likely_last([(2.0, 1e4), (3.0, 400.0), (3.5, 200.0)])  # 4× a block step: 50 at the next
+    # within SPLIT_WITHIN (8) of the target after one more step at the last rate: 20 falling 5×
+    assert likely_last([(2.0, 1e3), (3.0, 100.0), (4.0, 20.0)])
+    assert not likely_last([(2.0, 1e3), (3.0, 100.0), (4.0, 40.0)])
+
+
+def test_a_led_row_is_the_residual_direction_and_keeps_residuals_exact():
+    """lead_with turns the pending rows so the first is the direction of the top Ritz vector's
+    residual (dense: Hy − θy, which is orthogonal to the basis); after a step over that row the
+    coefficients still give the dense Rayleigh–Ritz of the subspace, basis plus that row."""
+    n = 40
+    H = _symmetric(n, 7)
+    X = torch.randn(BLOCK, n, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    lz = BlockLanczos(Dense(H), X, n)
+    for _ in range(3):
+        lz.step()
+    theta, S = lz.ritz()
+    top = int(np.argmax(theta))
+    Q = torch.cat(lz._basis())
+    y = Q.T @ torch.as_tensor(S[:, top])
+    r = H @ y - theta[top] * y
+    lz.lead_with(S[:, top])
+    assert abs(torch.dot(lz.pending[0], r / r.norm()).item()) == pytest.approx(1.0, abs=1e-10)
+    assert torch.allclose(torch.stack(lz.pending) @ torch.stack(lz.pending).T, torch.eye(BLOCK, dtype=H.dtype),
+                          atol=1e-12)
+    lz.step(1)
+    B = torch.cat([Q, (r / r.norm()).unsqueeze(0)])
+    U, _ = torch.linalg.qr(B.T)
+    dense, Sd = torch.linalg.eigh(U.T @ H @ U)
+    ritz, Sl = lz.ritz()
+    assert np.allclose(ritz, dense.numpy(), atol=1e-10)
+    order = np.argsort(ritz)[::-1][:3]
+    values, res = coefficient_residuals(lz.coefficients(), np.asarray(lz.outside), Sl[:, order])
+    for j, (v, rr) in enumerate(zip(values, res)):
+        yd = U @ Sd[:, -1 - j]
+        assert v == pytest.approx(dense[-1 - j].item(), abs=1e-10)
+        assert rr == pytest.approx((H @ yd - dense[-1 - j] * yd).norm().item(), abs=1e-10)
 
 
 @pytest.mark.statistical
 @pytest.mark.parametrize("arch", ["mlp", "cnn", "transformer", "twin"])
 def test_a_stop_after_a_blocks_first_product_is_within_its_bound(arch, monkeypatch):
-    """lmax's default (k = 1, tol 1e-3): some runs now stop at an odd product count, and there
-    too the dense eigenvalue lies within the reported bound (plus float64 round-off); no run
-    takes more products than whole block steps from the same starts do."""
+    """lmax's default (k = 1, tol 1e-3): runs that end a row at a time, led by the top pair's
+    residual, stop at any product count, and there too the dense eigenvalue lies within the
+    reported bound (plus float64 round-off). Against whole block steps from the same starts
+    they take fewer products on average; the led rows leave the block's spaces, so a few seeds
+    take more (measured: 6 of 50 on the twin, none on the others, one product each)."""
     import flatcheck.linalg.block_lanczos as bl
 
-    odd = within = 0
+    odd = within = more = 0
+    led, whole_counts = [], []
     for seed in range(50):
         H = hessian(*small_problem(arch, seed))
         truth = torch.linalg.eigvalsh(H)[-1].item()
@@ -126,12 +165,17 @@ def test_a_stop_after_a_blocks_first_product_is_within_its_bound(arch, monkeypat
             m.setattr(bl, "likely_last", lambda history: False)
             whole = block_lanczos_top(Dense(H), 1, generator=torch.Generator().manual_seed(seed), tol=1e-3)
         assert whole.matvecs % 2 == 0 or whole.stop_reason != "converged"
-        assert r.matvecs <= whole.matvecs
+        led.append(r.matvecs)
+        whole_counts.append(whole.matvecs)
+        more += r.matvecs > whole.matvecs
+        assert r.matvecs <= whole.matvecs + BLOCK
         if r.stop_reason != "converged" or r.matvecs % 2 == 0:
             continue
         odd += 1
         slack = ROUNDOFF * torch.linalg.matrix_norm(H, 2).item()
         within += abs(r.values[0] - truth) <= r.bounds[0].value + slack
         assert r.bounds[0].value <= 1e-3 * abs(r.values[0])
-    print(f"\n{arch}: {odd}/50 stops at an odd product count, the truth within the bound in {within}")
+    print(f"\n{arch}: {odd}/50 stops at an odd product count, the truth within the bound in {within}; "
+          f"products {sum(led)} against {sum(whole_counts)} by whole block steps, more on {more} seeds")
     assert odd > 0 and within >= 0.99 * odd
+    assert sum(led) < sum(whole_counts) and more <= 50 // 5
