@@ -33,6 +33,7 @@ def record(seed: int, ckpt: Path, data: Path, spec: Path, out: Path) -> list[dic
     """One default lmax run's per-step state."""
     import flatcheck.linalg.block_lanczos as bl
     from flatcheck.entry import main
+    from flatcheck.linalg.forecast import chebyshev_rate
 
     steps: list[dict] = []
     plain = bl._top
@@ -41,7 +42,7 @@ def record(seed: int, ckpt: Path, data: Path, spec: Path, out: Path) -> list[dic
         found = plain(lz, k)
         values, res, bounds, _ = found
         steps.append({"products": lz.op.matvecs, "theta": values[:2], "res": res[:2], "bound": bounds[0].value,
-                      "kind": bounds[0].kind})
+                      "kind": bounds[0].kind, "rate": chebyshev_rate(lz.ritz()[0], bl.BLOCK)})
         return found
 
     bl._top = top
@@ -61,11 +62,12 @@ def record(seed: int, ckpt: Path, data: Path, spec: Path, out: Path) -> list[dic
 def judge(steps: list[dict], tol: float = 1e-3) -> list[float]:
     """ETA ÷ left, in products, at each of POINTS: the forecast after the last step before it."""
     from flatcheck.linalg.block_lanczos import BLOCK
-    from flatcheck.linalg.forecast import COLD_STEPS, DecayForecast
+    from flatcheck.linalg.forecast import COLD_BLOCK_STEPS, DecayForecast
 
     n = steps[-1]["products"]
-    forecast = DecayForecast(10 ** 6, per_step=BLOCK, prior_steps=COLD_STEPS)
-    totals = [(s["products"], forecast.total(s["products"], s["bound"] / (tol * abs(s["theta"][0])))) for s in steps]
+    forecast = DecayForecast(10 ** 6, per_step=BLOCK, prior_steps=COLD_BLOCK_STEPS)
+    totals = [(s["products"], forecast.total(s["products"], s["bound"] / (tol * abs(s["theta"][0])), s.get("rate")))
+              for s in steps]
     out = []
     for point in POINTS:
         at = point * n
@@ -74,22 +76,43 @@ def judge(steps: list[dict], tol: float = 1e-3) -> list[float]:
     return out
 
 
-def main() -> None:
+def record_all(seeds: str) -> list:
+    """Every seed's default lmax run recorded and judged."""
     from bench_lmax_cli import make_inputs
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", default=",".join(map(str, range(12))))
-    args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         ckpt, data, spec = make_inputs(Path(tmp))
-        for seed in (int(s) for s in args.seeds.split(",")):
+        for seed in (int(s) for s in seeds.split(",")):
             steps = record(seed, ckpt, data, spec, Path(tmp) / "out.json")
             ratios = judge(steps)
             rows.append((seed, steps, ratios))
             lns = ", ".join(f"{math.log(s['bound'] / (1e-3 * abs(s['theta'][0]))):.2f}" for s in steps)
             print(f"seed {seed}: {steps[-1]['products']} products; ln(bound ÷ target) by step: {lns}; "
                   f"ETA ÷ left at 25/50/75 %: " + " ".join(f"{r:.2f}" for r in ratios), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default=",".join(map(str, range(12))))
+    ap.add_argument("--out", help="write every seed's recorded steps here (JSON), to replay other rules")
+    ap.add_argument("--replay", help="judge the steps an --out file holds instead of running the seeds")
+    args = ap.parse_args()
+    if args.replay:
+        rows = []
+        import json
+
+        for run in json.loads(Path(args.replay).read_text()):
+            rows.append((run["seed"], run["steps"], judge(run["steps"])))
+            print(f"seed {run['seed']}: {run['steps'][-1]['products']} products; ETA ÷ left at 25/50/75 %: "
+                  + " ".join(f"{r:.2f}" for r in rows[-1][2]))
+    else:
+        rows = record_all(args.seeds)
+    if args.out:
+        import json
+
+        Path(args.out).write_text(json.dumps([{"seed": seed, "steps": steps} for seed, steps, _ in rows]))
     met = sum(0.5 <= r <= 1.5 for _, _, ratios in rows for r in ratios)
     print(f"within ±50 %: {met} of {3 * len(rows)} points; by point: "
           + ", ".join(f"{int(p * 100)} % {sum(0.5 <= r[2][i] <= 1.5 for r in rows)}/{len(rows)}"

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from .certify import GAP_FROM_BLOCK_KRYLOV, MIN_EXTRA, TOO_FEW, ritz_bounds, round_off_floor
-from .forecast import COLD_STEPS, SKIP, DecayForecast
+from .forecast import COLD_BLOCK_STEPS, SKIP, DecayForecast, chebyshev_rate
 from .lanczos import (STALL_FACTOR, EigenResult, Lanczos, breakdown_threshold,
                       coefficient_residuals, default_max_iter)
 from .random import gaussian
@@ -246,7 +246,7 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     lz = BlockLanczos(op, gaussian(block, dim, generator, dtype=op.dtype, device=op.device), limit)
     # the progress line's total: the steps the bound's decay says are left, a block's rows a step;
     # before the bound has fallen once, a cold stop of one eigenvalue shows the measured prior
-    forecast = DecayForecast(goes_on or limit, per_step=block, prior_steps=COLD_STEPS if k == 1 else 0)
+    forecast = DecayForecast(goes_on or limit, per_step=block, prior_steps=COLD_BLOCK_STEPS if k == 1 else 0)
     history: list[tuple[float, float]] = []  # (block steps' worth of products, worst relative bound), finite ones
     stop, steps, top = "max_iter", 0, None
     owed = 0  # rows of a block step being taken one at a time, still to take
@@ -276,7 +276,9 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
         worst = max(b.value / (tol * abs(v)) if v != 0 else math.inf for b, v in zip(bounds, values[:k]))
         done = op.matvecs - start_matvecs
         if progress is not None:
-            progress(done, forecast.total(done, worst), value=values[0])
+            # the Chebyshev rate speaks of the top pairs a block carries: k ≤ block
+            rate = chebyshev_rate(lz.ritz()[0], block) if k <= block else None
+            progress(done, forecast.total(done, worst, rate), value=values[0])
         if lz.size < k:
             continue
         if worst <= 1:
