@@ -52,6 +52,12 @@ def new_record(model: str, *, kind: str, fingerprint: str, origin: str, settings
     }
 
 
+def schema_tuple(version: Any) -> tuple[int, int] | None:
+    """A schema_version as numbers to compare ("2.7" → (2, 7)); None for anything else, or none."""
+    parts = version.split(".") if isinstance(version, str) else []
+    return (int(parts[0]), int(parts[1])) if len(parts) == 2 and all(p.isdigit() for p in parts) else None
+
+
 def shard_path(out: Path, rank: int, world_size: int) -> Path:
     return out if world_size <= 1 else out.with_name(f"{out.name}{SHARD_SUFFIX}{rank}")
 
@@ -218,7 +224,8 @@ def load_results(paths: Iterable[str | Path]) -> Loaded:
     epoch) measured with the same `settings` supersedes the earlier one, in the earlier one's
     place. That is how `scan --resume` decides: the fingerprint hashes the name, the file's
     path, size and mtime, and the settings, so with the settings equal a new fingerprint means
-    the checkpoint changed and was measured again (and --retry-errors repeats a fingerprint).
+    the checkpoint changed and was measured again (and --retry-errors repeats a fingerprint, as
+    does a resume over a record an older flatcheck wrote: scan.set_aside_older).
     How many were left out is among the warnings. A record of other settings is another data
     point, kept; `report` refuses to mix those unless told.
 
@@ -248,7 +255,8 @@ def load_results(paths: Iterable[str | Path]) -> Loaded:
     if superseded:
         notes.append(f"left out {len(superseded)} superseded record{'s' if len(superseded) > 1 else ''}, each "
                      f"replaced by a later record of the same model with the same settings (a checkpoint "
-                     f"changed and `scan --resume` measured it again, or --retry-errors): "
+                     f"changed, or the record was of an older schema, and `scan --resume` measured it again, or "
+                     f"--retry-errors): "
                      f"{', '.join(superseded[:5])}{' …' if len(superseded) > 5 else ''}")
     for (before, after), models in repeated.items():
         notes.append(f"{after} measures {len(models)} model{'s' if len(models) > 1 else ''} of {before} again with "

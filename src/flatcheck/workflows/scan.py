@@ -4,7 +4,9 @@ Each record is appended as soon as its model is done (results_io.write_record: o
 write, fsync), so an interrupted scan loses at most the model in flight. `resume` skips
 models whose (name, fingerprint) is already in the file; the fingerprint hashes everything
 that changes the numbers (model, weights, data, samples, probes and their options, seed …),
-so a scan resumed with other settings redoes the models rather than mixing results.
+so a scan resumed with other settings redoes the models rather than mixing results. The
+code that measured is the record's schema_version: a record an older flatcheck wrote is
+measured again too, and one a newer flatcheck wrote refuses the resume.
 
 Under torchrun (RANK/WORLD_SIZE set), or as shard I of `--shard I/N`, rank r takes models
 i ≡ r (mod world) and writes its own shard OUT.rank{r}; the ranks never talk to each other,
@@ -32,8 +34,8 @@ from ..config import RunConfig
 from ..errors import ConfigError
 from ..report.pulse import listening
 from . import child_process
-from .results_io import (HeldOutput, check_records_file, describe_difference, load_results, new_record, record_key,
-                         repair_tail, shard_path)
+from .results_io import (HeldOutput, Loaded, check_records_file, describe_difference, load_results, new_record,
+                         record_key, repair_tail, schema_tuple, shard_path)
 from .scan_sources import Entry, in_scan_words, offline, shared_refusal
 
 RECORD_KIND = "flatcheck.scan"
@@ -156,9 +158,59 @@ def prepare_output(out: HeldOutput, *, resume: bool, overwrite: bool, retry_erro
         out.truncate()
         return {}, 0
     cut = repair_tail(path)
-    done = {record_key(r): r for r in load_results([path]).records
-            if not (retry_errors and r.get("status") == "error")} if path.stat().st_size else {}
+    if not path.stat().st_size:
+        return {}, cut
+    loaded = load_results([path])
+    refuse_newer_schema(loaded, path)
+    done = {record_key(r): r for r in loaded.records if not (retry_errors and r.get("status") == "error")}
     return done, cut
+
+
+def refuse_newer_schema(loaded: Loaded, target: Path) -> None:
+    """A record a newer flatcheck wrote may mean other things by the same keys: this one would
+    count it done, or supersede it with its own numbers, in a file it does not understand."""
+    from ..report.result import SCHEMA_VERSION
+
+    now = schema_tuple(SCHEMA_VERSION)
+    newer = [(r.get("schema_version"), where) for r, where in zip(loaded.records, loaded.sources)
+             if (schema_tuple(r.get("schema_version")) or now) > now]
+    if newer:
+        versions = ", ".join(sorted({str(v) for v, _ in newer}))
+        line = newer[0][1][len(str(target)) + 1:] or 1  # FILE:LINE, or FILE alone for a one-line file
+        raise ConfigError(f"--resume: {target} holds {_count(len(newer), 'record')} of schema {versions} (the first "
+                          f"at line {line}), newer than this flatcheck's {SCHEMA_VERSION}; continue that scan with "
+                          "the flatcheck that wrote it, or give another --out")
+
+
+def set_aside_older(done: dict[tuple, dict[str, Any]], mine: list[Entry], target: Path) -> str | None:
+    """Take out of `done` the records an older flatcheck wrote (a schema_version below this one's,
+    or none): their numbers may be ones this version no longer gives (2.7: float32 curvature
+    where the softmax saturates), so their models are measured again, as after a changed
+    checkpoint, and load_results lets the new line supersede the old. Returns the line to say."""
+    from ..report.result import SCHEMA_VERSION
+
+    now = schema_tuple(SCHEMA_VERSION)
+    older = [k for k, r in done.items() if (schema_tuple(r.get("schema_version")) or (0, 0)) < now]
+    if not older:
+        return None
+    versions = " or ".join(sorted({str(done[k].get("schema_version") or "none") for k in older}))
+    ours = {(e.name, e.step, e.epoch) for e in mine}
+    again = sum((k[0], *k[2:]) in ours for k in older)
+    for k in older:
+        del done[k]
+    rest = len(older) - again
+    said = (f"--resume: {_count(len(older), 'record')} in {target} {'is' if len(older) == 1 else 'are'} of schema "
+            f"{versions}, older than this flatcheck's {SCHEMA_VERSION}, whose numbers may differ from this version's")
+    if again:
+        said += f": {again} {'is' if again == 1 else 'are'} measured again, the new record superseding the old"
+    if rest:  # report still shows these beside the new records: say so
+        said += (f"{';' if again else ':'} {rest}{' more' if again else ''} of models this scan does not name "
+                 f"{'stays' if rest == 1 else 'stay'} as written")
+    return said
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # settings that change no number a report compares (results_io.run_settings_of leaves them out)
@@ -213,6 +265,9 @@ def run_scan(entries: list[Entry], base: RunConfig, out: Path, *, resume: bool =
             check_same_settings(done.values(), settings, target)
             check_same_shard(done.values(), placement, target)
         mine = placement.mine(entries)
+        older = set_aside_older(done, mine, target) if resume else None
+        if older:
+            warnings.warn(older)  # the CLI's one `flatcheck: warning:` line
         keyed = [(e, fp, (e.name, fp, e.step, e.epoch)) for e in mine for fp in (fingerprint(e, base),)]
         todo = [(e, fp) for e, fp, key in keyed if key not in done]
         summary = ScanSummary(target, len(mine), len(mine) - len(todo), [], cut,
