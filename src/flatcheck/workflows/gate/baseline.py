@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 from ...errors import ConfigError, InputError
 from ...probes.gating import gating_of
 from ...probes.registry import get_probe_class
+from ..results_io import schema_tuple  # noqa: F401  (gate modules import it from here)
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,6 @@ def load_baseline(path: str | Path) -> Baseline:
     baseline = Baseline(data["results"], meta, where)
     check_records(baseline)
     return baseline
-
-
-def schema_tuple(version: Any) -> tuple[int, int] | None:
-    """"2.4" → (2, 4); None for anything that is not MAJOR.MINOR."""
-    parts = version.split(".") if isinstance(version, str) else []
-    return (int(parts[0]), int(parts[1])) if len(parts) == 2 and all(p.isdigit() for p in parts) else None
 
 
 def _check_schema(version: Any, where: str) -> None:
