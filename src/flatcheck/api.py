@@ -66,6 +66,9 @@ class Session:
     # state probes keep from one run to the next on this session (lmax's Ritz vectors): a
     # Tracker's warm starts. None, as for every CLI run and gate rerun: each run starts cold
     warm: dict[Any, Any] | None = None
+    # the weights' in-place versions when Problem.max_abs_logit was measured: a session reused on
+    # weights that have moved since (a Tracker's later steps, whose logits grow) measures it again
+    logit_versions: tuple[int, ...] = ()
 
     def split_samples(self, split: str) -> SampleSet:
         """The data's `split`, capped at the same sample count, batched the same way."""
@@ -148,7 +151,8 @@ def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: Sample
         find_head(model, spec)
     num_classes, saturation = _check_fit(model, samples, spec, config)
     layout = ParamLayout.from_model(model, config.params)
-    problem = Problem(model=model, loss=spec.loss, samples=samples, layout=layout, bn_mode=config.bn_mode)
+    problem = Problem(model=model, loss=spec.loss, samples=samples, layout=layout, bn_mode=config.bn_mode,
+                      max_abs_logit=saturation["max_abs_logit"] if saturation is not None else 0.0)
     backend = create_backend(config.backend, problem, compile=config.compile)
     # on a GPU, a default batch grows to what a probe's memory holds (engines.batchfill)
     problem, backend, growth = batchfill.filled(
@@ -160,7 +164,22 @@ def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: Sample
     if device.type == "cuda" or growth.grown:
         info["batch_size_reason"] = growth.reason
     return Session(config, spec, checkpoint, model, problem.samples, backend, device, num_classes, preprocess,
-                   split_source, info)
+                   split_source, info, logit_versions=_versions(model))
+
+
+def _versions(model: nn.Module) -> tuple[int, ...]:
+    return tuple(p._version for p in model.parameters())
+
+
+def _remeasure_logits(session: Session) -> None:
+    """Problem.max_abs_logit again, where the weights moved since it was measured (one no-grad
+    forward): the eigen-solvers' round-off floor must be the current logits'."""
+    problem = session.backend.problem
+    versions = _versions(session.model)
+    if problem.loss.name not in SOFTMAX_LOSSES or versions == session.logit_versions:
+        return
+    problem.max_abs_logit = max(float(z.abs().max()) for z, _, _ in problem.outputs())
+    session.logit_versions = versions
 
 
 def _input_hint(spec: ModelSpec) -> str:
@@ -201,6 +220,7 @@ def _check_fit(model: nn.Module, samples: SampleSet, spec: ModelSpec,
 # whose size is that share (losses.py): the mean share is what a gate reads to tell whether
 # an older float32 baseline's values are still those of its model (workflows/gate/checks.py).
 SATURATED = 1e-3
+SOFTMAX_LOSSES = ("cross_entropy", "label_smoothing")
 
 
 def _check_batches(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig,
@@ -210,10 +230,14 @@ def _check_batches(model: nn.Module, samples: SampleSet, spec: ModelSpec, config
     Every estimator averages over all samples, so one bad sample anywhere turns every
     result into NaN; found here, it is named. The inputs were checked by the SampleSet.
     Returns, for a softmax loss, how many samples leave less than SATURATED to the classes
-    below their top one, the least such share and their mean (data.softmax_saturation).
+    below their top one, the least such share and their mean, and the largest |logit|
+    (data.softmax_saturation). That last is the logits' own rounding, eps·|z| each, which moves
+    the curvature's shares exp(z_j − z_m) and so every eigenvalue; the eigen-solvers' floor
+    takes it (Problem.max_abs_logit, linalg/certify.py). Not for other losses: an MSE's output
+    Hessian does not depend on the outputs; sigmoid_mse's does (σ'(z) ≈ e^{−|z|}), not measured.
     """
-    softmax = spec.loss.name in ("cross_entropy", "label_smoothing")
-    count, least, total = 0, math.inf, 0.0
+    softmax = spec.loss.name in SOFTMAX_LOSSES
+    count, least, total, largest = 0, math.inf, 0.0, 0.0
     with model_mode(model, config.bn_mode), torch.no_grad():
         for batch in samples:
             top, low = int(batch.y.max()), int(batch.y.min())
@@ -227,9 +251,11 @@ def _check_batches(model: nn.Module, samples: SampleSet, spec: ModelSpec, config
                 count += int((share < SATURATED).sum())
                 least = min(least, float(share.min()))
                 total += float(share.double().sum())
+                largest = max(largest, float(out.abs().max()))
     if not softmax:
         return None
-    return {"threshold": SATURATED, "samples": count, "least": least, "mean": total / samples.n}
+    return {"threshold": SATURATED, "samples": count, "least": least, "mean": total / samples.n,
+            "max_abs_logit": largest}
 
 
 def _check_finite_outputs(out: torch.Tensor, loss: torch.Tensor, first: int, samples: SampleSet,
@@ -268,6 +294,7 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
     started = _dt.datetime.now(_dt.timezone.utc)
     t0 = time.perf_counter()
     session = session or open_session(config)
+    _remeasure_logits(session)
     ctx = ProbeContext(backend=session.backend, seed=config.seed, progress=progress, spec=session.spec,
                        split_samples=session.split_samples, warm=session.warm)
     results = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .backends.base import Backend, HvpSums, Vhv
+from .linalg.certify import roundoff_units
 from .problem import ParamLayout
 from .errors import ConfigError
 
@@ -33,6 +34,9 @@ class CurvatureOperator:
         self.dim = self.layout.dim
         self.dtype = backend.problem.dtype
         self.device = backend.problem.device
+        # units of eps·‖A‖ below which no eigenvalue bound goes: the products' round-off, or the
+        # logits' own where a saturated softmax makes that the larger (linalg/certify.py)
+        self.roundoff_units = roundoff_units(backend.problem.max_abs_logit)
         self.matvecs = 0
         self._vhv = vhv
         self._product = backend.hvp if matrix == "hessian" else backend.ggn_vp

@@ -128,6 +128,10 @@ class Problem:
     samples: SampleSetLike
     layout: ParamLayout
     bn_mode: BnMode = BnMode.EVAL
+    # the largest |logit| over the samples for a softmax loss, as the run's checks measured it
+    # (api._check_batches; 0: not measured): the logits' own float rounding moves the curvature
+    # by about eps·M relative, which the eigen-solvers' round-off floor takes (linalg/certify.py)
+    max_abs_logit: float = 0.0
 
     def __post_init__(self):
         self.bn_mode = BnMode(self.bn_mode)  # checked with the run's settings (flatcheck.settings)

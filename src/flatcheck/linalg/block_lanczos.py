@@ -353,7 +353,7 @@ def _top(lz: BlockLanczos, k: int):
     values, res = coefficient_residuals(lz.coefficients(), np.asarray(lz.outside), S[:, order[: k + 1]])
     below = (values[k], res[k]) if lz.size >= k + MIN_EXTRA and len(values) > k else TOO_FEW
     scale = max(lz.scale, max(abs(v) for v in values))
-    bounds = ritz_bounds(values[:k], res[:k], below, round_off_floor(lz.op.dtype, scale), GAP_SAFETY)
+    bounds = ritz_bounds(values[:k], res[:k], below, round_off_floor(lz.op, scale), GAP_SAFETY)
     return values, res, bounds, (S, order)
 
 

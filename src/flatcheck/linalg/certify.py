@@ -108,12 +108,30 @@ def residual_bounds(residuals: list[float], floor: float = 0.0) -> list[Bound]:
 # The measured asymmetry of QᵀHQ is no better guide: on a float32 ResNet-18 it was 2e-4·|λ|
 # (dot products over 11M entries) where λ1 agreed with a float64 run's Ritz value to 3e-6.
 ROUNDOFF_UNITS = 16
+# units per unit of the largest |logit| M, for a softmax loss. The curvature's shares
+# exp(z_j − z_m) move by δ(z_j − z_m) relative, and each float32 logit is off by its storage's
+# eps/2·|z| plus the last layer's rounded sum, about as much again: to first order ≤ 2·eps·M,
+# and the operator's eigenvalues with the shares. A stranger's float32 CNN at loss 5e-8 (M = 137)
+# had λ1 off the float64 truth by 88·eps·|λ| = 0.64·eps·M·|λ|, 5.5× the 16-unit floor; over 250
+# runs of small MLPs and CNNs with M from 40 to 230 (losses 1e-5 to 1e-20) the error reached
+# 0.65·eps·M·|λ|, so 2 leaves a 3× margin (tests/linalg/test_logit_roundoff.py).
+LOGIT_UNITS = 2.0
 
 
-def round_off_floor(dtype, scale: float) -> float:
-    """ROUNDOFF_UNITS·eps·‖H‖ (‖H‖ ≥ `scale`: the largest |α|, |β|, Ritz value or projection
-    entry seen): the products' own round-off, below which no bound goes."""
+def roundoff_units(max_abs_logit: float = 0.0) -> float:
+    """The floor's units of eps·‖H‖: ROUNDOFF_UNITS, or LOGIT_UNITS·M where the largest |logit|
+    M of a softmax loss makes the logits' own rounding the larger (0: none measured)."""
+    return max(float(ROUNDOFF_UNITS), LOGIT_UNITS * max_abs_logit)
+
+
+def round_off_floor(of, scale: float, units: float | None = None) -> float:
+    """units·eps·‖H‖ (‖H‖ ≥ `scale`: the largest |α|, |β|, Ritz value or projection entry
+    seen): the products' own round-off and the logits', below which no bound goes. `of`: the
+    operator, whose dtype and `roundoff_units` (flatcheck.operators.CurvatureOperator) it takes —
+    ROUNDOFF_UNITS for one without (a dense test matrix) — or a dtype. `units`: given, these."""
     import torch
 
-    return ROUNDOFF_UNITS * torch.finfo(dtype).eps * scale
+    if units is None:
+        units = getattr(of, "roundoff_units", ROUNDOFF_UNITS)
+    return units * torch.finfo(getattr(of, "dtype", of)).eps * scale
 

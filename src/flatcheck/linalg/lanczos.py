@@ -413,7 +413,7 @@ def lanczos_top(
         if ratio <= 1:
             top, below = top_and_below(theta, estimates, k)
             previous = measured
-            measured = (lz.size, measure(lz, S[:, top]), below, round_off_floor(op.dtype, lz.scale))
+            measured = (lz.size, measure(lz, S[:, top]), below, round_off_floor(op, lz.scale))
             verdict = check_verdict(measured, previous, tol)
             if verdict is not None:
                 stop = verdict
@@ -426,7 +426,7 @@ def lanczos_top(
         # a spent budget takes the residuals from the products already made (Lanczos.residuals):
         # k fresh products of a large model would overrun it by k steps' time
         final = Lanczos.residuals if stop == "budget" else measure
-        measured = (lz.size, final(lz, S[:, top]), below, round_off_floor(op.dtype, lz.scale))
+        measured = (lz.size, final(lz, S[:, top]), below, round_off_floor(op, lz.scale))
     if progress is not None and stop != "budget":  # the end: what it took, the check included (a
         # budget's end is told by the probe, as stopped short)
         progress(op.matvecs - start_matvecs, op.matvecs - start_matvecs, value=float(np.max(theta)))

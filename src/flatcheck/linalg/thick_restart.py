@@ -250,7 +250,7 @@ def lanczos_top_restarted(
                 # k more vectors; the recurrence goes on from there if they fall short
                 lz.restart(keep, full=False)
                 previous = measured
-                measured = (lz.steps, lz.true_residuals(k), below, round_off_floor(op.dtype, lz.scale))
+                measured = (lz.steps, lz.true_residuals(k), below, round_off_floor(op, lz.scale))
                 verdict = check_verdict(measured, previous, tol)
                 if verdict is not None:
                     stop = verdict
@@ -266,7 +266,7 @@ def lanczos_top_restarted(
         lz.restart(keep, full=False)
         # no product past a budget: the recurrence's own residuals
         found = lz.estimated_residuals(k) if stop == "budget" else lz.true_residuals(k)
-        measured = (lz.steps, found, below, round_off_floor(op.dtype, lz.scale))
+        measured = (lz.steps, found, below, round_off_floor(op, lz.scale))
     if progress is not None and stop != "budget":  # the end: what it took, the check included (a
         # budget's end is told by the probe, as stopped short)
         progress(op.matvecs - start_matvecs, op.matvecs - start_matvecs, value=float(np.max(lz.ritz()[0])))

@@ -168,7 +168,7 @@ def block_top(op: Operator, k: int, start: Tensor, *, generator: torch.Generator
     stop = "max_iter"
     while True:
         values, res, Y, R = block.ritz(min(carry, block.size))
-        floor = round_off_floor(op.dtype, block.scale)
+        floor = round_off_floor(op, block.scale)
         below = (values[k], res[k]) if len(values) > k else None
         bounds = ritz_bounds(values[:k], res[:k], below, floor, BLOCK_GAP_SAFETY)
         ratios = [b.value / (tol * abs(v)) if v != 0 else math.inf for b, v in zip(bounds, values)]
