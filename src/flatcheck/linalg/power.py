@@ -93,7 +93,7 @@ def power_top(
                     ("budget" if budget else "stalled" if stalled else "max_iter"),
         method="power",
         # one vector at a time sees no other Ritz value, so no gap: the residual is the bound
-        bounds=residual_bounds(residuals, round_off_floor(op.dtype, max((abs(v) for v in values), default=0.0))),
+        bounds=residual_bounds(residuals, round_off_floor(op, max((abs(v) for v in values), default=0.0))),
     )
 
 
