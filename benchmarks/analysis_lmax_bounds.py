@@ -1,9 +1,10 @@
 """Where the default lmax's certified stop could come sooner, replayed from recorded Krylov spaces.
 
-Block Lanczos from two starts spans, after m products, a space that does not depend on when the
-solver checks its bound (a block step taken a row at a time reaches the same spaces). So one
-run that checks after every product and goes on well past its stop records, at every count m,
-the top Ritz values and residuals; any stopping rule can then be replayed on the records: the
+Block Lanczos from two starts whose rows are taken in their own order (not led by a residual, as
+lmax's last step is since session 23) spans, after m products, a space that does not depend on
+when the solver checks its bound: a block step taken a row at a time reaches the same spaces. So
+one run that checks after every product and goes on well past its stop records, at every count
+m, the top Ritz values and residuals; any stopping rule can then be replayed on the records: the
 count at which it stops, and its bound there against the error of θ₁. The error is measured
 against the dense float64 spectrum on the small models of tests/support/spectra.py (mlp, cnn,
 transformer, and the near-degenerate twin), and against the run's own converged θ₁ on

@@ -168,14 +168,15 @@ def test_a_settled_chebyshev_rate_forecasts_instead_of_the_mean_rate():
     f.total(2, math.e ** 14, None)
     # the mean rate's forecast while the given rate is still falling fast (20 → 8: not settled)
     first = f.total(4, math.e ** 7, 20.0)
-    assert f.total(6, math.e ** 6, 8.0) != 6 + round(2 * 6 / 8.0)
+    # the mean rate's: (7 − 6 + 1·2 prior) e-folds over 2 + 2·2 units, 0.5 a unit: 6 steps of 2 left
+    assert f.total(6, math.e ** 6, 8.0) == 6 + 12
     # 6 after 8 has settled (> SETTLED × 8): ln ratio 5 at 6 e-folds a step of 2 units, 2 units
     assert f.total(8, math.e ** 5, 6.0) == 8 + 2
-    assert first > 4
+    assert first == 18  # no earlier rate to be settled against: the mean rate's
     # a rate that falls by more than half again is not taken; a met ratio ends the run as before
     g = DecayForecast(limit=300, per_step=2, prior_steps=0)
     g.total(2, math.e ** 14, None), g.total(4, math.e ** 7, 6.0)
-    assert g.total(6, math.e ** 5, 2.0) != 6 + round(2 * 5 / 2.0)
+    assert g.total(6, math.e ** 5, 2.0) == 6 + 8  # the mean rate's, (2 + 2)/6 a unit; not 6 + 5
     assert g.total(7, 0.5, 2.0) == 7
 
 

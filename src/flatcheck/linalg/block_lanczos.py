@@ -22,9 +22,11 @@ products, not only at a multiple of BLOCK. The row taken is not the block's firs
 but the pending rows turned towards the residual of the Ritz pair furthest from its stop
 (`lead_with`): the product that one-vector Lanczos on that Ritz vector would take next, so the
 pair converges as fast as a one-vector recurrence where its bound is decided, while the other
-pending row keeps the block's second direction for the gap. Against whole block steps from the
-same starts (tests/linalg/test_block_lanczos_partial.py) it takes fewer products on most seeds;
-the spaces are no longer the block's, so on a few a run takes one more.
+pending row keeps the block's second direction for the gap. Only for k below the block's size:
+with k ≥ block nothing else would keep a second direction into a near-degenerate (λ_k, λ_{k+1}).
+Against whole block steps from the same starts (tests/linalg/test_block_lanczos_partial.py) it
+takes fewer products on most seeds; the spaces are no longer the block's, so on a few a run
+takes one more.
 
 Every product is kept as its coefficients in the basis (as Lanczos.residuals keeps them), so
 the residuals of any Ritz vector are exact from the products already taken: no product checks
@@ -181,12 +183,23 @@ class BlockLanczos(Lanczos):
         norm = float(np.linalg.norm(lead))
         if not (norm > 0 and math.isfinite(norm)):
             return
-        # an orthogonal G (p × p) whose first row is the residual's direction
-        Q, _ = np.linalg.qr(np.column_stack([lead / norm, np.eye(p)[:, 1:]]))
-        G = Q.T * np.where(Q[:, 0] @ lead < 0, -1.0, 1.0)
-        rows = torch.as_tensor(G, dtype=self.op.dtype, device=self.op.device) @ torch.stack(self.pending)
-        self.pending = list(rows)
-        self._pending_block = rows
+        # a Householder reflection G = I − 2uuᵀ with G·e1 = ℓ, the residual's unit direction: G is
+        # symmetric, so its first row is ℓ too. Applied to the rows in place, with one P-sized
+        # temporary (Σ u_j q_j), so turning them needs no second copy of the pending block.
+        ell = lead / norm
+        u = -ell
+        u[0] += 1.0
+        length = float(np.linalg.norm(u))
+        if length <= np.finfo(np.float64).eps:  # the first row is the direction already
+            return
+        u /= length
+        mix = torch.zeros_like(self.pending[0])
+        for uj, q in zip(u, self.pending):
+            mix.add_(q, alpha=float(uj))
+        for ui, q in zip(u, self.pending):
+            if ui != 0.0:
+                q.sub_(mix, alpha=2.0 * float(ui))
+        G = np.eye(p) - 2.0 * np.outer(u, u)
         for j, c in enumerate(self.columns):
             if c.size > m:
                 d = np.zeros(p)
@@ -253,19 +266,22 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
     while True:
         if lz.invariant and lz.size < min(k + MIN_EXTRA, dim):
             lz.restart(gaussian(block, dim, generator, dtype=op.dtype, device=op.device))
-            owed = 0  # the block being split is gone: the restart's rows step whole
+            owed = 0  # the block being split is gone: the rows owed are counted again
         if not lz.can_step:
             stop = "invariant" if lz.invariant else "max_iter"
             break
         # a row at a time where the step is likely the last, and then the rest of that block's
-        # rows one at a time: every count a whole-block run checks is checked (the same spaces),
-        # so a split never stops later than the block would; counted in the rows the block has
-        # (fewer than `block` where a row was dropped or a restart found fewer)
+        # rows one at a time, each product checked; counted in the rows the block has (fewer
+        # than `block` where a row was dropped or a restart found fewer)
         if owed == 0 and likely_last(history):
             owed = len(lz.pending)
-        if owed and top is not None and lz.size >= k:
-            # the row taken is the residual's direction of the Ritz pair furthest from its stop
-            values, _, bounds, (S, order) = top
+        if owed and top is not None and k < block and lz.size >= k:
+            # the row taken is the residual's direction of the Ritz pair furthest from its stop.
+            # Only where the block has rows beyond the k pairs: a led row grows the space as a
+            # one-vector recurrence on that pair would, and with k ≥ block nothing else keeps
+            # a second direction into a near-degenerate (λ_k, λ_{k+1}) (the lead then certified
+            # a mixture at k = 2: 1 of 400 dense runs, none without it)
+            values, _, bounds, (S, order, _) = top
             worst_i = max(range(len(bounds)), key=lambda i: bounds[i].value / abs(values[i]) if values[i] else math.inf)
             lz.lead_with(S[:, order[worst_i]])
         lz.step(1 if owed else None)
@@ -277,7 +293,7 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
         done = op.matvecs - start_matvecs
         if progress is not None:
             # the Chebyshev rate speaks of the top pairs a block carries: k ≤ block
-            rate = chebyshev_rate(lz.ritz()[0], block) if k <= block else None
+            rate = chebyshev_rate(top[3][2], block) if k <= block else None
             progress(done, forecast.total(done, worst, rate), value=values[0])
         if lz.size < k:
             continue
@@ -294,7 +310,7 @@ def block_lanczos_top(op: Operator, k: int, *, generator: torch.Generator, tol: 
             stop = "budget"
             break
     # the last step's: no product since (a restart that found nothing left adds no row)
-    values, res, bounds, (S, order) = top
+    values, res, bounds, (S, order, _) = top
     Y = lz.vectors(S[:, order[:k]])
     Y = Y / torch.linalg.vector_norm(Y, dim=1, keepdim=True)
     matvecs = op.matvecs - start_matvecs
@@ -347,14 +363,15 @@ def offset(progress: Progress | None, done: int) -> Progress | None:
 def _top(lz: BlockLanczos, k: int):
     """The top k Ritz values (largest first) and the next one's, their residual norms from the
     products kept, the top k's bounds (the gap from the next one, TOO_FEW in a space of fewer
-    than k + MIN_EXTRA vectors), and (S, order) to make the vectors from."""
+    than k + MIN_EXTRA vectors), and (S, order, θ) to make the vectors from (θ: every Ritz
+    value, ascending)."""
     theta, S = lz.ritz()
     order = np.argsort(theta)[::-1]
     values, res = coefficient_residuals(lz.coefficients(), np.asarray(lz.outside), S[:, order[: k + 1]])
     below = (values[k], res[k]) if lz.size >= k + MIN_EXTRA and len(values) > k else TOO_FEW
     scale = max(lz.scale, max(abs(v) for v in values))
     bounds = ritz_bounds(values[:k], res[:k], below, round_off_floor(lz.op, scale), GAP_SAFETY)
-    return values, res, bounds, (S, order)
+    return values, res, bounds, (S, order, theta)
 
 
 def likely_last(history: list[tuple[float, float]]) -> bool:
