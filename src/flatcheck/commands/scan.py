@@ -52,7 +52,8 @@ def scan_cmd(
                                                   "trace,gini, or the preset's]", show_default=False)] = None,
     preset: Annotated[Optional[str], typer.Option("--preset", help="a paper's protocol: mls-vs-sharpness (Chen et "
                                                   "al. 2023 Fig. 4: sigmoid+MSE adaptive sharpness and normalized "
-                                                  "MLS, 1000 samples); your own flags override it")] = None,
+                                                  "MLS, 1000 samples or the whole split if smaller); your own "
+                                                  "flags override it")] = None,
     shard: Annotated[Optional[str], typer.Option("--shard", help="I/N: this process is shard I (from 0) of N "
                                                  "started independently (a job array); writes OUT.rankI")] = None,
     option: Annotated[Optional[list[str]], typer.Option("--option", "-o", help="PROBE.KEY=VALUE, repeatable")] = None,
@@ -108,20 +109,21 @@ def scan_cmd(
         if chosen and probes:
             names_given = {n.strip() for n in probes.split(",")}
             assignments = [a for a in assignments if a.split(".", 1)[0] in names_given or a in (option or [])]
-        base = RunConfig(
-            checkpoint=None, spec=Path("<per model>"),
-            probes=probe_requests(names, parse_option_assignments(assignments)),
-            data=data, data_root=data_root, split=split,
-            samples=samples if samples is not None or chosen is None else chosen.samples, batch_size=batch_size,
-            device=_device_for(device, placement), dtype=dtype, bn_mode=bn_mode, seed=seed,
-            params=tuple(p.strip() for p in (params or "").split(",") if p.strip()), backend=backend,
-            trust_packages=trust_package, budget=budget,
-        )
         from ..workflows.child_process import parent_without_pool
 
-        # the parent builds specs (and some models) before the first fork: on one thread, so that
-        # it never starts the OpenMP pool a forked child could not use (child_process)
+        # the parent reads the data's size and builds specs (and some models) before the first
+        # fork: on one thread, so that it never starts the OpenMP pool a forked child could not
+        # use (child_process)
         with parent_without_pool():
+            base = RunConfig(
+                checkpoint=None, spec=Path("<per model>"),
+                probes=probe_requests(names, parse_option_assignments(assignments)),
+                data=data, data_root=data_root, split=split,
+                samples=_samples(samples, chosen, data, data_root, split, seed, quiet), batch_size=batch_size,
+                device=_device_for(device, placement), dtype=dtype, bn_mode=bn_mode, seed=seed,
+                params=tuple(p.strip() for p in (params or "").split(",") if p.strip()), backend=backend,
+                trust_packages=trust_package, budget=budget,
+            )
             from ..models.resolve import ModelRequest
 
             # the spec fields the shared flags set, as every probe command reads them (models.resolve)
@@ -161,6 +163,29 @@ def _config_error(msg: str):
     from ..errors import ConfigError
 
     return ConfigError(msg)
+
+
+def _samples(given, chosen, data, data_root, split, seed, quiet) -> int | None:
+    """The scan's sample count, held against its data before any model runs. --samples N
+    beyond the split is refused (exit 2), as a one-model command refuses it, rather than
+    recorded as every model's error. A preset's own count is a default, and acts like
+    flatcheck's (1000, or the whole split if smaller): a smaller split is measured whole, and
+    the scan says so, since the paper's protocol named more."""
+    wanted = given if given is not None else chosen.samples if chosen is not None else None
+    if wanted is None or wanted < 1:
+        return wanted  # flatcheck's default (api.open_session), or a count RunConfig refuses
+    from ..workflows.scan_sources import split_size
+
+    have, name = split_size(data, data_root, split, seed)
+    if wanted <= have:
+        return wanted
+    if given is not None:
+        from ..errors import DataError
+
+        raise DataError(f"--samples {given} is more than the {have} samples of data '{name}' split '{split}'")
+    _say(f"flatcheck scan: --preset {chosen.name} takes {chosen.samples} samples, more than the {have} of data "
+         f"'{name}' split '{split}': measuring all {have}, as --samples' default does", quiet)
+    return have
 
 
 def _device_for(device: str, placement) -> str:

@@ -25,7 +25,7 @@ class ScanPreset:
     cite: str
     probes: str
     options: tuple[str, ...]  # -o PROBE.KEY=VALUE, before the user's own (which win)
-    samples: int
+    samples: int  # a default as flatcheck's own is: a smaller split is measured whole (commands.scan)
     figure: dict[str, object] = field(default_factory=dict)  # report: x, y, logx, logy
 
 

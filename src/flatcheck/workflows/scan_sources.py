@@ -124,6 +124,20 @@ def model_entry(ref: str, request: Any) -> Entry:
     return entry
 
 
+# ---------------------------------------------------------------- the data
+
+
+def split_size(data: str, root: Path | None, split: str, seed: int) -> tuple[int, str]:
+    """How many samples the scan's data gives in its split, and the data's name as errors say
+    it: read once in the parent, so that a --samples larger than the data is one refusal before
+    any model runs rather than an error record of each. The count is the model's neither way:
+    a model's preprocessing and class count change its samples, not how many there are."""
+    from ..data.registry import create_dataset
+
+    dataset = create_dataset(data, root=root, split=split, seed=seed)
+    return len(dataset), dataset.name
+
+
 # ---------------------------------------------------------------- checkpoint folders
 
 
