@@ -353,8 +353,10 @@ def _print_summary(summary, figure: dict | None = None) -> None:
     table = Table()
     probes = list(dict.fromkeys(p for r in summary.records for p in r.get("results", {})))
     # a preset's figure may plot a detail rather than the headline (mls-vs-sharpness: the
-    # normalized MLS): that field gets its own column, so the table shows what the figure will
-    extra = [f for f in ((figure or {}).get("x"), (figure or {}).get("y")) if isinstance(f, str) and "." in f]
+    # normalized MLS): that field gets its own column, so the table shows what the figure will;
+    # none for a probe the scan did not run (--probes chose others), which would be all dashes
+    extra = [f for f in ((figure or {}).get("x"), (figure or {}).get("y"))
+             if isinstance(f, str) and "." in f and f.partition(".")[0] in probes]
     for col in ("model", "status", "seconds", *probes, *extra):
         table.add_column(col, justify="left" if col in ("model", "status") else "right")
     for r in summary.records:
