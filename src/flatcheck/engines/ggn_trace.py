@@ -42,6 +42,31 @@ class SampledGGNTrace(GGNTrace):
     standard error of any sum of parts (the weights alone, say) is known, not only the total's."""
 
     covariance: Tensor | None = None  # (n_params, n_params) float64; sums to stderr²
+    # Σ_n w_n² over the samples' shares w_n of stderr² (Welch–Satterthwaite's denominator)
+    share_sq: float = 0.0
+    third: float | None = None  # the total's third cumulant, estimated (K ≥ 3 draws per sample)
+    draws: int = 2  # K
+
+    @property
+    def dof(self) -> int | None:
+        """⌊ν⌋ of the Welch–Satterthwaite ν = (Σ w_n)²·(K − 1)/Σ w_n², w_n a sample's share of
+        stderr², each from K − 1 dof; None where no draw differed.
+
+        The draws λ‖Jᵀu‖²/q are heavy-tailed where a class with a small q has a large ‖Jᵀu‖²:
+        a few samples then carry most of stderr², whose own spread is large, and a draw that
+        missed them has a low value and a small stderr together. A normal interval covered
+        Tr(G) in 88 % of seeds at K = 2 (600 samples, 4 classes; ν ≈ 4); t on ν, 93 %."""
+        if not self.share_sq > 0 or self.stderr is None or not self.stderr > 0:
+            return None
+        return max(1, int(self.stderr**4 * (self.draws - 1) / self.share_sq))
+
+    @property
+    def skewness(self) -> float | None:
+        """The total's estimated skewness κ₃/stderr³ (None at K = 2: a third cumulant needs
+        three draws of a sample)."""
+        if self.third is None or self.stderr is None or not self.stderr > 0:
+            return None
+        return self.third / self.stderr**3
 
     def stderr_of(self, mask: Tensor) -> float | None:
         """The standard error of the sum of the parts where `mask` (bool, one per parameter tensor) holds."""
@@ -71,6 +96,7 @@ def ggn_trace(problem: Problem, class_samples: int | None = None, generator: tor
     params = problem.layout.params(problem.model)
     total = torch.zeros(len(params), dtype=torch.float64, device=problem.device)
     covariance = torch.zeros(len(params), len(params), dtype=torch.float64)
+    share_sq, third = 0.0, 0.0
     columns = 0
     with model_mode(problem.model, problem.bn_mode):
         for i, batch in enumerate(problem.samples):
@@ -96,13 +122,22 @@ def ggn_trace(problem: Problem, class_samples: int | None = None, generator: tor
                 centred = draws - draws.mean(1, keepdim=True)
                 covariance += (torch.einsum("bkp,bkq->pq", centred, centred).cpu()
                                * scale**2 / ((class_samples - 1) * class_samples))
+                # the total's draws: each sample's share of stderr² (for Welch's dof) and,
+                # from three draws, its unbiased third cumulant k₃ (for the skewness)
+                c = centred.sum(-1)
+                share = c.pow(2).sum(1) * scale**2 / ((class_samples - 1) * class_samples)
+                share_sq += share.pow(2).sum().item()
+                if class_samples >= 3:
+                    k3 = c.pow(3).sum(1) * class_samples / ((class_samples - 1) * (class_samples - 2))
+                    third += k3.sum().item() * scale**3 / class_samples**2
             if progress is not None:
                 progress(i + 1, problem.samples.num_batches)
     if class_samples is None:
         return GGNTrace(total, None, columns)
     if class_samples < 2:
         return GGNTrace(total, float("nan"), columns)
-    return SampledGGNTrace(total, max(covariance.sum().item(), 0.0) ** 0.5, columns, covariance)
+    return SampledGGNTrace(total, max(covariance.sum().item(), 0.0) ** 0.5, columns, covariance, share_sq,
+                           third if class_samples >= 3 else None, class_samples)
 
 
 def _per_sample_sqnorms(problem: Problem, params: list[Tensor], x: Tensor, U: Tensor, per_sample: str) -> Tensor:
