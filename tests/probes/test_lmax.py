@@ -76,7 +76,21 @@ def test_a_float32_bound_at_the_round_off_floor_holds_against_float64():
     truth = torch.linalg.eigvalsh((H + H.T) / 2).max().item()
     floored = 0
     for seed in range(8):
-        r = flatcheck.measure(model, (x, y), probes={"lmax": {"k": 5}}, seed=seed).results["lmax"]
+        # two starts, as the report had: a wider block stops before the top value reaches the floor
+        r = flatcheck.measure(model, (x, y), probes={"lmax": {"k": 5, "starts": 2}}, seed=seed).results["lmax"]
         floored += r.error_bound < 32 * torch.finfo(torch.float32).eps * abs(r.value)
         assert abs(r.value - truth) <= r.error_bound, (seed, r.value, truth, r.error_bound)
     assert floored >= 4  # the case is the floor's: most bounds are at it
+
+
+def test_the_default_block_is_one_wider_than_k():
+    """Two starts for λmax; k + 1 for more eigenvalues, so the k-th value's gap has a direction
+    of its own (probes/lmax.py DEFAULT_STARTS); a given --starts is kept, and the cap holds."""
+    from flatcheck.probes.lmax import MAX_STARTS, LmaxOptions
+
+    assert LmaxOptions().resolved_starts == 2
+    assert LmaxOptions(k=2).resolved_starts == 3
+    assert LmaxOptions(k=5).resolved_starts == 6
+    assert LmaxOptions(k=40).resolved_starts == MAX_STARTS
+    assert LmaxOptions(k=3, starts=2).resolved_starts == 2
+    assert LmaxOptions(k=1, starts=1).resolved_starts == 1
