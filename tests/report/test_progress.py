@@ -194,6 +194,12 @@ def test_the_bar_gets_our_eta_and_estimate():
     (["flatcheck", "list-probes"], None),
     (["flatcheck", "report", "a.json"], None),
     (["flatcheck"], None),
+    # a required option left out: the parser's error comes first, with no loading announced
+    (["flatcheck", "gate", "m.safetensors", "--spec", "s.yaml"], None),
+    (["flatcheck", "gate", "m.safetensors", "--config", "g.yaml"], "loading m.safetensors"),
+    (["flatcheck", "gate", "m.safetensors", "--config=g.yaml"], "loading m.safetensors"),
+    (["flatcheck", "scan", "--checkpoints", "d"], None),
+    (["flatcheck", "scan", "--checkpoints", "d", "--out", "r.jsonl"], "loading the model"),
 ])
 def test_starting_line(argv, expected):
     line = starting_line(argv)

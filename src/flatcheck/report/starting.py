@@ -24,9 +24,17 @@ def starting_line(argv: list[str]) -> str | None:
     command = argv[1]
     if command not in run_commands():
         return None
+    # a required option left out is an error the parser gives at once: no loading to announce
+    needed = REQUIRED.get(command)
+    if needed and not any(a == needed or a.startswith(needed + "=") for a in argv[2:]):
+        return None
     models = [a for a in argv[2:] if a.lower().endswith(CHECKPOINT_SUFFIXES)]
     what = ", ".join(models[:3]) + (" …" if len(models) > 3 else "") if models else "the model"
     return f"{PREFIX} {command}: starting · importing torch, then loading {what} and the data"
+
+
+# run commands with a required option (commands/gate.py, commands/scan.py)
+REQUIRED = {"gate": "--config", "scan": "--out"}
 
 
 @functools.cache  # read on every start (entry's early checks, then the progress line): once is enough
