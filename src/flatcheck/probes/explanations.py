@@ -52,7 +52,8 @@ EXPLANATIONS: dict[str, Explanation] = {
                "(the exact GGN trace as a centered decomposition).",
         cost="Hutchinson: one curvature product per probe, at least --min-probes (10) and at most --probes-max (100); "
              "by default it stops at a relative standard error of 5 %. Hutch++: 3·⌊--probes-max/3⌋ products (9 at "
-             "--probes-max 10), a third each for its sketch, its basis and its residual probes. "
+             "--probes-max 10), a third each for its sketch, its basis and its residual probes, up to 3·P "
+             "(P parameters): there its sketch spans every direction and the trace is exact, so it takes no more. "
              "Exact GGN: no products, C backward passes per batch (C classes; --class-samples K draws K instead). "
              "One product costs about two to four gradients over the N samples.",
     ),
