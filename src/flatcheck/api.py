@@ -8,10 +8,12 @@ Nothing here prints; progress goes to an optional callback.
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import math
 import platform
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -151,8 +153,10 @@ def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: Sample
         find_head(model, spec)
     num_classes, saturation = _check_fit(model, samples, spec, config)
     layout = ParamLayout.from_model(model, config.params)
+    products = _check_products(model, samples, spec, config, layout)
     problem = Problem(model=model, loss=spec.loss, samples=samples, layout=layout, bn_mode=config.bn_mode,
-                      max_abs_logit=saturation["max_abs_logit"] if saturation is not None else 0.0)
+                      max_abs_logit=saturation["max_abs_logit"] if saturation is not None else 0.0,
+                      product_error=products["eps_units"] if products is not None else 0.0)
     backend = create_backend(config.backend, problem, compile=config.compile)
     # on a GPU, a default batch grows to what a probe's memory holds (engines.batchfill)
     problem, backend, growth = batchfill.filled(
@@ -161,6 +165,8 @@ def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: Sample
     info = dict(data_info or {})
     if saturation is not None:
         info["softmax_saturation"] = saturation
+    if products is not None:
+        info["float32_products"] = products
     if device.type == "cuda" or growth.grown:
         info["batch_size_reason"] = growth.reason
     return Session(config, spec, checkpoint, model, problem.samples, backend, device, num_classes, preprocess,
@@ -172,13 +178,18 @@ def _versions(model: nn.Module) -> tuple[int, ...]:
 
 
 def _remeasure_logits(session: Session) -> None:
-    """Problem.max_abs_logit again, where the weights moved since it was measured (one no-grad
-    forward): the eigen-solvers' round-off floor must be the current logits'."""
+    """Problem.max_abs_logit (one no-grad forward) and product_error (_check_products) again,
+    where the weights moved since they were measured: the eigen-solvers' round-off floor must be
+    the current logits' and products'."""
     problem = session.backend.problem
     versions = _versions(session.model)
-    if problem.loss.name not in SOFTMAX_LOSSES or versions == session.logit_versions:
+    if versions == session.logit_versions:
         return
-    problem.max_abs_logit = max(float(z.abs().max()) for z, _, _ in problem.outputs())
+    if problem.loss.name in SOFTMAX_LOSSES:
+        problem.max_abs_logit = max(float(z.abs().max()) for z, _, _ in problem.outputs())
+    products = _check_products(session.model, problem.samples, session.spec, session.config, problem.layout,
+                                say=False)
+    problem.product_error = products["eps_units"] if products is not None else 0.0
     session.logit_versions = versions
 
 
@@ -256,6 +267,64 @@ def _check_batches(model: nn.Module, samples: SampleSet, spec: ModelSpec, config
         return None
     return {"threshold": SATURATED, "samples": count, "least": least, "mean": total / samples.n,
             "max_abs_logit": largest}
+
+
+# how many samples of the first batch the float32 products are checked on against float64
+CHECK_SAMPLES = 8
+
+
+def _check_products(model: nn.Module, samples: SampleSet, spec: ModelSpec, config: RunConfig,
+                    layout: ParamLayout, say: bool = True) -> dict[str, Any] | None:
+    """A float32 run's Hessian-vector product, on one fixed random vector and the first
+    CHECK_SAMPLES samples, against the same product of a float64 copy: where its relative error
+    ρ (in units of eps) is past linalg.certify.PRODUCT_TRUSTED, the products cancel inside
+    themselves (a saturated tanh's 1 − y², linalg/certify.py), which no other figure of the run
+    shows. Then the eigen-solvers' floor takes ρ (Problem.product_error), a warning says so, and
+    the report's data.float32_products records it; None otherwise, as in float64, or where the
+    check cannot run (a model that does not copy or take a second derivative this way). `say`:
+    warn (a Tracker's later steps take the new figure without repeating the warning)."""
+    from .linalg.certify import PRODUCT_TRUSTED
+
+    if config.torch_dtype != torch.float32:
+        return None
+    g = torch.Generator().manual_seed(0)
+    v = [torch.randn(p.shape, generator=g).to(p.device) for p in layout.params(model)]
+    # the check is a second opinion, never a reason to fail a run whose own products can run
+    # (inputs that do not slice, a copy or double backward the model does not take, no memory)
+    try:
+        batch = next(iter(samples))
+        x, y = batch.x[:CHECK_SAMPLES], batch.y[:CHECK_SAMPLES]
+        wide = copy.deepcopy(model).double()
+        narrow = _hvp(model, layout, x, y, v, spec, config)
+        exact = _hvp(wide, layout, x.double() if x.is_floating_point() else x, y, [t.double() for t in v],
+                     spec, config)
+    except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError, NotImplementedError,
+            copy.Error):
+        return None
+    size = float(exact.norm())
+    if not size or not math.isfinite(size):
+        return None
+    units = float((narrow.double() - exact).norm()) / size / torch.finfo(torch.float32).eps
+    if not units > PRODUCT_TRUSTED:
+        return None
+    note = (f"float32 curvature products lose precision on this model: one product was {units:.0f}·eps off its "
+            f"float64 value (relative {units * torch.finfo(torch.float32).eps:.1e}; derivatives cancel inside "
+            f"the model, e.g. saturated tanh or sigmoid units). Eigenvalue bounds take that as their floor; "
+            f"trace and other estimators' errors do not include it. Use --dtype float64 (dtype='float64').")
+    if say:
+        warnings.warn(note, stacklevel=3)
+    return {"samples": int(x.shape[0]), "eps_units": units, "warning": note}
+
+
+def _hvp(model: nn.Module, layout: ParamLayout, x: torch.Tensor, y: torch.Tensor, v: list[torch.Tensor],
+         spec: ModelSpec, config: RunConfig) -> torch.Tensor:
+    """H v of the mean loss over (x, y), by double backward, flat."""
+    params = layout.params(model)
+    with model_mode(model, config.bn_mode), torch.enable_grad():
+        loss = per_sample_loss(model(x), y, spec.loss).mean()
+        grads = torch.autograd.grad(loss, params, create_graph=True)
+        hv = torch.autograd.grad(grads, params, grad_outputs=v)
+    return torch.cat([h.detach().reshape(-1) for h in hv])
 
 
 def _check_finite_outputs(out: torch.Tensor, loss: torch.Tensor, first: int, samples: SampleSet,

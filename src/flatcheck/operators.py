@@ -35,8 +35,9 @@ class CurvatureOperator:
         self.dtype = backend.problem.dtype
         self.device = backend.problem.device
         # units of eps·‖A‖ below which no eigenvalue bound goes: the products' round-off, or the
-        # logits' own where a saturated softmax makes that the larger (linalg/certify.py)
-        self.roundoff_units = roundoff_units(backend.problem.max_abs_logit)
+        # logits' own where a saturated softmax makes that the larger, or the float32 products'
+        # measured error where they cancel (linalg/certify.py)
+        self.roundoff_units = roundoff_units(backend.problem.max_abs_logit, backend.problem.product_error)
         self.matvecs = 0
         self._vhv = vhv
         self._product = backend.hvp if matrix == "hessian" else backend.ggn_vp

@@ -132,6 +132,9 @@ class Problem:
     # (api._check_batches; 0: not measured): the logits' own float rounding moves the curvature
     # by about eps·M relative, which the eigen-solvers' round-off floor takes (linalg/certify.py)
     max_abs_logit: float = 0.0
+    # a float32 product's relative error against float64, in units of eps, where it exceeds what
+    # the floor takes (api._check_products; 0: not measured or within it): the floor takes it too
+    product_error: float = 0.0
 
     def __post_init__(self):
         self.bn_mode = BnMode(self.bn_mode)  # checked with the run's settings (flatcheck.settings)

@@ -118,10 +118,33 @@ ROUNDOFF_UNITS = 16
 LOGIT_UNITS = 2.0
 
 
-def roundoff_units(max_abs_logit: float = 0.0) -> float:
+# A float32 run's products checked against float64 ones (api._check_products: one random vector,
+# 8 samples): their relative error ρ, in units of eps. Some models' derivatives cancel inside
+# the products themselves: torch takes tanh's derivative as 1 − y² from the rounded output y, so
+# a unit saturated at |a| ~ 10 (true derivative ~1e-8) gets one of about ±eps. A stranger's
+# diverged tanh MLP (lr 2.0, loss 21, every second-layer unit past |a| = 5, samples confidently
+# wrong) had ρ = 4.3e4 and λ1 off its float64 truth by 7.7e3·eps·|λ1|, 13× its bound; neither its
+# logits (max |z| 23) nor the loss (the pivoted loss does not cancel) showed it. Past
+# PRODUCT_TRUSTED the floor is PRODUCT_UNITS·ρ·eps·‖H‖: over 40 steps of that training run no
+# bound missed (worst error/bound 0.50; 1 miss before), and the test's model went from 5-33×
+# outside on 8/8 seeds to 0.07 (tests/linalg/test_float32_cancellation.py). Healthy float32
+# models measure ρ of 2.5-16 (trained tanh, sigmoid, GELU, ELU MLPs; ResNet-18, VGG at init):
+# at or below PRODUCT_TRUSTED the check changes nothing.
+PRODUCT_TRUSTED = 256
+PRODUCT_UNITS = 2.0
+
+
+def product_units(product_error: float = 0.0) -> float:
+    """The floor's units that a measured product error ρ (units of eps; 0: none measured or
+    within PRODUCT_TRUSTED) asks for."""
+    return PRODUCT_UNITS * product_error if product_error > PRODUCT_TRUSTED else 0.0
+
+
+def roundoff_units(max_abs_logit: float = 0.0, product_error: float = 0.0) -> float:
     """The floor's units of eps·‖H‖: ROUNDOFF_UNITS, or LOGIT_UNITS·M where the largest |logit|
-    M of a softmax loss makes the logits' own rounding the larger (0: none measured)."""
-    return max(float(ROUNDOFF_UNITS), LOGIT_UNITS * max_abs_logit)
+    M of a softmax loss makes the logits' own rounding the larger (0: none measured), or
+    product_units(ρ) where the float32 products' measured error ρ is larger still."""
+    return max(float(ROUNDOFF_UNITS), LOGIT_UNITS * max_abs_logit, product_units(product_error))
 
 
 def round_off_floor(of, scale: float, units: float | None = None) -> float:
