@@ -94,3 +94,22 @@ def test_healthy_and_float64_runs_are_not_touched(monkeypatch):
     monkeypatch.setattr(certify, "PRODUCT_UNITS", 0.0)
     old = [flatcheck.measure(model, (x, y), probes=opts, seed=s).results["lmax"].error_bound for s in (0, 1)]
     assert [r.results["lmax"].error_bound for r in reports] == old
+
+
+def test_a_model_without_output_derivative_units_skips_the_float64_check(monkeypatch):
+    """The check costs a float64 copy and product (8.8 s on a CPU ResNet-18): only models with
+    a tanh or sigmoid module (or a sigmoid_mse loss) pay for it; a ReLU model's run never makes
+    it, a tanh model's does."""
+    import flatcheck.api as api
+
+    calls = []
+    plain = api._hvp
+    monkeypatch.setattr(api, "_hvp", lambda *a, **kw: calls.append(1) or plain(*a, **kw))
+    torch.manual_seed(0)
+    x, y = torch.randn(32, 6), torch.randint(0, 3, (32,))
+    relu = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3))
+    flatcheck.measure(relu, (x, y), probes=["lmax"], seed=0)
+    assert not calls
+    tanh = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3))
+    flatcheck.measure(tanh, (x, y), probes=["lmax"], seed=0)
+    assert len(calls) == 2  # the float32 product and its float64 twin
