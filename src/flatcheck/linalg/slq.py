@@ -47,6 +47,17 @@ class Quadrature:
     weights: np.ndarray
     steps: int  # Lanczos steps taken (fewer than asked after a breakdown)
     invariant: bool  # the Krylov space closed: the rule is μ_v itself, no approximation
+    # β_m, the coupling of the Krylov space K to the rest (0 once K is invariant): H·Q = Q·T +
+    # β_m q_{m+1} e_mᵀ, so ‖H‖_F² = ‖T‖_F² + 2β_m² + ‖P⊥HP⊥‖_F², P⊥ = I − QQᵀ
+    beta: float = 0.0
+    # (zᵀCz, zᵀC²z) of C = P⊥HP⊥ and a Rademacher z drawn after K was built: Hutchinson's
+    # draws of what K left out of Tr(H) and Tr(H²) (deflated_rest); None without the basis
+    rest: tuple[float, float] | None = None
+
+    @property
+    def resolved(self) -> tuple[float, float]:
+        """What K holds of Tr(H) and Tr(H²) exactly: Tr T = Σθ, and ‖T‖_F² + 2β_m²."""
+        return float(self.nodes.sum()), float(np.sum(self.nodes**2)) + 2 * self.beta**2
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,18 @@ class SLQ:
     def moment(self, power: int) -> np.ndarray:
         """P·Σ_j w_j θ_j^power for each start vector: unbiased for Tr(H^power) when 2m > power."""
         return np.array([self.dim * float(np.sum(r.weights * r.nodes**power)) for r in self.rules])
+
+    @property
+    def deflated(self) -> bool:
+        return bool(self.rules) and all(r.rest is not None for r in self.rules)
+
+    def sure_square(self) -> float:
+        """A sure lower bound on Tr(H²): with the basis kept, the largest over starts of
+        ‖T‖_F² + 2β_m² (two of the three nonnegative parts of ‖H‖_F², Quadrature.beta);
+        without it ritz_power_sum(2)."""
+        if self.orthogonal:
+            return max(r.resolved[1] for r in self.rules)
+        return self.ritz_power_sum(2)
 
     def ritz_power_sum(self, power: int) -> float:
         """The largest over start vectors of Σ_j |θ_j|^power: a sure lower bound on Tr|H|^power
@@ -137,6 +160,7 @@ def slq(
     progress: Progress | None = None,
     deadline: float | None = None,
     reorthogonalise: bool = True,
+    deflate: bool = False,
 ) -> SLQ:
     """`starts` independent Gauss rules of `steps` nodes each (fewer when Lanczos breaks down,
     which means v's Krylov space is invariant and the rule is then exact for every f).
@@ -144,7 +168,10 @@ def slq(
     `deadline` (a budget, as time.monotonic()) gives each start vector an equal share of the
     time left when it begins, so that every one of them runs — a standard error needs at
     least two — and a rule cut short keeps the nodes it has (a Gauss rule with fewer nodes,
-    still exact for Tr(H) and Tr(H²) from two on); `stopped` says it happened."""
+    still exact for Tr(H) and Tr(H²) from two on); `stopped` says it happened.
+
+    `deflate` (with the basis kept) spends one more product per start on deflated_rest: what
+    the start's Krylov space left out of Tr(H) and Tr(H²), for start_variance_floor."""
     steps = min(steps, op.dim)
     begin = op.matvecs
     rules = []
@@ -162,8 +189,28 @@ def slq(
                 break
         theta, S = lz.ritz()
         weights = S[0, :] ** 2
-        rules.append(Quadrature(theta, weights / weights.sum(), lz.size, lz.invariant))
+        beta = 0.0 if lz.invariant else float(lz.beta_next)
+        rest = None
+        if deflate and reorthogonalise:
+            rest = deflated_rest(lz, rademacher(1, op.dim, generator, dtype=op.dtype, device=op.device)[0])
+        rules.append(Quadrature(theta, weights / weights.sum(), lz.size, lz.invariant, beta, rest))
     return SLQ(rules, op.dim, op.matvecs - begin, stopped, orthogonal=reorthogonalise)
+
+
+def deflated_rest(lz: Lanczos, z: torch.Tensor) -> tuple[float, float]:
+    """(zᵀCz, zᵀC²z), C = P⊥HP⊥ the part of H outside the Krylov space of `lz`, for a z drawn
+    independently of that space: given the space, unbiased for Tr C and Tr C² = ‖P⊥HP⊥‖_F², the
+    parts of Tr(H) and Tr(H²) the space leaves out (Quadrature.resolved holds the rest). One
+    product, Hu with u = P⊥z: zᵀCz = uᵀHu, zᵀC²z = ‖P⊥Hu‖². The same split of a trace into a
+    part a subspace resolves and a Hutchinson estimate of the deflated rest as Hutch++ (Meyer,
+    Musco, Musco & Woodruff 2021), with a Krylov space (Chen & Hallman 2023)."""
+    if lz.size >= lz.op.dim:
+        return 0.0, 0.0  # the whole space: nothing is left out
+    u = lz._orthogonalise(z.to(dtype=lz.op.dtype, device=lz.op.device))
+    hu = lz.op.matmat(u.unsqueeze(0))[0]
+    first = torch.dot(u, hu).item()
+    second = torch.linalg.vector_norm(lz._orthogonalise(hu)).item() ** 2
+    return first, second
 
 
 @dataclass(frozen=True)
@@ -175,58 +222,98 @@ class MomentEstimate:
     stderr: float
     spread_stderr: float | None  # the per-start values' standard deviation over √n
     known_stderr: float | None  # the floor; None for ‖H‖_F, whose interval is Tr(H²)'s
-    # a sure lower bound from the Ritz values (SLQ.ritz_power_sum): Tr(H²) ≥ Σθ², ‖H‖_F ≥ √Σθ²;
+    # a sure lower bound (SLQ.sure_square): Tr(H²) ≥ ‖T‖_F² + 2β_m², ‖H‖_F its square root;
     # None for Tr(H), which an indefinite H's Ritz values do not bound
     ritz_lower_bound: float | None = None
+    # the 95 % interval: value ± Z95·stderr with its lower end raised to ritz_lower_bound
+    interval95: tuple[float, float] | None = None
+    # the mean of the per-start estimates fell below ritz_lower_bound and the value is the bound
+    at_bound: bool = False
+
+
+# how spectrum's moments are estimated (details.estimator): each start's Krylov space resolves
+# its part exactly and an independent vector estimates the rest (SLQ.deflated); without the
+# basis, each start's Gauss rule, Hutchinson's rᵀf(H)r
+ESTIMATOR_DEFLATED = "krylov_deflated"
+ESTIMATOR_RULE = "gauss_rule"
+
+
+def start_estimates(result: SLQ) -> tuple[np.ndarray, np.ndarray]:
+    """Each start's estimate of Tr(H) and of Tr(H²) (start_variance_floor's, whose means they
+    are): deflated where the run is (SLQ.deflated), else the Gauss rule's."""
+    if not result.deflated:
+        return result.moment(1), result.moment(2)
+    resolved = np.array([r.resolved for r in result.rules])
+    rest = np.array([r.rest for r in result.rules])
+    return resolved[:, 0] + rest[:, 0], resolved[:, 1] + rest[:, 1]
 
 
 def start_variance_floor(result: SLQ) -> dict[str, MomentEstimate]:
     """Tr(H), Tr(H²) and ‖H‖_F = √Tr(H²) with standard errors a normal interval value ± z·stderr
     can be read from (INTERVAL_START_FLOOR), over the n start vectors of `result`.
 
-    Each start v = r/√P (r Rademacher) gives X_f = P·vᵀf(H)v = rᵀf(H)r, Hutchinson's form of
-    f(H), with Var X_f = 2(Tr f(H)² − Σ_i f(H)_ii²) ≤ 2·Tr f(H)² (the diagonal's share, at least
-    (Tr f(H))²/P, is left in: conservative, and small where few eigenvalues dominate). Where they
-    do, X_f is skewed: a few starts that miss the dominant directions give a low mean and a small
-    spread together, and the spread of two starts read on Student's t (dof 1) covered the truth
-    in 89–90 % of runs for a nominal 95 % on a small CNN's G (ten on dof 9: 86–93 % on its G and
-    H). So the stderr is floored by
-    √(2·Tr f(H)²/n), with the moment it needs taken from the run itself:
+    With the basis kept (SLQ.deflated), start i's estimate is what its Krylov space K_i resolves
+    exactly (Quadrature.resolved: Σθ for Tr(H); ‖T‖_F² + 2β_m² for Tr(H²)) plus a Hutchinson
+    draw of the rest with a vector independent of K_i (Quadrature.rest): unbiased, and its error
+    is that draw's alone, of C_i = P⊥HP⊥, which holds none of the eigenvalues K_i found. Once K_i
+    holds the dominant eigenvalues (a few dozen steps: Lanczos finds outliers whatever their
+    weight in the start), Tr(H²)'s rest is small and so is its error; where K_i closed, the rest
+    is what its start could not reach (an eigenvalue's further multiplicity), 0 on a spectrum of
+    distinct eigenvalues. Without the basis it is the start's Gauss rule, P·Σwθ^p = rᵀH^p r.
 
-    - Tr(H) (f = x) needs Tr(H²): the larger of its SLQ estimate and the Ritz values' sure lower
-      bound Σθ² (SLQ.ritz_power_sum). The estimate is low exactly when the starts missed the
-      dominant eigenvalues; the Ritz values find those whatever their weight, so the bound holds
-      the floor up then.
-    - Tr(H²) (f = x²) needs Tr(H⁴): the larger of its SLQ estimate (exact for rules of ≥ 3
-      nodes) and Σθ⁴; where a rule has 2 nodes (a --budget cut) the estimate of Tr(H⁴) is not
-      exact, and (Tr H²)² ≥ Tr(H⁴) stands in, with Tr(H²) as above. Its interval also reaches
-      the sure bound Σθ² (value + z·stderr ≥ it).
-    - ‖H‖_F: the square root of Tr(H²)'s interval, clipped at 0, and its symmetric enclosure
-      about √Tr(H²) as stderr (the square root bends the interval: the lower side is the longer).
+    A draw's variance is known, Var zᵀAz = 2(‖A‖_F² − Σ A_jj²) ≤ 2·Tr A², and where few
+    eigenvalues dominate A, draws are skewed: a few that miss them give a low mean and a small
+    spread together (the spread of two Gauss-rule starts read on Student's t, dof 1, covered the
+    truth in 89–90 % of runs for a nominal 95 % on a small CNN's G). So each stderr is floored by
+    √(Σ_i 2·Tr A_i²)/n, with the moment it needs taken from the run itself:
+
+    - Tr(H²): the mean estimate, raised to the sure lower bound SLQ.sure_square (the estimate
+      is never below what the Krylov spaces prove; `at_bound` says it was raised), which is also
+      the lower end of its interval (interval95).
+    - Tr(H) needs Tr A² = Tr C_i² (deflated: Tr(H²) less K_i's part, with Tr(H²) the largest
+      start's estimate where that is above the value: a draw that missed the rest's dominant
+      eigenvalues would otherwise shrink its own floor; else Tr(H²)).
+    - Tr(H²) needs Tr A² = Tr C_i⁴ (deflated: at most (Tr C_i²)², ‖H‖₂²·Tr C_i² with ‖H‖₂ the
+      largest |θ|, and Tr(H⁴); else Tr(H⁴)), Tr(H⁴) the larger of its Gauss-rule estimate (exact
+      for rules of ≥ 3 nodes) and Σθ⁴; where a rule has 2 nodes (a --budget cut) the estimate of
+      Tr(H⁴) is not exact and (Tr H²)² stands in. These caps exceed Tr C_i⁴ where the rest is
+      spread over many eigenvalues, and the interval is then wider than it needs to be (2–8× on
+      small models at 10–100 steps) but still many times narrower than the Gauss rule's.
+    - ‖H‖_F: the square root of Tr(H²)'s interval, and its symmetric enclosure about √Tr(H²) as
+      stderr (the square root bends the interval: the lower side is the longer).
 
     The moments in the floors are estimates from the same starts, not the truth; the Ritz
     bounds are what keeps them from failing together with the values they bound.
     """
     n = len(result.rules)
-    m1, m2 = result.moment(1), result.moment(2)
+    sure2 = result.sure_square()
+    m1, m2 = start_estimates(result)
+    resolved = np.array([r.resolved for r in result.rules])
     spread1, spread2 = (mean_stderr(m)[1] if n > 1 else None for m in (m1, m2))
-    t1, t2 = float(m1.mean()), float(m2.mean())
-    sure2 = result.ritz_power_sum(2)
-    square = max(t2, sure2)
+    t1, mean2 = float(m1.mean()), float(m2.mean())
+    t2 = max(mean2, sure2)
     if all(r.invariant or r.steps >= 3 for r in result.rules):
         fourth = max(float(result.moment(4).mean()), result.ritz_power_sum(4))
     else:
-        fourth = square * square
-    known1, known2 = math.sqrt(2 * square / n), math.sqrt(2 * fourth / n)
+        fourth = t2 * t2
+    if result.deflated:
+        # each start's Tr C_i², from Tr(H²) held up by the largest start's estimate
+        left = np.maximum(max(t2, float(m2.max())) - resolved[:, 1], 0.0)
+        known1 = math.sqrt(2 * float(left.sum())) / n
+        top = max(abs(result.nodes_min), abs(result.nodes_max)) ** 2  # ≈ ‖H‖₂² ≥ ‖C_i‖₂²
+        known2 = math.sqrt(2 * float(np.minimum(np.minimum(left, top) * left, fourth).sum())) / n
+    else:
+        known1, known2 = math.sqrt(2 * t2 / n), math.sqrt(2 * fourth / n)
     se1 = max(spread1 or 0.0, known1)
-    se2 = max(spread2 or 0.0, known2, (sure2 - t2) / Z95)
-    frob = math.sqrt(max(t2, 0.0))
-    lo, hi = math.sqrt(max(t2 - Z95 * se2, 0.0)), math.sqrt(max(t2, 0.0) + Z95 * se2)
+    se2 = max(spread2 or 0.0, known2)
+    lo2, hi2 = max(t2 - Z95 * se2, sure2), t2 + Z95 * se2
+    frob, lo, hi = math.sqrt(t2), math.sqrt(lo2), math.sqrt(hi2)
     se_frob = max(frob - lo, hi - frob) / Z95
+    raised = mean2 < sure2
     return {
-        "trace": MomentEstimate(t1, se1, spread1, known1),
-        "trace_sq": MomentEstimate(t2, se2, spread2, known2, sure2),
-        "frobenius": MomentEstimate(frob, se_frob, None, None, math.sqrt(sure2)),
+        "trace": MomentEstimate(t1, se1, spread1, known1, interval95=(t1 - Z95 * se1, t1 + Z95 * se1)),
+        "trace_sq": MomentEstimate(t2, se2, spread2, known2, sure2, (lo2, hi2), raised),
+        "frobenius": MomentEstimate(frob, se_frob, None, None, math.sqrt(sure2), (lo, hi), raised),
     }
 
 

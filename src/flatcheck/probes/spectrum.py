@@ -12,7 +12,8 @@ import numpy as np
 from ..errors import ConfigError, setting
 from ..linalg.lanczos import lanczos_bytes, plan_steps
 from ..linalg.memory import gib
-from ..linalg.slq import INTERVAL_START_FLOOR, SLQ, density, slq, start_variance_floor
+from ..linalg.slq import (ESTIMATOR_DEFLATED, ESTIMATOR_RULE, INTERVAL_START_FLOOR, SLQ, density, slq,
+                          start_estimates, start_variance_floor)
 from ..operators import CurvatureOperator
 from ..report.plots import check_plot_target, plot_density, plot_nodes
 from ..report.progress_hooks import counted, report_stop
@@ -33,11 +34,11 @@ def check_slq_options(steps: int, starts: int) -> None:
 
 
 def run_slq(ctx: ProbeContext, op: CurvatureOperator, steps: int, starts: int, desc: str,
-            memory: dict | None = None) -> SLQ:
+            memory: dict | None = None, deflate: bool = False) -> SLQ:
     # progress counts products: a start cut short by --budget would make slq's own count jump
     result = slq(op, steps=steps, starts=starts, generator=ctx.generator(),
                  progress=counted(progress_reporter(ctx, desc)), deadline=ctx.deadline,
-                 reorthogonalise=(memory or {}).get("reorthogonalization", "full") == "full")
+                 reorthogonalise=(memory or {}).get("reorthogonalization", "full") == "full", deflate=deflate)
     if result.stopped:
         report_stop(ctx.progress, desc, "budget")
     return result
@@ -175,7 +176,9 @@ class SpectrumGating(Gating):
     """Until schema 2.6 spectrum's standard errors were the spread of its few starts on t with
     starts − 1 dof, far too small where the starts miss the top eigenvalues; from 2.6 each is
     floored by a start's known variance (a normal interval). A gate weighing an old record's
-    error beside a new one would mix the two."""
+    error beside a new one would mix the two. A record without details.estimator took each
+    start's Gauss rule alone: unbiased, with an honest but wide error, so it stays a baseline
+    (a rule against it is decided on that width, or rerun)."""
 
     def superseded(self, probe, result, schema, fields):
         # by the record, not the schema alone: 2.6 came a few commits before the floor did
@@ -192,8 +195,11 @@ class SpectrumProbe:
     weights the squared first components of T's eigenvectors (they sum to 1 per start vector);
     the density is the mean over start vectors of Gaussian kernels at the nodes.
 
-    Per start vector Tr(H) ≈ P·Σ w θ and Tr(H²) ≈ P·Σ w θ² (unbiased: the Gauss rule is exact
-    for these polynomials); their means are reported with standard errors floored by each
+    Per start vector Tr(H) and Tr(H²) are what its Krylov space resolves exactly plus a
+    Hutchinson draw of the rest from one more product with an independent vector (without the
+    basis: P·Σ w θ and P·Σ w θ², the Gauss rule, exact for these polynomials); both unbiased.
+    Tr(H²) is never below the sure bound the Krylov spaces give. Their means are reported with
+    standard errors floored by each
     start's known variance, estimated from the run's own Tr(H²), Tr(H⁴) and Ritz values (a
     normal interval, dof null: linalg.slq.start_variance_floor says which moment each floor
     uses), with ‖H‖_F = √Tr(H²) (its error from Tr(H²)'s interval) as the value, the mean eigenvalue
@@ -215,7 +221,7 @@ class SpectrumProbe:
         op = CurvatureOperator(ctx.backend, options.matrix)
         start = time.perf_counter()
         memory = plan_slq(ctx, op, options.lanczos_steps, "spectrum (SLQ)", options.reorth)
-        result = run_slq(ctx, op, options.lanczos_steps, options.starts, "spectrum (SLQ)", memory)
+        result = run_slq(ctx, op, options.lanczos_steps, options.starts, "spectrum (SLQ)", memory, deflate=True)
         cut = budget_cut(result, options.lanczos_steps)
         unresolved = budget_unresolved(
             result, options.lanczos_steps, "place the eigenvalues, so the density's shape is not resolved and no "
@@ -255,7 +261,8 @@ class SpectrumProbe:
 
         notes = (f"Tr({symbol}) {trace:.4g} ± {trace_se:.2g}, Tr({symbol}²) {trace_sq:.4g} ± {trace_sq_se:.2g}, "
                  f"‖{symbol}‖₂ ≥ {spectral:.4g}, "
-                 f"‖{symbol}‖_F ≥ {moments['frobenius'].ritz_lower_bound:.4g} (Ritz values), "
+                 f"‖{symbol}‖_F ≥ {moments['frobenius'].ritz_lower_bound:.4g} (sure, from the Krylov spaces)"
+                 f"{', raised to it' if moments['frobenius'].at_bound else ''}, "
                  f"nodes in [{result.nodes_min:.4g}, {result.nodes_max:.4g}]; "
                  f"{options.starts} starts × {max(steps_taken)} steps; bn {bn_mode}")
         if invariant:
@@ -264,6 +271,8 @@ class SpectrumProbe:
             dtype = str(op.dtype).removeprefix("torch.")
             notes += (f"; {invariant} start(s) closed their Krylov space early (to √eps·‖{symbol}‖ in {dtype}: "
                       "nodes closer than that merge; Tr and Tr² are not affected)")
+        notes += ("; Tr and Tr²: each start's Krylov-space part plus an independent vector's draw of the rest"
+                  if result.deflated else "")
         notes += ("; ± floored by the per-start variance (from Tr²/Tr⁴ and the Ritz values' bounds; "
                   "normal interval)")
         if unresolved is not None:
@@ -295,19 +304,26 @@ class SpectrumProbe:
                 # every stderr below is for value ± z·stderr, z normal (linalg.slq.start_variance_floor):
                 # the larger of the starts' spread (spread_stderr) and the known per-start variance's
                 # floor (known_stderr); ‖·‖_F's is the square root of trace_sq's interval.
-                # ritz_lower_bound: what the Ritz values prove (Tr² ≥ Σθ²), whatever the weights
+                # ritz_lower_bound: what the Krylov spaces prove (Tr² ≥ ‖T‖_F² + 2β²), whatever the
+                # weights; the value is never below it (at_bound: raised to it), nor interval95's
+                # lower end
                 "interval": INTERVAL_START_FLOOR,
+                "estimator": ESTIMATOR_DEFLATED if result.deflated else ESTIMATOR_RULE,
                 **{key: {"value": est.value, "stderr": est.stderr, "spread_stderr": est.spread_stderr,
-                         "known_stderr": est.known_stderr, "ritz_lower_bound": est.ritz_lower_bound}
+                         "known_stderr": est.known_stderr, "ritz_lower_bound": est.ritz_lower_bound,
+                         "interval95": list(est.interval95), "at_bound": est.at_bound}
                    for key, est in moments.items()},
                 "mean_eigenvalue": {"value": trace / P, "stderr": trace_se / P},
                 "spectral_norm": spectral,
                 "spectral_norm_note": "max |Ritz value|: a lower bound on the spectral norm",
                 "node_range": [result.nodes_min, result.nodes_max],
+                # trace, trace_sq: the start's estimates (their means are the values); beta and
+                # rest: what the start's Krylov space couples to and leaves out (linalg.slq.Quadrature)
                 "per_start": [
                     {"nodes": r.nodes.tolist(), "weights": r.weights.tolist(), "steps": r.steps,
-                     "invariant": r.invariant, "trace": float(t), "trace_sq": float(t2)}
-                    for r, t, t2 in zip(result.rules, result.moment(1), result.moment(2))
+                     "invariant": r.invariant, "beta": r.beta, "rest": None if r.rest is None else list(r.rest),
+                     "trace": float(t), "trace_sq": float(t2)}
+                    for r, t, t2 in zip(result.rules, *start_estimates(result))
                 ],
                 "density": ({"sigma": dens.sigma, "grid": dens.grid.tolist(), "values": dens.values.tolist()}
                             if dens is not None else
