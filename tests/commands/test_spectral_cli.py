@@ -45,8 +45,9 @@ def test_lmax_json():
     assert det["eigenvalues"][0] >= det["eigenvalues"][1] and det["converged"] == [True, True]
     assert all(b <= 1e-6 * abs(v) for b, v in zip(det["error_bounds"], det["eigenvalues"]))
     assert det["bn_mode"] == "eval"
-    # a block of two starts: two products a step, or one where a step is likely the last
-    assert det["iterations"] < r["matvecs"] <= 2 * det["iterations"]
+    # --k 2: a block of k + 1 = 3 starts, three products a step, or one where a step is likely the last
+    assert det["starts"] == 3
+    assert det["iterations"] < r["matvecs"] <= 3 * det["iterations"]
 
 
 def test_lmax_power_ggn_train_mode_table():
