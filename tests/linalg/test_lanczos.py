@@ -177,9 +177,9 @@ def test_lmax_probe_reports_pairs_and_mode(bn_mode):
         assert bound <= TOL * abs(value) and abs(value - want) <= bound + 1e-12 * abs(want)
     for value, bound in zip(d["eigenvalues"], d["error_bounds"]):  # the notes give every value its bound
         assert f"{value:.6g} (within {bound:.2g})" in r.notes
-    # a block of two starts: two products a step (one where a step is likely the last), the
-    # residuals from them (no check product)
-    assert d["starts"] == 2 and d["iterations"] < r.matvecs <= 2 * d["iterations"]
+    # k = 3: a block of k + 1 = 4 starts, four products a step (one where a step is likely the
+    # last), the residuals from them (no check product)
+    assert d["starts"] == 4 and d["iterations"] < r.matvecs <= 4 * d["iterations"]
     assert d["residuals_from"] == "products taken"
     one = run_probe(make_case("cnn", bn_mode=bn_mode), k=3, tol=TOL, starts=1).details
     assert one["gap_from"] == GAP_FROM_RITZ and one["residuals_from"] == "one more product per Ritz vector"

@@ -320,7 +320,10 @@ def test_auto_drops_the_basis_that_cannot_fit_and_says_so(probe):
     assert memory["reorthogonalization"] == "none" and memory["stored_vector_bytes"] == fixed
     assert "more than the" in memory["reorthogonalization_reason"]
     assert "Lanczos without re-orthogonalisation" in cut.notes
-    assert cut.matvecs == full.matvecs
+    # the same steps; spectrum's full basis also takes a product a start for the part outside it
+    # (linalg/slq.py deflated_rest), which a run without the basis cannot
+    extra = full.details["starts"] if probe == "spectrum" else 0
+    assert cut.matvecs == full.matvecs - extra
 
 
 def test_cli_spectrum_refused_up_front_with_the_steps_that_fit(nothing_held):

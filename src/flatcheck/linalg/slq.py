@@ -176,6 +176,8 @@ def slq(
     begin = op.matvecs
     rules = []
     stopped = False
+    # a start's products: its steps, and with deflation one more for the part outside its basis
+    per = steps + (1 if deflate and reorthogonalise else 0)
     for s in range(starts):
         v = rademacher(1, op.dim, generator, dtype=op.dtype, device=op.device)[0]
         lz = (Lanczos if reorthogonalise else ThreeTermLanczos)(op, v, steps)
@@ -183,7 +185,7 @@ def slq(
         while lz.can_step:
             lz.step()
             if progress is not None:
-                progress(s * steps + lz.size, starts * steps)
+                progress(s * per + lz.size, starts * per)
             if until is not None and lz.size >= 2 and lz.can_step and time.monotonic() >= until:
                 stopped = True
                 break
@@ -193,6 +195,8 @@ def slq(
         rest = None
         if deflate and reorthogonalise:
             rest = deflated_rest(lz, rademacher(1, op.dim, generator, dtype=op.dtype, device=op.device)[0])
+            if progress is not None and lz.size < lz.op.dim:  # its product, counted as the steps' are
+                progress(s * per + lz.size + 1, starts * per)
         rules.append(Quadrature(theta, weights / weights.sum(), lz.size, lz.invariant, beta, rest))
     return SLQ(rules, op.dim, op.matvecs - begin, stopped, orthogonal=reorthogonalise)
 
