@@ -137,6 +137,15 @@ _ROUTE_OPTION = {"vhv_tangent": "tangent", "hvp_sums": "hvp", "vhv_fallback": "h
 PART_FIELDS = ("details.layers", "details.per_parameter")  # below trace: the per-layer parts
 
 
+def _hutchpp_k(probes_max: int, parameters) -> int:
+    """Hutch++'s sketch columns at `probes_max` products: a third of them, capped at the
+    parameter count P, where the sketch spans the space and the trace is exact (linalg/trace.py)."""
+    k = probes_max // 3
+    if isinstance(parameters, int) and not isinstance(parameters, bool) and parameters > 0:
+        k = min(k, parameters)
+    return k
+
+
 @dataclass(frozen=True)
 class TraceGating(Gating):
     """A gate's reading of a trace. Hutchinson's i-th probe vector depends on the seed alone
@@ -197,17 +206,27 @@ class TraceGating(Gating):
         return None
 
     def count_mismatch(self, base_details, options):
-        values, now = base_details.get("probe_values"), options.probes_max
-        if options.estimator == "hutchpp" and isinstance(values, list) and len(values) != now // 3:
+        values = base_details.get("probe_values")
+        k = _hutchpp_k(options.probes_max, base_details.get("parameters"))
+        if options.estimator == "hutchpp" and isinstance(values, list) and len(values) != k:
             return (f"hutchpp draws other vectors at another count (baseline {3 * len(values)} products, "
-                    f"now {3 * (now // 3)})")
+                    f"now {3 * k})")
         return ""
+
+    def effort(self, result=None, field_=None):
+        """The exact estimator has no count a rerun could raise (its error, where it samples
+        classes, is --class-samples'), so no probes_max advice for it."""
+        details = (result or {}).get("details") if isinstance(result, dict) else getattr(result, "details", None)
+        if isinstance(details, dict) and details.get("estimator") == "exact":
+            return None
+        return super().effort(result, field_)
 
     def precision_ratio(self, probe, result, options):
         """Hutchinson's error falls as 1/√m; Hutch++'s as 1/m when the run takes fewer products
         than the baseline, and as 1/√m, conservatively, when more."""
         had, estimator = result.get("matvecs"), (result.get("details") or {}).get("estimator")
-        now = 3 * (options.probes_max // 3) if options.estimator == "hutchpp" else options.probes_max
+        dim = (result.get("details") or {}).get("parameters")
+        now = 3 * _hutchpp_k(options.probes_max, dim) if options.estimator == "hutchpp" else options.probes_max
         if not isinstance(had, int) or had <= 0 or now <= 0 or estimator not in ("hutchinson", "hutchpp") \
                 or options.estimator != estimator:
             return 1.0
