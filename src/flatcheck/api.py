@@ -68,9 +68,9 @@ class Session:
     # state probes keep from one run to the next on this session (lmax's Ritz vectors): a
     # Tracker's warm starts. None, as for every CLI run and gate rerun: each run starts cold
     warm: dict[Any, Any] | None = None
-    # the weights' in-place versions when Problem.max_abs_logit was measured: a session reused on
-    # weights that have moved since (a Tracker's later steps, whose logits grow) measures it again
-    logit_versions: tuple[int, ...] = ()
+    # runs made on this session so far: a later one (a Tracker's next step) measures again what
+    # the weights decide, the logits' and products' round-off (_remeasure_logits)
+    runs: int = 0
 
     def split_samples(self, split: str) -> SampleSet:
         """The data's `split`, capped at the same sample count, batched the same way."""
@@ -170,27 +170,20 @@ def attach(config: RunConfig, spec: ModelSpec, model: nn.Module, samples: Sample
     if device.type == "cuda" or growth.grown:
         info["batch_size_reason"] = growth.reason
     return Session(config, spec, checkpoint, model, problem.samples, backend, device, num_classes, preprocess,
-                   split_source, info, logit_versions=_versions(model))
-
-
-def _versions(model: nn.Module) -> tuple[int, ...]:
-    return tuple(p._version for p in model.parameters())
+                   split_source, info)
 
 
 def _remeasure_logits(session: Session) -> None:
-    """Problem.max_abs_logit (one no-grad forward) and product_error (_check_products) again,
-    where the weights moved since they were measured: the eigen-solvers' round-off floor must be
-    the current logits' and products'."""
+    """Problem.max_abs_logit (one no-grad forward) and product_error (_check_products) again, for
+    a session run once more (a Tracker's later steps, whose logits grow): the eigen-solvers'
+    round-off floor must be the current weights'. Every time, not only where the parameters'
+    in-place versions moved: an update through `.data` leaves those as they were."""
     problem = session.backend.problem
-    versions = _versions(session.model)
-    if versions == session.logit_versions:
-        return
     if problem.loss.name in SOFTMAX_LOSSES:
         problem.max_abs_logit = max(float(z.abs().max()) for z, _, _ in problem.outputs())
     products = _check_products(session.model, problem.samples, session.spec, session.config, problem.layout,
                                 say=False)
     problem.product_error = products["eps_units"] if products is not None else 0.0
-    session.logit_versions = versions
 
 
 def _input_hint(spec: ModelSpec) -> str:
@@ -299,7 +292,7 @@ def _check_products(model: nn.Module, samples: SampleSet, spec: ModelSpec, confi
         exact = _hvp(wide, layout, x.double() if x.is_floating_point() else x, y, [t.double() for t in v],
                      spec, config)
     except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError, NotImplementedError,
-            copy.Error):
+            copy.Error, MemoryError):
         return None
     size = float(exact.norm())
     if not size or not math.isfinite(size):
@@ -374,7 +367,9 @@ def run(config: RunConfig, progress: ProgressFn | None = None, session: Session 
     started = _dt.datetime.now(_dt.timezone.utc)
     t0 = time.perf_counter()
     session = session or open_session(config)
-    _remeasure_logits(session)
+    if session.runs:  # the first run's weights are the ones the session measured as it opened
+        _remeasure_logits(session)
+    session.runs += 1
     ctx = ProbeContext(backend=session.backend, seed=config.seed, progress=progress, spec=session.spec,
                        split_samples=session.split_samples, warm=session.warm)
     results = {}

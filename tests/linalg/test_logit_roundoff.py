@@ -146,3 +146,21 @@ def test_a_tracker_measures_the_logits_of_each_step():
     # (the first step's, under 8) would leave it at 16 units, 15× lower
     assert r["error_bound"] >= 0.9 * certify.LOGIT_UNITS * M * EPS32 * abs(r["value"])
     assert abs(r["value"] - truth) <= r["error_bound"]
+
+
+def test_a_tracker_measures_the_logits_after_an_update_through_data():
+    """Weights changed through `.data` leave the parameters' in-place versions as they were (a
+    reviewer's case: a reused session kept M 0.53 where the logits had grown to 31.8); the
+    Tracker's session measures M again on every step whatever moved the weights."""
+    model, x, y = _model(scale=0.5, offset=0.0)
+    tracker = flatcheck.Tracker(model, (x, y), probes={"lmax": {"k": 1, "tol": 1e-6}}, every=1, out=None, quiet=True)
+    tracker.step(0)
+    with torch.no_grad():
+        model[-1].weight.data.mul_(4.0)
+        model[-1].bias.data.mul_(4.0).add_(100.0)
+    tracker.step(1)
+    r = tracker.last_record["results"]["lmax"]
+    truth, M, _ = _truth(model, x, y)
+    assert M > 100
+    assert r["error_bound"] >= 0.9 * certify.LOGIT_UNITS * M * EPS32 * abs(r["value"])
+    assert abs(r["value"] - truth) <= r["error_bound"]
