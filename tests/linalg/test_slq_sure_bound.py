@@ -134,3 +134,34 @@ def test_the_probe_on_a_network_whose_krylov_space_closes_reports_the_dense_trut
     assert abs(r.value - fro) <= tol and r.stderr <= tol
     assert r.value >= r.details["frobenius"]["ritz_lower_bound"]
     assert abs(r.details["trace"]["value"] - H.trace().item()) <= tol * math.sqrt(H.shape[0])
+
+
+def test_a_closed_krylov_space_still_has_a_round_off_interval():
+    """Where every start's Krylov space closes (a tiny model at 300 steps), the starts agree to
+    round-off and the stderr was 0 or ~1e-16 relative: an interval of zero width that missed the
+    exact value by ulps (a reviewer's finding). The probe floors it at ROUNDOFF_UNITS·eps, and
+    the float64 truth lies inside."""
+    import math
+    import warnings
+
+    import flatcheck
+    from flatcheck.linalg.certify import ROUNDOFF_UNITS
+    from tests.support.dense import dense, make_case
+
+    case = make_case("mlp", n=23)
+    H, _ = dense(case)
+    ev = torch.linalg.eigvalsh(H)
+    t1, t2 = float(ev.sum()), float((ev ** 2).sum())
+    eps = torch.finfo(torch.float64).eps
+    for seed in range(4):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rep = flatcheck.measure(case.model, (case.X, case.Y), dtype="float64", seed=seed,
+                                    probes={"spectrum": {"lanczos_steps": 300, "starts": 2}})
+        d = rep.results["spectrum"].details
+        for key, truth in (("trace", t1), ("trace_sq", t2)):
+            est = d[key]
+            assert est["stderr"] >= ROUNDOFF_UNITS * eps * abs(est["value"]) * (1 - 1e-12)
+            lo, hi = est["interval95"]
+            assert lo <= truth <= hi, (key, seed, lo, truth, hi)
+        assert math.isclose(rep.results["spectrum"].value, math.sqrt(t2), rel_tol=1e-12)

@@ -252,7 +252,7 @@ def start_estimates(result: SLQ) -> tuple[np.ndarray, np.ndarray]:
     return resolved[:, 0] + rest[:, 0], resolved[:, 1] + rest[:, 1]
 
 
-def start_variance_floor(result: SLQ) -> dict[str, MomentEstimate]:
+def start_variance_floor(result: SLQ, roundoff: float = 0.0) -> dict[str, MomentEstimate]:
     """Tr(H), Tr(H²) and ‖H‖_F = √Tr(H²) with standard errors a normal interval value ± z·stderr
     can be read from (INTERVAL_START_FLOOR), over the n start vectors of `result`.
 
@@ -288,6 +288,10 @@ def start_variance_floor(result: SLQ) -> dict[str, MomentEstimate]:
 
     The moments in the floors are estimates from the same starts, not the truth; the Ritz
     bounds are what keeps them from failing together with the values they bound.
+
+    `roundoff` (relative: certify's units of the products' dtype eps) floors each stderr at that
+    share of its value: where every start's Krylov space closes, the starts agree to round-off
+    and an interval of zero width would miss the exact value by a few ulps.
     """
     n = len(result.rules)
     sure2 = result.sure_square()
@@ -308,9 +312,10 @@ def start_variance_floor(result: SLQ) -> dict[str, MomentEstimate]:
         known2 = math.sqrt(2 * float(np.minimum(np.minimum(left, top) * left, fourth).sum())) / n
     else:
         known1, known2 = math.sqrt(2 * t2 / n), math.sqrt(2 * fourth / n)
-    se1 = max(spread1 or 0.0, known1)
-    se2 = max(spread2 or 0.0, known2)
-    lo2, hi2 = max(t2 - Z95 * se2, sure2), t2 + Z95 * se2
+    se1 = max(spread1 or 0.0, known1, roundoff * abs(t1))
+    se2 = max(spread2 or 0.0, known2, roundoff * t2)
+    # the sure bound is itself computed with round-off: the interval may reach that far below it
+    lo2, hi2 = max(t2 - Z95 * se2, sure2 * (1 - roundoff)), t2 + Z95 * se2
     frob, lo, hi = math.sqrt(t2), math.sqrt(lo2), math.sqrt(hi2)
     se_frob = max(frob - lo, hi - frob) / Z95
     raised = mean2 < sure2

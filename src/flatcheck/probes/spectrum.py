@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+import torch
 
 from ..errors import ConfigError, setting
+from ..linalg.certify import ROUNDOFF_UNITS
 from ..linalg.lanczos import lanczos_bytes, plan_steps
 from ..linalg.memory import gib
 from ..linalg.slq import (ESTIMATOR_DEFLATED, ESTIMATOR_RULE, INTERVAL_START_FLOOR, SLQ, density, slq,
@@ -233,7 +235,8 @@ class SpectrumProbe:
             except ValueError as exc:
                 raise ConfigError(f"{setting('sigma')}: {exc}") from None
         P = op.dim
-        moments = start_variance_floor(result)
+        # no interval narrower than the products' round-off (linalg.certify.ROUNDOFF_UNITS of eps)
+        moments = start_variance_floor(result, ROUNDOFF_UNITS * torch.finfo(op.dtype).eps)
         trace, trace_se = moments["trace"].value, moments["trace"].stderr
         trace_sq, trace_sq_se = moments["trace_sq"].value, moments["trace_sq"].stderr
         frob, frob_se = moments["frobenius"].value, moments["frobenius"].stderr
