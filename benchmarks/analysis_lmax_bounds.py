@@ -85,7 +85,7 @@ def record_resnet(seeds: list[int], products: int) -> list[dict]:
     that model, data and operator are what a user gets; the solver is swapped for the recorder."""
     import flatcheck.linalg.block_lanczos as bl
     from bench_lmax_cli import make_inputs
-    from flatcheck.entry import main
+    from analysis_lmax_forecast import run_default_lmax
 
     runs = []
     plain = bl.block_lanczos_top
@@ -102,13 +102,7 @@ def record_resnet(seeds: list[int], products: int) -> list[dict]:
             ckpt, data, spec = make_inputs(Path(tmp))
             for seed in seeds:
                 runs.append({"model": "resnet18", "seed": seed, "truth": None, "dtype": "float32"})
-                sys.argv = ["flatcheck", "lmax", str(ckpt), "--spec", str(spec), "--data", f"npz:{data}",
-                            "--samples", "64", "-q", "--json", str(Path(tmp) / "out.json"), "--seed", str(seed)]
-                try:
-                    main()
-                except SystemExit as exc:
-                    if exc.code not in (0, None):
-                        raise
+                run_default_lmax(seed, ckpt, data, spec, Path(tmp) / "out.json")
     finally:
         bl.block_lanczos_top = plain
     return runs

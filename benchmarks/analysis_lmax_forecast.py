@@ -32,7 +32,6 @@ POINTS = (0.25, 0.5, 0.75)
 def record(seed: int, ckpt: Path, data: Path, spec: Path, out: Path) -> list[dict]:
     """One default lmax run's per-step state."""
     import flatcheck.linalg.block_lanczos as bl
-    from flatcheck.entry import main
     from flatcheck.linalg.forecast import chebyshev_rate
 
     steps: list[dict] = []
@@ -40,23 +39,31 @@ def record(seed: int, ckpt: Path, data: Path, spec: Path, out: Path) -> list[dic
 
     def top(lz, k):
         found = plain(lz, k)
-        values, res, bounds, _ = found
+        values, res, bounds, (_, _, theta) = found
         steps.append({"products": lz.op.matvecs, "theta": values[:2], "res": res[:2], "bound": bounds[0].value,
-                      "kind": bounds[0].kind, "rate": chebyshev_rate(lz.ritz()[0], bl.BLOCK)})
+                      "kind": bounds[0].kind, "rate": chebyshev_rate(theta, bl.BLOCK)})
         return found
 
     bl._top = top
     try:
-        sys.argv = ["flatcheck", "lmax", str(ckpt), "--spec", str(spec), "--data", f"npz:{data}", "--samples", "64",
-                    "-q", "--json", str(out), "--seed", str(seed)]
-        try:
-            main()
-        except SystemExit as exc:
-            if exc.code not in (0, None):
-                raise
+        run_default_lmax(seed, ckpt, data, spec, out)
     finally:
         bl._top = plain
     return steps
+
+
+def run_default_lmax(seed: int, ckpt: Path, data: Path, spec: Path, out: Path) -> None:
+    """The default `flatcheck lmax` on bench_lmax_cli's inputs, in this process (so that a
+    caller's patches of the solver take), its report written to `out`."""
+    from flatcheck.entry import main
+
+    sys.argv = ["flatcheck", "lmax", str(ckpt), "--spec", str(spec), "--data", f"npz:{data}", "--samples", "64",
+                "-q", "--json", str(out), "--seed", str(seed)]
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
 
 
 def judge(steps: list[dict], tol: float = 1e-3) -> list[float]:
