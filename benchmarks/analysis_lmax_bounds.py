@@ -44,7 +44,7 @@ def _snapshot(lz) -> dict:
     values, res = coefficient_residuals(lz.coefficients(), np.asarray(lz.outside), S[:, order])
     scale = max(lz.scale, max(abs(v) for v in values))
     return {"products": lz.op.matvecs, "size": lz.size, "theta": values, "res": res,
-            "floor": round_off_floor(lz.op.dtype, scale)}
+            "floor": round_off_floor(lz.op, scale)}
 
 
 def run_recorded(op, generator, products: int) -> list[dict]:

@@ -147,14 +147,12 @@ def roundoff_units(max_abs_logit: float = 0.0, product_error: float = 0.0) -> fl
     return max(float(ROUNDOFF_UNITS), LOGIT_UNITS * max_abs_logit, product_units(product_error))
 
 
-def round_off_floor(of, scale: float, units: float | None = None) -> float:
+def round_off_floor(op, scale: float) -> float:
     """units·eps·‖H‖ (‖H‖ ≥ `scale`: the largest |α|, |β|, Ritz value or projection entry
-    seen): the products' own round-off and the logits', below which no bound goes. `of`: the
-    operator, whose dtype and `roundoff_units` (flatcheck.operators.CurvatureOperator) it takes —
-    ROUNDOFF_UNITS for one without (a dense test matrix) — or a dtype. `units`: given, these."""
+    seen): the products' own round-off and the logits', below which no bound goes. The units
+    are the operator's `roundoff_units` (flatcheck.operators.CurvatureOperator), ROUNDOFF_UNITS
+    for one without (a dense test matrix); eps is its dtype's."""
     import torch
 
-    if units is None:
-        units = getattr(of, "roundoff_units", ROUNDOFF_UNITS)
-    return units * torch.finfo(getattr(of, "dtype", of)).eps * scale
+    return getattr(op, "roundoff_units", ROUNDOFF_UNITS) * torch.finfo(op.dtype).eps * scale
 
