@@ -407,6 +407,15 @@ def plan_block(block: int | None, op: Operator, parts: bool, limit: int | None, 
     return rows, fixed + rows * per
 
 
+def hutchpp_columns(matvecs: int, dim: int | None) -> int:
+    """Hutch++'s sketch columns k at `matvecs` products: a third of them, capped at the dimension
+    P (when known), where the sketch spans the space and the trace is exact (hutchpp)."""
+    k = matvecs // 3
+    if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0:
+        k = min(k, dim)
+    return k
+
+
 def hutchpp(
     op: Operator,
     *,
@@ -446,7 +455,7 @@ def hutchpp(
     a 599-parameter CNN, --probes-max 3000 took 2,599 products for the value that 3·P = 1,797
     give to 1e-14. It takes 3·min(⌊matvecs/3⌋, P) products; stop_reason "exact" where k = P.
     """
-    k = min(matvecs // 3, op.dim)
+    k = hutchpp_columns(matvecs, op.dim)
     if matvecs // 3 < 2:
         raise ValueError("Hutch++ needs at least 6 matrix-vector products")
     S = rademacher(k, op.dim, generator, dtype=op.dtype, device=op.device)

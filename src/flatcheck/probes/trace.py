@@ -11,7 +11,8 @@ from typing import ClassVar, Literal
 from ..errors import ConfigError, ModelError, setting
 from ..linalg import hutchinson, hutchpp
 from ..linalg.memory import gib, limit_words
-from ..linalg.trace import INTERVAL_FLOOR, INTERVAL_SKEW, PIECES, SKEW_TERM, interval_stderr, plan_block
+from ..linalg.trace import (INTERVAL_FLOOR, INTERVAL_SKEW, PIECES, SKEW_TERM, hutchpp_columns, interval_stderr,
+                            plan_block)
 from ..operators import CurvatureOperator, LayoutParts
 from ..linalg.random import SIGN_STREAM
 from ..report.result import ProbeResult
@@ -137,15 +138,6 @@ _ROUTE_OPTION = {"vhv_tangent": "tangent", "hvp_sums": "hvp", "vhv_fallback": "h
 PART_FIELDS = ("details.layers", "details.per_parameter")  # below trace: the per-layer parts
 
 
-def _hutchpp_k(probes_max: int, parameters) -> int:
-    """Hutch++'s sketch columns at `probes_max` products: a third of them, capped at the
-    parameter count P, where the sketch spans the space and the trace is exact (linalg/trace.py)."""
-    k = probes_max // 3
-    if isinstance(parameters, int) and not isinstance(parameters, bool) and parameters > 0:
-        k = min(k, parameters)
-    return k
-
-
 @dataclass(frozen=True)
 class TraceGating(Gating):
     """A gate's reading of a trace. Hutchinson's i-th probe vector depends on the seed alone
@@ -207,7 +199,7 @@ class TraceGating(Gating):
 
     def count_mismatch(self, base_details, options):
         values = base_details.get("probe_values")
-        k = _hutchpp_k(options.probes_max, base_details.get("parameters"))
+        k = hutchpp_columns(options.probes_max, base_details.get("parameters"))
         if options.estimator == "hutchpp" and isinstance(values, list) and len(values) != k:
             return (f"hutchpp draws other vectors at another count (baseline {3 * len(values)} products, "
                     f"now {3 * k})")
@@ -226,7 +218,7 @@ class TraceGating(Gating):
         than the baseline, and as 1/√m, conservatively, when more."""
         had, estimator = result.get("matvecs"), (result.get("details") or {}).get("estimator")
         dim = (result.get("details") or {}).get("parameters")
-        now = 3 * _hutchpp_k(options.probes_max, dim) if options.estimator == "hutchpp" else options.probes_max
+        now = 3 * hutchpp_columns(options.probes_max, dim) if options.estimator == "hutchpp" else options.probes_max
         if not isinstance(had, int) or had <= 0 or now <= 0 or estimator not in ("hutchinson", "hutchpp") \
                 or options.estimator != estimator:
             return 1.0
